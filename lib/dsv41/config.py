@@ -1,0 +1,424 @@
+"""One frozen Config: conf/defaults.toml, then a profile (DSV41_PROFILE), then the environment.
+
+Every value is validated here, once; a bad one raises ConfigError with one line naming the variable,
+the value and what is accepted. Per-node values follow one scheme for any number of nodes:
+R<N>_IP, R<N>_IFNAME, R<N>_HCAS, R<N>_GID_INDEX, R<N>_MODEL_DIR for rank N, where HEAD_* is R0_* and
+WORKER_* is R1_* (the original two-node names).
+"""
+import dataclasses
+import ipaddress
+import json
+import os
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+from dsv41.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = ROOT / "conf"
+GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
+TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])$")
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+HCA_RE = re.compile(r"^[A-Za-z0-9_.-]+(?::\d+)?$")
+
+
+class ConfigError(UserError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    rank: int
+    name: str                  # "head", "worker1", ...
+    target: str | None         # ssh target; None for the head (the machine running doit)
+    model_dir: str | None      # explicit model dir on this node, None: derived from the head's
+    ip: str | None = None      # fabric overrides; None: detected
+    ifname: str | None = None
+    hcas: tuple[str, ...] | None = None
+    gid_index: int | None = None
+
+    @property
+    def unit(self):
+        return f"dsv41-r{self.rank}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    image: str
+    allow_unpinned_image: bool
+    hf_repo: str
+    revision: str
+    hf_token: str
+    plan_name: str
+    served_model_name: str
+    model_dir: str             # on the head, expanded
+    state_dir: str             # on the head, expanded
+    state_dir_raw: str         # as configured ("~/..."), resolved per node against its home
+    api_key_file: str
+    port: int
+    mport: int
+    memguard_gib: float
+    memguard_mode: str
+    kv_bytes: int
+    max_len: int
+    max_seqs: int
+    nspec: int
+    batch: int
+    gpu_util: float
+    graph_mode: str
+    caps: tuple[int, ...]
+    extra: tuple[str, ...]
+    tp_size: int
+    nnodes: int
+    nccl_ib_gid_index: int | None
+    ssh_opts: tuple[str, ...]
+    keep_parts: bool
+    start_timeout_s: int
+    free_gib_head: int
+    free_gib_worker: int
+    skip_checks: tuple[str, ...]
+    profile: str
+    nodes: tuple[NodeSpec, ...]
+    sources: dict = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def head(self):
+        return self.nodes[0]
+
+    @property
+    def workers(self):
+        return self.nodes[1:]
+
+    @property
+    def cap(self):
+        return self.max_seqs * (self.nspec + 1)
+
+    def require_workers(self):
+        if not self.workers:
+            raise ConfigError("WORKER is empty: set WORKER=user@<worker fabric address> "
+                              "(or WORKERS=user@a,user@b for more workers)")
+        return self.workers
+
+    def node_path(self, raw, home):
+        """A configured path ("~/x" or absolute) on a node whose home is `home`."""
+        return home + raw[1:] if raw == "~" or raw.startswith("~/") else raw
+
+    def model_dir_on(self, spec, home):
+        """The model dir on a node: its override, else the head's path with the head's home swapped."""
+        if spec.rank == 0:
+            return self.model_dir
+        if spec.model_dir:
+            return self.node_path(spec.model_dir, home)
+        head_home = os.path.expanduser("~")
+        if self.model_dir == head_home or self.model_dir.startswith(head_home + "/"):
+            return home + self.model_dir[len(head_home):]
+        return self.model_dir
+
+    def state_dir_on(self, spec, home):
+        return self.state_dir if spec.rank == 0 else self.node_path(self.state_dir_raw, home)
+
+    @property
+    def api_url(self):
+        host = self.head.ip or "127.0.0.1"
+        return f"http://{host}:{self.port}/v1"
+
+
+# ---- parsing -------------------------------------------------------------------------------------
+
+def _bad(var, value, accepted):
+    return ConfigError(f"{var}={value!r} is not valid: expected {accepted}")
+
+
+def _int(var, value, lo, hi=None):
+    try:
+        n = int(str(value).strip().replace("_", ""))
+    except ValueError:
+        raise _bad(var, value, f"a whole number{_range(lo, hi)}") from None
+    if n < lo or (hi is not None and n > hi):
+        raise _bad(var, value, f"a whole number{_range(lo, hi)}")
+    return n
+
+
+def _range(lo, hi):
+    return f" from {lo} to {hi}" if hi is not None else f" of at least {lo}"
+
+
+def _float(var, value, lo, hi, lo_open=False):
+    try:
+        x = float(str(value).strip())
+    except ValueError:
+        x = float("nan")
+    if not (x > lo if lo_open else x >= lo) or not x <= hi:
+        bound = f"more than {lo}" if lo_open else f"at least {lo}"
+        raise _bad(var, value, f"a number {bound} and at most {hi}")
+    return x
+
+
+def _bool(var, value):
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise _bad(var, value, "1 or 0 (true/false)")
+
+
+def _path(var, value):
+    s = str(value)
+    if not s or "\n" in s or "\0" in s or not (s.startswith("/") or s == "~" or s.startswith("~/")):
+        raise _bad(var, value, "an absolute path or one starting with ~/ (spaces and quotes are fine)")
+    return s.rstrip("/") or "/"
+
+
+def _split(var, value):
+    try:
+        return tuple(shlex.split(str(value)))
+    except ValueError as err:
+        raise _bad(var, value, f"shell words with balanced quotes ({err})") from None
+
+
+def _target(var, value):
+    s = str(value).strip()
+    if not TARGET_RE.match(s):
+        raise _bad(var, value, "an ssh target like user@10.10.10.11 (the worker's fabric address)")
+    return s
+
+
+def _ip(var, value):
+    try:
+        return str(ipaddress.IPv4Address(str(value).strip()))
+    except ValueError:
+        raise _bad(var, value, "an IPv4 address on the fabric network, e.g. 10.10.10.13") from None
+
+
+def _ifname(var, value):
+    if not IFNAME_RE.match(str(value)):
+        raise _bad(var, value, "a network interface name as shown by `ip -br a`")
+    return str(value)
+
+
+def _hcas(var, value):
+    items = tuple(x.strip() for x in str(value).split(",") if x.strip())
+    if not items or not all(HCA_RE.match(x) for x in items):
+        raise _bad(var, value, "a comma list of RDMA devices as shown by `rdma link`, e.g. rocep1s0f1")
+    return items
+
+
+def _caps(var, value):
+    try:
+        sizes = sorted({int(x) for x in str(value).split(",") if x.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise _bad(var, value, "a comma list of positive whole numbers, e.g. 1,2,4,8")
+    return tuple(sizes)
+
+
+def capture_sizes(max_seqs, nspec):
+    """1..min(NSPEC+1, CAP), then NSPEC+1 up to CAP in steps of 4, plus CAP (serving-config.md)."""
+    cap = max_seqs * (nspec + 1)
+    sizes = set(range(1, min(nspec + 1, cap) + 1))
+    sizes.update(range(nspec + 1, cap + 1, 4))
+    sizes.add(cap)
+    return tuple(sorted(sizes))
+
+
+def _load_toml(path):
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing: restore it from the repository") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+
+
+def load_config(env=None):
+    env = dict(os.environ if env is None else env)
+    raw = _load_toml(CONF_DIR / "defaults.toml")
+    sources = {k: "default" for k in raw}
+    profile = env.get("DSV41_PROFILE", "").strip()
+    if profile:
+        if not re.match(r"^[A-Za-z0-9_-]+$", profile) or not (CONF_DIR / f"{profile}.toml").exists():
+            names = sorted(p.stem for p in CONF_DIR.glob("*.toml") if p.stem != "defaults")
+            raise _bad("DSV41_PROFILE", profile, f"one of {', '.join(names)} (files in conf/)")
+        prof = _load_toml(CONF_DIR / f"{profile}.toml")
+        for k, v in prof.pop("overrides", {}).items():  # per-node values, env-style names
+            env.setdefault(k, str(v))
+        for k, v in prof.items():
+            if k not in raw:
+                raise ConfigError(f"conf/{profile}.toml: unknown setting {k!r}")
+            raw[k], sources[k] = v, f"profile {profile}"
+    for k in raw:
+        if k.upper() in env:
+            raw[k], sources[k] = env[k.upper()], "environment"
+    if "IMG" in env:
+        raw["image"], sources["image"] = env["IMG"], "environment (IMG)"
+    elif str(raw.get("image_file", "")).strip():
+        raw["image"], sources["image"] = _image_from_file(raw["image_file"]), "file " + raw["image_file"]
+    get = raw.get
+
+    allow_unpinned = _bool("ALLOW_UNPINNED_IMAGE", get("allow_unpinned_image"))
+    image = str(get("image")).strip()
+    if not IMAGE_RE.match(image) or (not allow_unpinned and not DIGEST_RE.match(image)):
+        raise _bad("IMG", image, "an image pinned by digest, repo@sha256:<64 hex> "
+                   "(set ALLOW_UNPINNED_IMAGE=1 to accept a tag)")
+    graph_mode = str(get("graph_mode")).strip()
+    if graph_mode not in GRAPH_MODES:
+        raise _bad("GRAPH_MODE", graph_mode, "one of " + ", ".join(GRAPH_MODES))
+    memguard_mode = str(get("memguard_mode")).strip()
+    if memguard_mode not in ("enforce", "observe"):
+        raise _bad("MEMGUARD_MODE", memguard_mode, "enforce or observe")
+    plan_name = str(get("plan_name")).strip()
+    if not re.match(r"^[A-Za-z0-9._-]+\.json$", plan_name):
+        raise _bad("PLAN_NAME", plan_name, "a plan file name in exl3/plan/, e.g. J268-ho-v31-K5n.json")
+    hf_repo = str(get("hf_repo")).strip()
+    if not re.match(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", hf_repo):
+        raise _bad("HF_REPO", hf_repo, "a Hugging Face repo id, owner/name")
+    revision = str(get("revision")).strip()
+    if revision and not re.match(r"^[A-Za-z0-9_./-]+$", revision):
+        raise _bad("REVISION", revision, "a commit hash, branch or tag")
+
+    port = _int("PORT", get("port"), 1, 65535)
+    mport = _int("MPORT", get("mport"), 1, 65535)
+    if mport == port:
+        raise _bad("MPORT", mport, "a port other than PORT")
+    max_seqs = _int("MAX_SEQS", get("max_seqs"), 1, 1024)
+    nspec = _int("NSPEC", get("nspec"), 0, 32)
+    caps_raw = str(get("caps")).strip()
+    caps = _caps("CAPS", caps_raw) if caps_raw else capture_sizes(max_seqs, nspec)
+
+    state_raw = _path("STATE_DIR", get("state_dir"))
+    state_dir = os.path.expanduser(state_raw)
+    model_dir = os.path.expanduser(_path("MODEL_DIR", get("model_dir")))
+    key_raw = str(get("api_key_file")).strip()
+    api_key_file = os.path.expanduser(_path("API_KEY_FILE", key_raw)) if key_raw else state_dir + "/api_key"
+
+    nodes = _nodes(env, get, sources)
+    count = len(nodes)
+    tp_size = _int("TP_SIZE", get("tp_size"), 0, 1024) or count
+    nnodes = _int("NNODES", get("nnodes"), 0, 1024) or count
+    gid = _int("NCCL_IB_GID_INDEX", get("nccl_ib_gid_index"), -1, 255)
+
+    return Config(
+        image=image, allow_unpinned_image=allow_unpinned, hf_repo=hf_repo, revision=revision,
+        hf_token=str(env.get("HF_TOKEN", "")), plan_name=plan_name,
+        served_model_name=str(get("served_model_name")).strip(),
+        model_dir=model_dir, state_dir=state_dir, state_dir_raw=state_raw, api_key_file=api_key_file,
+        port=port, mport=mport,
+        memguard_gib=_float("MEMGUARD_GIB", get("memguard_gib"), 0, 1024),
+        memguard_mode=memguard_mode,
+        kv_bytes=_int("KV_BYTES", get("kv_bytes"), 1),
+        max_len=_int("MAX_LEN", get("max_len"), 16, 16_777_216),
+        max_seqs=max_seqs, nspec=nspec,
+        batch=_int("BATCH", get("batch"), 1, 1_048_576),
+        gpu_util=_float("GPU_UTIL", get("gpu_util"), 0, 1, lo_open=True),
+        graph_mode=graph_mode, caps=caps, extra=_split("EXTRA", get("extra")),
+        tp_size=tp_size, nnodes=nnodes, nccl_ib_gid_index=None if gid < 0 else gid,
+        ssh_opts=_split("SSH_OPTS", get("ssh_opts")),
+        keep_parts=_bool("KEEP_PARTS", get("keep_parts")),
+        start_timeout_s=60 * _int("START_TIMEOUT_MIN", get("start_timeout_min"), 1, 24 * 60),
+        free_gib_head=_int("FREE_GIB_HEAD", get("free_gib_head"), 0),
+        free_gib_worker=_int("FREE_GIB_WORKER", get("free_gib_worker"), 0),
+        skip_checks=tuple(x.strip() for x in str(get("skip_checks")).split(",") if x.strip()),
+        profile=profile, nodes=nodes, sources=sources,
+    )
+
+
+def _image_from_file(path):
+    try:
+        with open(os.path.expanduser(path)) as f:
+            return f.read().strip()
+    except OSError as err:
+        raise ConfigError(f"IMAGE_FILE={path!r} cannot be read ({err.strerror}): write the pinned "
+                          "image reference there (for the lab: make lab-up) or set IMG") from None
+
+
+def _nodes(env, get, sources):
+    workers_raw = str(get("workers")).strip()
+    if workers_raw:
+        var = "WORKERS"
+        targets = [w.strip() for w in workers_raw.split(",")]
+        if any(not t for t in targets):
+            raise _bad(var, workers_raw, "a comma list of ssh targets, user@a,user@b")
+    else:
+        var = "WORKER"
+        worker = str(get("worker")).strip()
+        targets = [worker] if worker else []
+    targets = [_target(var, t) for t in targets]
+    if len(set(targets)) != len(targets):
+        raise _bad(var, ",".join(targets), "distinct ssh targets, one per worker")
+    wmd = str(get("worker_model_dir")).strip()
+    worker_model_dir = _path("WORKER_MODEL_DIR", wmd) if wmd else None
+
+    def per_rank(rank, key, parse):
+        names = [f"R{rank}_{key}"] + (["HEAD_" + key] if rank == 0 else []) + (
+            ["WORKER_" + key] if rank == 1 else [])
+        for name in names:
+            if env.get(name, "").strip():
+                sources[f"r{rank}.{key.lower()}"] = f"environment ({name})"
+                return parse(name, env[name].strip())
+        return None
+
+    specs = []
+    for rank, target in enumerate([None] + targets):
+        gid = per_rank(rank, "GID_INDEX", lambda v, x: _int(v, x, 0, 255))
+        model_dir = per_rank(rank, "MODEL_DIR", _path) if rank else None
+        specs.append(NodeSpec(
+            rank=rank, name="head" if rank == 0 else f"worker{rank}", target=target,
+            model_dir=model_dir or (worker_model_dir if rank else None),
+            ip=per_rank(rank, "IP", _ip), ifname=per_rank(rank, "IFNAME", _ifname),
+            hcas=per_rank(rank, "HCAS", _hcas), gid_index=gid))
+    known = {f"R{s.rank}_{k}" for s in specs for k in ("IP", "IFNAME", "HCAS", "GID_INDEX", "MODEL_DIR")}
+    for name in env:
+        if re.match(r"^R\d+_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$", name) and name not in known:
+            raise ConfigError(f"{name} is set but there is no rank {name[1:].split('_')[0]}: "
+                              f"ranks are r0 (head) to r{len(specs) - 1}; check WORKER/WORKERS")
+    return tuple(specs)
+
+
+SECRET_KEYS = {"hf_token"}
+
+
+def describe(cfg):
+    """(setting, value, source) rows for `doit config`; secrets are shown as set/unset only."""
+    rows = []
+    for field in dataclasses.fields(cfg):
+        k = field.name
+        if k in ("sources", "nodes", "state_dir_raw"):
+            continue
+        v = getattr(cfg, k)
+        if k in SECRET_KEYS:
+            v = "(set)" if v else "(unset)"
+        elif k == "start_timeout_s":
+            k, v = "start_timeout_min", v // 60
+        elif v is None:
+            v = "(detected per node)"
+        elif isinstance(v, tuple):
+            v = ",".join(map(str, v)) if k == "caps" else shlex.join(v)
+        src = cfg.sources.get(k, "derived" if k in ("tp_size", "nnodes", "caps") else "default")
+        if k == "hf_token":
+            src = "environment" if cfg.hf_token else "default"
+        rows.append((k.upper() if k != "image" else "IMG", str(v), src))
+    for s in cfg.nodes:
+        facts = {"target": s.target or "(local)", "model_dir": s.model_dir, "ip": s.ip,
+                 "ifname": s.ifname, "hcas": ",".join(s.hcas) if s.hcas else None,
+                 "gid_index": s.gid_index}
+        for k, v in facts.items():
+            src = cfg.sources.get(f"r{s.rank}.{k}", "detected at launch" if v is None else "environment")
+            if k == "model_dir" and v is None:
+                v, src = ("(head's path, home swapped)" if s.rank else cfg.model_dir), "derived"
+            if k == "target":
+                src = "environment" if s.target else "the machine running doit"
+            rows.append((f"r{s.rank}.{k}", "" if v is None else str(v), src))
+    return rows
+
+
+def to_json(cfg):
+    return json.dumps({k: v for k, v, _ in describe(cfg)}, indent=2)

@@ -1,0 +1,93 @@
+"""How dsv41 uses doit: size+mtime file checks, a run lock, one-line failures."""
+import fcntl
+import functools
+import os
+import sys
+
+from doit.dependency import FileChangedChecker
+from doit.exceptions import TaskFailed
+from doit.reporter import ConsoleReporter
+
+from dsv41.errors import UserError, one_line
+
+
+class SizeMtimeChecker(FileChangedChecker):
+    """A file dependency changed when its size or mtime did. Never reads the file: doit's md5
+    default would re-hash a whole shard after a mere touch."""
+
+    def check_modified(self, file_path, file_stat, state):
+        return state is None or [file_stat.st_size, file_stat.st_mtime_ns] != list(state)
+
+    def get_state(self, dep, current_state):
+        st = os.stat(dep)
+        new = [st.st_size, st.st_mtime_ns]
+        return None if current_state is not None and list(current_state) == new else new
+
+
+class Reporter(ConsoleReporter):
+    """doit's console reporter, but a user error is one line, `dsv41: <task>: <message>`, and
+    progress lines (`.  task`, `-- task` when up to date) go to stderr so stdout stays parseable."""
+
+    def write(self, text):
+        sys.stderr.write(text)
+
+    def add_failure(self, task, fail):
+        if isinstance(fail, TaskFailed) and getattr(fail, "dsv41", False):
+            self.failures.append({"task": task, "exception": fail})
+            sys.stderr.write(f"dsv41: {task.name}: {fail.message}\n")
+            return
+        super().add_failure(task, fail)
+
+    def complete_run(self):
+        self.failures = [f for f in self.failures if not getattr(f["exception"], "dsv41", False)]
+        super().complete_run()
+
+
+_lock_fd = None
+
+
+def take_run_lock(state_dir):
+    """One mutating doit run per state dir at a time; held until the process exits."""
+    global _lock_fd
+    if _lock_fd is not None:
+        return
+    os.makedirs(state_dir, exist_ok=True)
+    path = os.path.join(state_dir, "doit.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(f"another doit run holds {path} ({holder}); wait for it to finish "
+                        f"or stop it first") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv[1:]) or 'launch'}\n".encode(), 0)
+    _lock_fd = fd
+
+
+def action(func, *, lock_dir=None):
+    """Wrap a task function: a UserError fails the task with its one line, not a traceback.
+    With lock_dir the action first takes the run lock (mutating tasks)."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        try:
+            if lock_dir:
+                take_run_lock(lock_dir)
+            result = func(*args, **kwargs)
+        except UserError as err:
+            fail = TaskFailed(one_line(err, 2000))
+            fail.dsv41 = True
+            return fail
+        except KeyboardInterrupt:
+            fail = TaskFailed("interrupted; run the same command again to resume")
+            fail.dsv41 = True
+            return fail
+        if result is False:
+            fail = TaskFailed("failed (see the lines above)")
+            fail.dsv41 = True
+            return fail
+        return result if isinstance(result, dict) else None
+
+    return run
