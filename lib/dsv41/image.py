@@ -1,0 +1,44 @@
+"""The serving image: pulled by digest on every node when missing, never re-pulled when present;
+every node must hold the same image ID (a node that pulled another build is caught here)."""
+import json
+import os
+
+from dsv41 import commands
+from dsv41.errors import UserError
+from dsv41.nodes import write_local
+
+
+def pull(cfg):
+    """doit image."""
+    from dsv41.lifecycle import Cluster
+    cl = Cluster(cfg)
+    ensure(cl, cl.probe_all())
+
+
+def ensure(cl, facts):
+    cfg = cl.cfg
+    ids = {}
+    for node in cl.nodes:
+        image_id = facts[node.name]["image_id"]
+        if not image_id:
+            print(f"[{node.name}] pulling {cfg.image}", flush=True)
+            r = node.run(cl.priv(node, commands.docker_pull(cfg.image)), fg=True, check=False)
+            if r.code:
+                raise UserError(f"{node.label}: docker pull {cfg.image} failed (exit {r.code}); check "
+                                "the node's registry access (docker login) and free disk")
+            image_id = node.run(commands.docker_image_id(cfg.image)).stdout.strip()
+            facts[node.name]["image_id"] = image_id
+        ids[node.name] = image_id
+    if len(set(ids.values())) > 1:
+        detail = ", ".join(f"{k} {v[:19]}" for k, v in ids.items())
+        raise UserError(f"nodes hold different images for {cfg.image} ({detail}): remove the odd one "
+                        "(docker rmi) and run `doit image` again")
+    stamp = os.path.join(cfg.state_dir, "image.stamp")
+    data = json.dumps({"image": cfg.image, "ids": ids}, indent=1, sort_keys=True).encode()
+    try:
+        old = open(stamp, "rb").read()
+    except FileNotFoundError:
+        old = None
+    if old != data:
+        write_local(stamp, data)
+    return ids
