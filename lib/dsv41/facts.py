@@ -1,0 +1,237 @@
+"""Everything the head needs to know about one node, gathered in one process and printed as JSON.
+
+Runs on a node with the standard library only:
+    python3 -m dsv41.facts [--sysfs DIR] [--model-dir D] [--peer IP] [--ports 8000,29655]
+                           [--ping IP,...] [--ifname IF] [--ip IP] [--ping-only]
+Nothing is changed; each section that cannot be read carries an "error" instead of stopping the rest.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+from dsv41 import fabric
+from dsv41.errors import UserError, cli, one_line
+
+UNIT_DIR = "/etc/systemd/system"
+TOOLS = ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi", "ib_write_bw", "systemctl")
+CONTAINER_RE = re.compile(r"^dsv41-r\d+$")
+
+
+def _run(argv, timeout=20):
+    """(code, stdout, stderr); 127 when missing, 124 on timeout."""
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout, r.stderr
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]}: no answer within {timeout} s"
+
+
+def _safe(fn, *args):
+    try:
+        return fn(*args)
+    except (UserError, OSError, ValueError) as err:
+        return {"error": one_line(err)}
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+# ---- sections ----------------------------------------------------------------------------------
+
+def link_speed(ifname):
+    """Mb/s from `ethtool IF` (None when unknown, e.g. a veth or a down link)."""
+    code, out, err = _run(["ethtool", ifname], timeout=10)
+    if code != 127:
+        m = re.search(r"Speed:\s*(.*)", out)
+        raw = m.group(1).strip() if m else one_line(err) or f"exit {code}"
+        n = re.match(r"(\d+)\s*Mb/s", raw)
+        return {"mbps": int(n.group(1)) if n else None, "source": "ethtool", "raw": raw}
+    raw = _read(f"/sys/class/net/{ifname}/speed")
+    mbps = int(raw) if raw and raw.lstrip("-").isdigit() and int(raw) > 0 else None
+    return {"mbps": mbps, "source": "sysfs (ethtool missing)", "raw": raw}
+
+
+def docker_facts():
+    if not shutil.which("docker"):
+        return {"ok": False, "kind": "missing", "error": "docker is not installed", "runtimes": [],
+                "containers": []}
+    code, out, err = _run(["docker", "info", "--format", "{{json .Runtimes}}"])
+    if code == 0:
+        try:
+            runtimes = sorted(json.loads(out or "{}") or {})
+        except ValueError:
+            runtimes = []
+        res = {"ok": True, "kind": "ok", "error": None, "runtimes": runtimes}
+    else:
+        low = err.lower()
+        kind = ("permission" if "permission denied" in low else
+                "timeout" if code == 124 else
+                "daemon" if "cannot connect" in low or "daemon running" in low else "other")
+        return {"ok": False, "kind": kind, "error": one_line(err[-400:]) or f"exit {code}",
+                "runtimes": [], "containers": []}
+    code, out, err = _run(["docker", "ps", "-a", "--filter", "name=dsv41-r",
+                           "--format", "{{.Names}}\t{{.State}}\t{{.ID}}"])
+    res["containers"] = [dict(zip(("name", "state", "id"), line.split("\t")))
+                         for line in out.splitlines() if CONTAINER_RE.match(line.split("\t")[0])]
+    return res
+
+
+def disk_facts(model_dir):
+    path = os.path.abspath(os.path.expanduser(model_dir))
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    st = os.statvfs(probe)
+    present = 0
+    if os.path.isdir(path):
+        for root, _dirs, files in os.walk(path):
+            for name in files:
+                try:
+                    s = os.lstat(os.path.join(root, name))
+                except OSError:
+                    continue
+                present += s.st_size if not os.path.islink(os.path.join(root, name)) else 0
+    return {"model_dir": path, "checked": probe, "free_bytes": st.f_bavail * st.f_frsize,
+            "model_bytes": present}
+
+
+def memory_facts():
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("MemTotal", "MemAvailable"):
+                info[k] = int(v.split()[0]) * 1024
+    return {"total_bytes": info.get("MemTotal"), "available_bytes": info.get("MemAvailable")}
+
+
+def listening_ports():
+    """Local TCP ports in LISTEN state (/proc/net/tcp and tcp6)."""
+    ports = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) > 3 and cols[3] == "0A":
+                        ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    return ports
+
+
+def unit_facts(unit_dir, names):
+    files = sorted(n for n in os.listdir(unit_dir) if n.startswith("dsv41-") and n.endswith(".service")) \
+        if os.path.isdir(unit_dir) else []
+    units = sorted(set(files) | {n + ".service" for n in names} | {"dsv41-memguard.service"})
+    active = {}
+    if shutil.which("systemctl"):
+        code, out, _ = _run(["systemctl", "is-active", *units], timeout=10)
+        states = out.split()
+        if len(states) == len(units):
+            active = dict(zip(units, states))
+    return {"dir": unit_dir, "files": files, "active": active}
+
+
+def mtu_of(ifname, addrs):
+    m = next((a["mtu"] for a in addrs if a["ifname"] == ifname and a.get("mtu")), None)
+    if m is None:
+        raw = _read(f"/sys/class/net/{ifname}/mtu")
+        m = int(raw) if raw and raw.isdigit() else None
+    return m
+
+
+def ping(peer, ifname, mtu):
+    """Don't-fragment ping of MTU-28 bytes (the largest that fits one frame) from ifname to peer."""
+    if not ifname or not mtu:
+        return {"peer": peer, "ifname": ifname, "size": None, "ok": False,
+                "error": "no fabric interface or MTU known"}
+    size = mtu - 28
+    argv = ["ping", "-M", "do", "-s", str(size), "-c", "1", "-W", "2", "-I", ifname, peer]
+    code, out, err = _run(argv, timeout=10)
+    lines = [x for x in (out + "\n" + err).splitlines() if x.strip() and "statistics" not in x]
+    return {"peer": peer, "ifname": ifname, "size": size, "ok": code == 0, "command": " ".join(argv),
+            "error": None if code == 0 else one_line("; ".join(lines[-2:])) or f"exit {code}"}
+
+
+# ---- all of it ---------------------------------------------------------------------------------
+
+def gather(sysfs="/sys", model_dir=None, peer=None, ports=(), pings=(), ifname=None, ip=None,
+           unit_dir=UNIT_DIR, ping_only=False):
+    out = {"hostname": socket.gethostname()}
+    fab = fabric.scan_rdma(sysfs)
+    try:
+        fab["addrs"] = fabric.ip_addrs()
+    except (UserError, OSError, subprocess.SubprocessError) as err:
+        fab["addrs"], fab["addrs_error"] = [], one_line(err)
+    addrs = fab["addrs"]
+    decided = fabric.choose(fab, peer=peer, ip=ip, ifname=ifname)
+    fab_if = ifname or decided.get("ifname")
+    if not ping_only:
+        out["fabric"] = fab
+        out["detected"] = decided
+        out["mtus"] = {a["ifname"]: a["mtu"] for a in addrs}
+        if fab_if and fab_if not in out["mtus"]:
+            out["mtus"][fab_if] = mtu_of(fab_if, addrs)
+        netdevs = {n for d in fab.get("devices", []) if d.get("state") == "ACTIVE" for n in d["netdevs"]}
+        out["speeds"] = {n: _safe(link_speed, n) for n in sorted(netdevs | ({fab_if} if fab_if else set()))}
+        out["docker"] = _safe(docker_facts)
+        if model_dir:
+            out["disk"] = _safe(disk_facts, model_dir)
+        out["memory"] = _safe(memory_facts)
+        listening = _safe(listening_ports)
+        out["ports"] = ({str(p): p in listening for p in ports} if isinstance(listening, set)
+                        else listening)
+        out["kernel"] = {"release": os.uname().release, "cmdline": _read("/proc/cmdline") or ""}
+        out["tools"] = {t: shutil.which(t) is not None for t in TOOLS}
+        names = [c["name"] for c in out["docker"].get("containers", [])] if "containers" in out["docker"] else []
+        out["units"] = _safe(unit_facts, unit_dir, names)
+    out["pings"] = [ping(p, fab_if, mtu_of(fab_if, addrs) if fab_if else None) for p in pings]
+    out["time"] = time.time()
+    return out
+
+
+def _csv(text):
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+@cli
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python3 -m dsv41.facts", description=__doc__.splitlines()[0])
+    p.add_argument("--sysfs", default="/sys")
+    p.add_argument("--model-dir")
+    p.add_argument("--peer", help="peer fabric address: detect the port on its subnet")
+    p.add_argument("--ports", default="", help="comma list of TCP ports to report as in use or free")
+    p.add_argument("--ping", default="", help="comma list of peers to ping (don't-fragment, MTU-28)")
+    p.add_argument("--ifname", help="fabric interface override")
+    p.add_argument("--ip", help="fabric address override")
+    p.add_argument("--unit-dir", default=UNIT_DIR)
+    p.add_argument("--ping-only", action="store_true", help="only the pings (and the time)")
+    p.add_argument("--json", action="store_true", help="(always JSON)")
+    a = p.parse_args(argv)
+    try:
+        ports = [int(x) for x in _csv(a.ports)]
+    except ValueError:
+        raise UserError(f"--ports {a.ports!r}: expected a comma list of port numbers") from None
+    facts = gather(a.sysfs, a.model_dir, a.peer, ports, _csv(a.ping), a.ifname, a.ip, a.unit_dir,
+                   a.ping_only)
+    print(json.dumps(facts, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`python3 -m dsv41.facts` run for real: on this machine, and inside network namespaces joined by a
+veth "fabric" (real don't-fragment pings, real MTUs, real ethtool). The sysfs trees are stand-ins."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from test_fabric import LIB, PY, Netns, make_sysfs, need_netns, roce_gids
+
+
+def run_facts(*args, ns=None):
+    argv = [PY, "-m", "dsv41.facts", *map(str, args)]
+    if ns:
+        r = ns.run(argv)
+    else:
+        r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": LIB})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_facts_of_this_machine(tmp_path):
+    model = tmp_path / "models" / "M"
+    with socket.socket() as busy, socket.socket() as spare:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        spare.bind(("127.0.0.1", 0))  # bound, not listening: free for a server
+        used, free = busy.getsockname()[1], spare.getsockname()[1]
+        f = run_facts("--model-dir", model, "--ports", f"{used},{free}", "--sysfs", tmp_path)
+    assert f["ports"] == {str(used): True, str(free): False}
+    assert f["disk"]["model_dir"] == str(model) and f["disk"]["checked"] == str(tmp_path)
+    assert f["disk"]["model_bytes"] == 0 and f["disk"]["free_bytes"] > 0
+    assert 0 < f["memory"]["available_bytes"] <= f["memory"]["total_bytes"]
+    assert f["kernel"]["release"] == os.uname().release
+    assert f["kernel"]["cmdline"] == open("/proc/cmdline").read().strip()
+    assert f["tools"]["python3"] is True and isinstance(f["time"], float)
+    assert f["fabric"]["present"] is False and f["detected"]["missing"]
+    assert any(a["ip"] == "127.0.0.1" for a in f["fabric"]["addrs"])  # the real `ip` output
+    d = f["docker"]
+    assert d["kind"] in ("ok", "missing", "permission", "daemon", "timeout", "other")
+    assert d["ok"] == (d["kind"] == "ok") and (d["ok"] or d["error"])
+    assert f["units"]["files"] == sorted(n for n in os.listdir("/etc/systemd/system")
+                                         if n.startswith("dsv41-") and n.endswith(".service"))
+
+
+def test_model_bytes_count_what_is_there(tmp_path):
+    model = tmp_path / "M"
+    (model / "sub").mkdir(parents=True)
+    (model / "a.safetensors").write_bytes(b"x" * 1000)
+    (model / "sub" / "b").write_bytes(b"y" * 24)
+    f = run_facts("--model-dir", model)
+    assert f["disk"]["model_bytes"] == 1024 and f["disk"]["checked"] == str(model)
+
+
+def test_bad_ports_is_one_line():
+    r = subprocess.run([PY, "-m", "dsv41.facts", "--ports", "80,http"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": LIB})
+    assert r.returncode == 2 and r.stderr == "dsv41: --ports '80,http': expected a comma list of port numbers\n"
+
+
+@pytest.fixture
+def pair():
+    """Two namespaces, head and worker, joined by a veth with MTU 9000 (a stand-in fabric)."""
+    need_netns()
+    head, worker = Netns(), Netns()
+    try:
+        head.veth("fab0", "198.51.100.11/24", mtu=9000, peer_ns=worker, peer_addr="198.51.100.13/24")
+        yield head, worker
+    finally:
+        head.delete()
+        worker.delete()
+
+
+def test_ping_over_the_fabric_and_mtu_mismatch(pair, tmp_path):
+    head, worker = pair
+    if not shutil.which("ping"):
+        pytest.skip("ping is not installed (apt-get install iputils-ping)")
+    sysfs = make_sysfs(tmp_path / "h", [("rocep1s0f1", "ACTIVE", ["fab0"], roce_gids("198.51.100.11"))])
+    f = run_facts("--sysfs", sysfs, "--peer", "198.51.100.13", "--ping", "198.51.100.13", ns=head)
+    assert f["detected"]["ifname"] == "fab0" and f["detected"]["gid_index"] == 3
+    assert f["mtus"]["fab0"] == 9000
+    want = "ethtool" if shutil.which("ethtool") else "sysfs (ethtool missing)"
+    assert f["speeds"]["fab0"]["source"] == want   # a veth reports 10000Mb/s or nothing
+    [p] = f["pings"]
+    assert p["ok"] and p["size"] == 8972 and p["ifname"] == "fab0"
+    assert p["command"] == "ping -M do -s 8972 -c 1 -W 2 -I fab0 198.51.100.13"
+    # the worker's end falls back to 1500 (as after a firmware reboot): the big ping fails both ways
+    worker.ip("link", "set", "fab0p", "mtu", "1500")
+    [p] = run_facts("--sysfs", sysfs, "--ping", "198.51.100.13", ns=head)["pings"]
+    assert not p["ok"] and p["error"]
+    w = run_facts("--ping-only", "--ifname", "fab0p", "--ping", "198.51.100.11", ns=worker)
+    assert set(w) == {"hostname", "pings", "time"}
+    assert w["pings"][0]["size"] == 1472 and w["pings"][0]["ok"]
+    worker.ip("link", "set", "fab0p", "mtu", "9000")
+    w = run_facts("--ping-only", "--ifname", "fab0p", "--ping", "198.51.100.11", ns=worker)
+    assert w["pings"][0]["size"] == 8972 and w["pings"][0]["ok"]
