@@ -52,5 +52,6 @@ def bench(cfg, args=()):
 
 def pi(cfg):
     env = {**os.environ, "MAX_LEN": str(cfg.max_len)}
-    r = subprocess.run(["bash", os.path.join(ROOT, "pi", "install.sh"), cfg.api_url], env=env)
+    url = os.environ.get("DSV41_BASE_URL") or cfg.api_url
+    r = subprocess.run(["bash", os.path.join(ROOT, "pi", "install.sh"), url], env=env)
     return r.returncode == 0
