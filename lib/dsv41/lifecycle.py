@@ -101,7 +101,7 @@ def fabric_values(cl, facts=None):
 
 def render_all(cl, fab):
     """{node name: {unit file name: text}} for every node."""
-    return {n.name: units.render_units(cl.cfg, cl.spec(n), fab[cl.spec(n).rank], cl.paths(n))
+    return {n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n))
             for n in cl.nodes}
 
 
@@ -117,7 +117,7 @@ def render(cfg):
         spec = cl.spec(n)
         # the head's paths are known without contacting anyone; a worker's need its home
         paths = cl.paths(n)
-        rendered[spec.rank] = units.render_units(cfg, spec, fab[spec.rank], paths)
+        rendered[spec.rank] = units.render_units(cfg, spec, fab, paths)
     out = os.path.join(cfg.state_dir, "units")
     units.write_rendered(cfg, rendered, out)
     print(f"rendered units for {len(rendered)} nodes in {out}")
@@ -188,13 +188,35 @@ def diff_units(cl, rendered, facts):
     return out
 
 
+def _since(unit_facts):
+    """ActiveEnterTimestamp as unix seconds ("@1732940000"), or None."""
+    v = unit_facts.get("ActiveEnterTimestamp", "")
+    return float(v[1:]) if v.startswith("@") else None
+
+
+def stale_workers(cl, facts=None):
+    """A worker rank that (re)started after the head's rank cannot rejoin its rendezvous: the ranks
+    must be restarted together. Lines naming each such worker."""
+    facts = facts or cl.facts
+    head = facts.get(cl.head.name, {}).get("units", {}).get(f"{cl.spec(cl.head).unit}.service", {})
+    t0 = _since(head) if head.get("ActiveState") == "active" else None
+    out = []
+    for n in cl.workers:
+        u = facts.get(n.name, {}).get("units", {}).get(f"{cl.spec(n).unit}.service", {})
+        t = _since(u)
+        if t0 and t and u.get("ActiveState") == "active" and t > t0 + 1:
+            out.append(f"{cl.spec(n).unit} on {n.label} restarted after the head's rank "
+                       f"(NRestarts={u.get('NRestarts', '?')}): the ranks must restart together")
+    return out
+
+
 def decide(cl, rendered, facts):
     """Pure decision: the steps that bring the nodes from `facts` to `rendered`."""
-    steps = []
+    steps = [Step("all", "why", line) for line in stale_workers(cl, facts)]
     changed = {(n.name, name) for n, name, _, _ in diff_units(cl, rendered, facts)}
     for node_name, name in sorted(changed):
         steps.append(Step(node_name, "install", name))
-    restart_ranks = False
+    restart_ranks = any(s.what == "why" for s in steps)
     for n in cl.nodes:
         f = facts[n.name]
         g = f["units"].get(GUARD, {})
@@ -276,6 +298,7 @@ def apply(cl, rendered, steps):
         stop_ranks(cl)
         for node in cl.workers + [cl.head]:
             unit = f"{cl.spec(node).unit}.service"
+            node.run(cl.priv(node, commands.systemctl("reset-failed", unit)), check=False)
             node.run(cl.priv(node, commands.systemctl("start", unit)))
             say(node, f"started {unit}")
 
@@ -390,12 +413,16 @@ def status(cfg, json=False):
         if u.get("ActiveState") != "active" or entry["container"] != "running":
             ranks_ok = False
     api = api_status(cfg)
-    any_installed = any(isinstance(e, dict) and e.get("rank_state") != "not installed"
-                        for e in report["nodes"].values())
+    stale = stale_workers(cl)
+    if stale:
+        ranks_ok = False
+        report["stale"] = stale
+    any_up = any(isinstance(e, dict) and e.get("rank_state", "").split("/")[0] in ("active", "activating")
+                 for e in report["nodes"].values())
     if api["models"]:
         api["state"] = "READY" if ranks_ok else "DEGRADED"
     else:
-        api["state"] = "DOWN" if any_installed else "NOT RUNNING"
+        api["state"] = "DOWN" if any_up else "NOT RUNNING"
     report["api"] = api
     if json:
         print(_json.dumps(report, indent=2))
@@ -411,6 +438,8 @@ def status(cfg, json=False):
         if e["tripped"]:
             print(f"{'':<10} memory guard tripped: {one_line(_json.dumps(e['tripped']), 160)}; "
                   "lower KV_BYTES or GPU_UTIL, then `doit clear-trip`")
+    for line in stale:
+        print(line)
     print(f"API {api['url']}: {api['state']} (health {api['health']}, models {api['models'] or '-'})")
     if api["state"] == "NOT RUNNING":
         print("nothing is running; start it with `doit launch`")

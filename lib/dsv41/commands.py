@@ -1,0 +1,234 @@
+"""Pure argv builders: every command the units and the launcher run, as a list of strings.
+Nothing here executes anything; nodes.Node.run() does.
+
+`fabric` is one node's resolved fabric facts and `paths` one node's paths: objects or dicts with
+ip, ifname, hcas, gid_index / model_dir, state_dir, python, pythonpath."""
+import json
+from collections.abc import Mapping
+
+from dsv41.errors import UserError
+
+DOCKER = "docker"
+SYSTEMCTL = "systemctl"
+JOURNALCTL = "journalctl"
+MEMGUARD_UNIT = "dsv41-memguard.service"
+STOP_GRACE_S = 30                  # docker stop -t; the unit's TimeoutStopSec is above it
+DEFAULT_GID_INDEX = 3              # the measured value, used only when neither detected nor set
+LIMIT_MM = '{"image":1}'
+ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": False,
+          "disk_prefetch_max_tokens": 0, "projection_tp": False}
+
+
+def fact(obj, name, default=None):
+    """A field of a fabric/paths object or dict."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def container_name(rank):
+    return f"dsv41-r{rank}"
+
+
+def unit_name(rank):
+    return f"dsv41-r{rank}.service"
+
+
+# ---- per-node state paths --------------------------------------------------------------------------
+
+def cidfile(state_dir, rank):
+    return f"{state_dir}/run/dsv41-r{rank}.cid"
+
+
+def api_env_file(state_dir):
+    """Root-only (0600) `VLLM_API_KEY=<key>` file handed to the head container with --env-file."""
+    return f"{state_dir}/api_key.env"
+
+
+def tripped_marker(state_dir):
+    return f"{state_dir}/memguard.tripped"
+
+
+# ---- the container ---------------------------------------------------------------------------------
+
+def compilation_config(cfg):
+    return json.dumps({"cudagraph_mode": cfg.graph_mode, "custom_ops": ["all"],
+                       "cudagraph_capture_sizes": list(cfg.caps)})
+
+
+def speculative_config(cfg):
+    return json.dumps({"method": "dspark", "num_speculative_tokens": cfg.nspec,
+                       "draft_tensor_parallel_size": 2, "attention_backend": "B12X",
+                       "draft_sample_method": "greedy", "rejection_sample_method": "standard",
+                       "enable_adaptive_verification": True})
+
+
+def engram_config():
+    return json.dumps(ENGRAM)
+
+
+def _need(fabric, name, rank):
+    v = fact(fabric, name)
+    if v in (None, "", ()):
+        var = {"ip": "IP", "ifname": "IFNAME", "hcas": "HCAS"}[name]
+        raise UserError(f"rank {rank}: no fabric {name} known; check `ip -br a` and `rdma link` on "
+                        f"that node and set R{rank}_{var}")
+    return v
+
+
+def container_env(cfg, fabric, rank=None):
+    """The container's environment, in the measured order. The API key is not here (--env-file)."""
+    r = "?" if rank is None else rank
+    ifname = _need(fabric, "ifname", r)
+    hcas = _need(fabric, "hcas", r)
+    hcas = hcas if isinstance(hcas, str) else ",".join(hcas)
+    gid = fact(fabric, "gid_index")
+    if gid is None:
+        gid = cfg.nccl_ib_gid_index if cfg.nccl_ib_gid_index is not None else DEFAULT_GID_INDEX
+    return [
+        ("CUDA_VISIBLE_DEVICES", "0"), ("CUTE_DSL_ARCH", "sm_121a"), ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"), ("VLLM_WORKER_MULTIPROC_METHOD", "spawn"),
+        ("VLLM_USE_V2_MODEL_RUNNER", "1"), ("VLLM_USE_BREAKABLE_CUDAGRAPH", "0"),
+        ("VLLM_USE_FLASHINFER_SAMPLER", "1"), ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1"),
+        ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1"), ("OMP_NUM_THREADS", "16"), ("MALLOC_ARENA_MAX", "2"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("SAFETENSORS_FAST_GPU", "1"),
+        ("VLLM_ENABLE_PCIE_ALLREDUCE", "0"), ("NCCL_IB_DISABLE", "0"), ("NCCL_NET_PLUGIN", "none"),
+        ("NCCL_IB_GID_INDEX", str(gid)), ("NCCL_IB_HCA", hcas), ("NCCL_IB_MERGE_NICS", "1"),
+        ("NCCL_SOCKET_IFNAME", ifname), ("GLOO_SOCKET_IFNAME", ifname), ("NCCL_DEBUG", "WARN"),
+        ("VLLM_ENABLE_ROCE_ALLREDUCE", "1"), ("VLLM_ROCE_ALLREDUCE_MAX_SIZE", "2MB"),
+        ("VLLM_ROCE_ALLGATHER_MAX_SIZE", "16MB"), ("B12X_ROCE_CACHE_DIR", "/cache/b12x-roce"),
+        ("B12X_ROCE_TRAFFIC_CLASS", "106"), ("NCCL_IB_TC", "106"),
+        ("B12X_COMPILE_CACHE_DIR", "/cache/b12x"), ("XDG_CACHE_HOME", "/cache"),
+        ("ST_EXL3_PLAN", f"/plans/{cfg.plan_name}"), ("ST_EXL3_PREFILL", "st"),
+        ("ST_EXL3_PREFILL_MIN_ROWS", "1"), ("VLLM_HOST_IP", _need(fabric, "ip", r)),
+    ]
+
+
+def vllm_args(cfg, rank, fabric_by_rank):
+    """vLLM's arguments after the image; fabric_by_rank[0] gives the rendezvous (head) address."""
+    master = _need(fabric_by_rank[0], "ip", 0)
+    args = [
+        "/model", "--served-model-name", cfg.served_model_name, "--dtype", "bfloat16",
+        "--tensor-parallel-size", str(cfg.tp_size), "--nnodes", str(cfg.nnodes),
+        "--master-addr", master, "--master-port", str(cfg.mport),
+        "--kv-cache-dtype", "fp8", "--block-size", "256", "--swa-block-size", "128",
+        "--kv-cache-memory-bytes", str(cfg.kv_bytes), "--gpu-memory-utilization", str(cfg.gpu_util),
+        "--max-model-len", str(cfg.max_len), "--max-num-seqs", str(cfg.max_seqs),
+        "--max-num-batched-tokens", str(cfg.batch), "--max-cudagraph-capture-size", str(cfg.cap),
+        "--compilation-config", compilation_config(cfg), "--enable-chunked-prefill",
+        "--async-scheduling", "--enable-prefix-caching", "--safetensors-load-strategy", "lazy",
+        "--engram-config", engram_config(), "--attention-backend", "B12X",
+        "--linear-backend", "b12x", "--moe-backend", "b12x",
+        "--speculative-config", speculative_config(cfg), "--generation-config", "vllm",
+        "--tokenizer-mode", "deepseek_v41", "--limit-mm-per-prompt", LIMIT_MM,
+    ]
+    if rank:
+        return args + ["--node-rank", str(rank), "--headless"]
+    return args + ["--node-rank", "0", "--host", "0.0.0.0", "--port", str(cfg.port),
+                   "--reasoning-parser", "deepseek_v41", "--tool-call-parser", "deepseek_v41",
+                   "--enable-auto-tool-choice", "--enable-prompt-tokens-details",
+                   "--enable-force-include-usage", *cfg.extra]
+
+
+def _csv_field(s):
+    """One field of docker's --mount value (Go encoding/csv): quoted when it holds , " or newlines."""
+    if any(c in s for c in ',"\r\n') or s[:1].isspace():
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def mount(source, target, readonly=False):
+    """--mount value; unlike -v it takes any path (colons, commas, quotes, spaces)."""
+    fields = ["type=bind", f"source={source}", f"target={target}"] + (["readonly"] if readonly else [])
+    return ",".join(_csv_field(f) for f in fields)
+
+
+def fabric_for(cfg, spec, fabric, master_addr=None):
+    """(this node's fabric, {0: head fabric}) from one node's fabric or a {rank: fabric} mapping."""
+    if isinstance(fabric, Mapping) and all(isinstance(k, int) for k in fabric):
+        if spec.rank not in fabric or 0 not in fabric:
+            raise UserError(f"no fabric facts for rank {spec.rank} or the head; run the fabric check")
+        return fabric[spec.rank], {0: fabric[0]}
+    if master_addr is None:
+        master_addr = fact(fabric, "ip") if spec.rank == 0 else cfg.head.ip
+    if not master_addr:
+        raise UserError(f"rank {spec.rank}: the head's fabric address is unknown: render with every "
+                        "node's fabric facts ({rank: fabric}) or set R0_IP (HEAD_IP)")
+    return fabric, {0: {"ip": master_addr}}
+
+
+def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
+    """docker run's argv in groups (one option with its value each), for readable unit files."""
+    own, heads = fabric_for(cfg, spec, fabric, master_addr)
+    state, rank, name = fact(paths, "state_dir"), spec.rank, container_name(spec.rank)
+    groups = [
+        [DOCKER, "run"], ["--rm"], ["--name", name], ["--cidfile", cidfile(state, rank)],
+        ["--pull", "never"], ["--init"], ["--gpus", "all"], ["--network", "host"],
+        ["--ipc", "host"], ["--privileged"], ["--ulimit", "memlock=-1"], ["--shm-size", "32g"],
+        ["--mount", mount(fact(paths, "model_dir"), "/model", readonly=True)],
+        ["--mount", mount(f"{state}/plans", "/plans", readonly=True)],
+        ["--mount", mount(f"{state}/cache", "/cache")],
+    ]
+    if rank == 0:
+        groups.append(["--env-file", api_env_file(state)])
+    groups.append(["-e", f"DSV41_RANK={rank}"])
+    groups += [["-e", f"{k}={v}"] for k, v in container_env(cfg, own, rank)]
+    groups.append([cfg.image])
+    for word in vllm_args(cfg, rank, heads):
+        if word.startswith("-") or len(groups[-1]) != 1 or groups[-1] == [cfg.image]:
+            groups.append([word])
+        else:
+            groups[-1].append(word)
+    return groups
+
+
+def docker_run_argv(cfg, spec, fabric, paths, master_addr=None):
+    """The full foreground container command: docker options, the image, then vLLM's arguments."""
+    return [w for g in docker_run_groups(cfg, spec, fabric, paths, master_addr) for w in g]
+
+
+# ---- docker, systemctl, journalctl ---------------------------------------------------------------
+
+def docker_rm(name):
+    return [DOCKER, "rm", "-f", name]
+
+
+def docker_stop(name, grace_s=STOP_GRACE_S):
+    return [DOCKER, "stop", "-t", str(grace_s), name]
+
+
+def docker_pull(image):
+    return [DOCKER, "pull", image]
+
+
+def docker_image_id(image):
+    """Prints the local image ID (sha256:...); non-zero exit when the image is not there."""
+    return [DOCKER, "image", "inspect", "--format", "{{.Id}}", image]
+
+
+def docker_ps(prefix="dsv41-r"):
+    """Names and states of this project's containers, one `name state` per line."""
+    return [DOCKER, "ps", "-a", "--filter", f"name=^{prefix}", "--format", "{{.Names}} {{.State}}"]
+
+
+def docker_logs(name, lines=40):
+    return [DOCKER, "logs", "--tail", str(lines), name]
+
+
+def systemctl(*args):
+    return [SYSTEMCTL, *map(str, args)]
+
+
+def journalctl(unit, follow=False, lines=None):
+    argv = [JOURNALCTL, "-u", unit, "--no-pager", "-o", "cat"]
+    if lines is not None:
+        argv += ["-n", str(lines)]
+    return argv + (["-f"] if follow else [])
+
+
+def mkdir(*paths, mode=None):
+    return ["mkdir", "-p", *(["-m", mode] if mode else []), *paths]
+
+
+def rm_f(*paths):
+    return ["rm", "-f", *paths]

@@ -1,0 +1,187 @@
+"""Unit files rendered from units/*.j2 (jinja2, StrictUndefined), and the EXL3 plan rewrite.
+
+Values reach a unit only through the filters below, which apply systemd's own rules
+(systemd.service(5) "Command lines", systemd.syntax(7) "Quoting"): an Exec*= word is double-quoted
+with C escapes when it holds whitespace, quotes, backslashes, `;` or `#`; `%` becomes `%%`
+(specifiers) and `$` becomes `$$` (variable expansion). Environment= assignments (env_assign) are
+quoted the same way without `$$`; other settings (unit_value) get `%%` only."""
+import json
+import os
+import re
+
+import jinja2
+
+from dsv41 import commands as c
+from dsv41.config import ROOT
+from dsv41.errors import UserError
+from dsv41.nodes import write_local
+
+UNITS_DIR = ROOT / "units"
+RANK_TEMPLATE = "dsv41-rank.service.j2"
+MEMGUARD_TEMPLATE = "dsv41-memguard.service.j2"
+_QUOTE_IF = re.compile(r"""[\s"'\\;#\x00-\x1f\x7f]""")
+
+
+def _quote(s):
+    """Quoted per systemd.syntax(7): single quotes when that avoids escaping double quotes."""
+    q = "'" if '"' in s and "'" not in s else '"'
+    out = []
+    for ch in s:
+        if ch == "\\" or ch == q:
+            out.append("\\" + ch)
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return q + "".join(out) + q
+
+
+def exec_arg(word):
+    """One word of an Exec*= command line that systemd hands to the process unchanged."""
+    s = str(word).replace("%", "%%").replace("$", "$$")
+    return s if s and not _QUOTE_IF.search(s) else _quote(s)
+
+
+def env_assign(name, value):
+    """One Environment= assignment (quoted, specifiers escaped; no `$` expansion there)."""
+    s = f"{name}={value}".replace("%", "%%")
+    return s if not _QUOTE_IF.search(s) else _quote(s)
+
+
+def exec_line(argv):
+    """A command line from an argv, or from groups of words (one group per continued line)."""
+    groups = argv if argv and isinstance(argv[0], (list, tuple)) else [argv]
+    return " \\\n    ".join(" ".join(exec_arg(w) for w in g) for g in groups)
+
+
+def unit_value(value):
+    """A value of a non-Exec setting (paths, descriptions): specifiers escaped; what systemd would
+    alter (control characters, edge whitespace, a trailing backslash) is refused."""
+    s = str(value)
+    if re.search(r"[\x00-\x1f\x7f]", s) or s != s.strip() or s.endswith("\\"):
+        raise UserError(f"{s!r} cannot be written into a unit file (control characters, leading or "
+                        "trailing whitespace or a trailing backslash): choose another path")
+    return s.replace("%", "%%")
+
+
+def environment(templates_dir=None):
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir or UNITS_DIR)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters.update(exec_arg=exec_arg, exec_line=exec_line, unit_value=unit_value,
+                       env_assign=env_assign)
+    return env
+
+
+def rank_vars(cfg, spec, fabric, paths, master_addr=None):
+    state, rank = c.fact(paths, "state_dir"), spec.rank
+    name = c.container_name(rank)
+    return {
+        "rank": rank, "role": "head" if rank == 0 else "worker", "nnodes": cfg.nnodes, "name": name,
+        "memguard": c.MEMGUARD_UNIT, "tripped": c.tripped_marker(state),
+        "docker_rm": c.docker_rm(name), "rm_cidfile": c.rm_f(c.cidfile(state, rank)),
+        "mkdir_run": c.mkdir(f"{state}/run"),
+        "docker_run": c.docker_run_groups(cfg, spec, fabric, paths, master_addr),
+        "docker_stop": c.docker_stop(name), "stop_timeout_s": c.STOP_GRACE_S + 30,
+    }
+
+
+def memguard_vars(cfg, paths):
+    return {"python": c.fact(paths, "python"), "pythonpath": c.fact(paths, "pythonpath"),
+            "state_dir": c.fact(paths, "state_dir"), "floor_gib": cfg.memguard_gib,
+            "mode": cfg.memguard_mode}
+
+
+def _render(env, name, values):
+    try:
+        return env.get_template(name).render(**values)
+    except jinja2.TemplateNotFound:
+        raise UserError(f"units/{name} is missing: restore it from the repository") from None
+    except jinja2.UndefinedError as err:
+        raise UserError(f"units/{name}: {err} (a template variable that is not provided)") from None
+
+
+def render_units(cfg, spec, fabric, paths, master_addr=None, templates_dir=None):
+    """{filename: text} for one node: its memory guard and its rank unit.
+
+    fabric: this node's resolved fabric facts (ip, ifname, hcas, gid_index), or {rank: facts} with
+    the head's; the rendezvous address is the head's ip (master_addr, else cfg's R0_IP for a worker).
+    paths: this node's model_dir, state_dir, python, pythonpath."""
+    env = environment(templates_dir)
+    return {
+        c.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths)),
+        c.unit_name(spec.rank): _render(env, RANK_TEMPLATE,
+                                        rank_vars(cfg, spec, fabric, paths, master_addr)),
+    }
+
+
+def write_rendered(cfg, rendered_by_rank, out_dir=None):
+    """Write {rank: {filename: text}} to <out_dir>/r<N>/ (default $STATE_DIR/units on the head).
+    Unchanged files are left alone (their mtime too); files of ranks or units no longer rendered
+    are removed. Returns the paths written."""
+    out_dir = out_dir or os.path.join(cfg.state_dir, "units")
+    written = []
+    for rank, files in sorted(rendered_by_rank.items()):
+        d = os.path.join(out_dir, f"r{rank}")
+        for name, text in sorted(files.items()):
+            path = os.path.join(d, name)
+            data = text.encode()
+            try:
+                with open(path, "rb") as f:
+                    if f.read() == data:
+                        continue
+            except FileNotFoundError:
+                pass
+            write_local(path, data, 0o644)
+            written.append(path)
+    if os.path.isdir(out_dir):
+        for sub in os.listdir(out_dir):
+            m = re.fullmatch(r"r(\d+)", sub)
+            if not m or not os.path.isdir(os.path.join(out_dir, sub)):
+                continue
+            keep = rendered_by_rank.get(int(m.group(1)), {})
+            for name in os.listdir(os.path.join(out_dir, sub)):
+                if name.endswith(".service") and name not in keep:
+                    os.unlink(os.path.join(out_dir, sub, name))
+            if not keep and not os.listdir(os.path.join(out_dir, sub)):
+                os.rmdir(os.path.join(out_dir, sub))
+    return written
+
+
+def rewrite_plan(plan_json_text):
+    """The EXL3 plan with every `qdir` entry pointing at /model/exl3/<last path component>."""
+    try:
+        plan = json.loads(plan_json_text)
+    except ValueError as err:
+        raise UserError(f"the EXL3 plan is not valid JSON ({err}): re-download the checkpoint") from None
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "qdir":
+                    node[k] = _rewrite_qdir(v)
+                    found.append(k)
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(plan)
+    if not found:
+        raise UserError("the EXL3 plan has no `qdir` key: check PLAN_NAME names a plan in exl3/plan/")
+    return json.dumps(plan, indent=2) + "\n"
+
+
+def _rewrite_qdir(value):
+    if not isinstance(value, str):
+        raise UserError(f"the EXL3 plan's qdir is {value!r}, not a colon-separated list of bank dirs")
+    out = []
+    for entry in value.split(":"):
+        last = entry.rstrip("/").rsplit("/", 1)[-1]
+        if not last or last in (".", ".."):
+            raise UserError(f"the EXL3 plan's qdir {value!r} has an empty or relative entry "
+                            f"{entry!r}: expected names like qn:q31:q31s")
+        out.append(f"/model/exl3/{last}")
+    return ":".join(out)

@@ -1,0 +1,191 @@
+"""End to end in the two-node lab: the real doit tasks, run on the head node, against real ssh,
+rsync, systemd, journald, Docker and a registry. The engine image is the lab's stand-in for the
+real serving image (tests/lab/engine/engine.py); everything else is the real thing."""
+import json
+import re
+import shlex
+import time
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+MODEL = "/root/lab-model/DeepSeek-V4.1-Flash-Spark"
+UNITS = ["dsv41-memguard.service", "dsv41-r0.service"]
+WUNITS = ["dsv41-memguard.service", "dsv41-r1.service"]
+
+
+def doit(lab, args, env=None, check=True, timeout=900):
+    env = {"DSV41_PROFILE": "lab", **(env or {})}
+    cmd = (f"cd {shlex.quote(lab.repo)} && env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} "
+           f"PYTHONPATH={shlex.quote(lab.repo + '/lib')} {lab.venv}/bin/doit {args}")
+    r = lab.on("head", cmd, check=False, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"doit {args} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r
+
+
+def unit_props(lab, node, units, props=("ActiveState", "ActiveEnterTimestamp", "NRestarts")):
+    r = lab.on(node, ["systemctl", "show", "--timestamp=unix", "-p", ",".join(props), "--", *units])
+    out = {}
+    for unit, block in zip(units, r.stdout.split("\n\n")):
+        out[unit] = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+    return out
+
+
+def mtimes(lab, node, units):
+    paths = [f"/etc/systemd/system/{u}" for u in units]
+    return lab.on(node, ["stat", "-c", "%n %Y.%y", *paths]).stdout
+
+
+def key(lab):
+    return lab.on("head", "cat /root/.dsv41-two-sparks/api_key").stdout.strip()
+
+
+def api(lab, path, k=None):
+    auth = f"-H 'Authorization: Bearer {k}'" if k else ""
+    r = lab.on("head", f"curl -s -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:8000{path}")
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def launched(lab):
+    """A fixture checkpoint on the head, then verify, copy and launch from nothing."""
+    lab.on("head", "systemctl stop dsv41-r0 dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
+           "/root/lab-model /etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
+    lab.on("worker", "systemctl stop dsv41-r1 dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
+           "/root/lab-model /etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
+    lab.on("head", f"{lab.venv}/bin/python {shlex.quote(lab.repo)}/tests/fixture_checkpoint.py {MODEL} --mb 4")
+    t0 = time.monotonic()
+    r = doit(lab, "launch")
+    took = time.monotonic() - t0
+    print(f"launch from nothing took {took:.1f} s")
+    return r
+
+
+def test_launch_from_nothing_serves_the_api(lab, launched):
+    out = launched.stdout + launched.stderr
+    assert "ready: base URL http://198.51.100.11:8000/v1" in out
+    assert "model deepseek-v4.1-flash" in out and "/root/.dsv41-two-sparks/api_key" in out
+    for node, units in (("head", UNITS), ("worker", WUNITS)):
+        props = unit_props(lab, node, units)
+        assert all(p["ActiveState"] == "active" for p in props.values()), props
+    assert api(lab, "/v1/models", key(lab)) == "200"
+    assert api(lab, "/v1/models", "wrong") == "401"
+    # the checkpoint was copied over the fabric and verified on the worker
+    assert lab.on("worker", f"test -s {MODEL}/model-00005-of-00006.safetensors").returncode == 0
+    assert lab.on("worker", f"ls {MODEL} | grep -c part", check=False).stdout.strip() == "0"
+
+
+def test_second_launch_changes_nothing(lab, launched):
+    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    t0 = time.monotonic()
+    r = doit(lab, "launch")
+    took = time.monotonic() - t0
+    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    assert before == after
+    assert "nothing changed" in r.stdout
+    assert "installed" not in r.stdout and "started" not in r.stdout
+    print(f"second launch took {took:.2f} s")
+
+
+def test_key_never_in_units_argv_or_systemctl_show(lab, launched):
+    k = key(lab)
+    for node, units in (("head", UNITS), ("worker", WUNITS)):
+        assert k not in lab.on(node, "cat /etc/systemd/system/dsv41-*.service").stdout
+        assert k not in lab.on(node, ["systemctl", "show", *units]).stdout
+        assert k not in lab.on(node, "ps -eo args").stdout
+        assert k not in lab.on(node, "journalctl --no-pager -u 'dsv41-*'").stdout
+    assert k not in lab.on("head", "cat /root/.dsv41-two-sparks/units/*/*").stdout
+    db = lab.on("head", "cat /root/.dsv41-two-sparks/doit.db | strings", check=False).stdout
+    assert k not in db
+    mode = lab.on("head", "stat -c %a /root/.dsv41-two-sparks/api_key.env /root/.dsv41-two-sparks/api_key")
+    assert mode.stdout.split() == ["600", "600"]
+
+
+def test_smoke_passes_against_the_stand_in_engine(lab, launched):
+    r = doit(lab, "smoke", check=False)
+    lines = r.stdout.splitlines()
+    for name in ("text", "tools", "vision", "stream"):
+        assert any(line.startswith(name) and "PASS" in line for line in lines), r.stdout
+    assert r.returncode == 0
+
+
+def test_status_shows_every_node(lab, launched):
+    r = doit(lab, "status --json")
+    report = json.loads(r.stdout)
+    assert report["api"]["state"] == "READY"
+    for name in ("head", "worker1"):
+        e = report["nodes"][name]
+        assert e["memguard"] == "active" and e["container"] == "running"
+        assert e["mem_available_gib"] > 0
+
+
+def test_rank_setting_change_restarts_ranks_only_worker_first(lab, launched):
+    guards = {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker")}
+    r = doit(lab, "launch", env={"KV_BYTES": "2600000000"})
+    assert "--kv-cache-memory-bytes 2600000000" in lab.on("head", "cat /etc/systemd/system/dsv41-r0.service").stdout
+    assert guards == {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker")}
+    r0 = unit_props(lab, "head", ["dsv41-r0.service"])["dsv41-r0.service"]
+    r1 = unit_props(lab, "worker", ["dsv41-r1.service"])["dsv41-r1.service"]
+    assert r1["ActiveEnterTimestamp"] <= r0["ActiveEnterTimestamp"], (r0, r1)
+    assert r.stdout.index("[worker1] started") < r.stdout.index("[head] started")
+    doit(lab, "launch")  # back to the defaults
+
+
+def test_memguard_setting_change_restarts_only_the_guards(lab, launched):
+    ranks = {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker", "dsv41-r1.service"))}
+    doit(lab, "launch", env={"MEMGUARD_GIB": "0.6"})
+    assert ranks == {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker", "dsv41-r1.service"))}
+    assert "0.6" in lab.on("worker", "cat /etc/systemd/system/dsv41-memguard.service").stdout
+    doit(lab, "launch")
+
+
+def test_killed_worker_container_is_degraded_and_reported(lab, launched):
+    lab.on("worker", "docker kill dsv41-r1")
+    time.sleep(1)
+    r = doit(lab, "status --json")
+    assert json.loads(r.stdout)["api"]["state"] == "DEGRADED"
+    r = doit(lab, "launch")
+    assert "dsv41-r1" in r.stdout and "ready:" in r.stdout
+    assert json.loads(doit(lab, "status --json").stdout)["api"]["state"] == "READY"
+
+
+def test_logs_through_journalctl(lab, launched):
+    r = doit(lab, "logs r1 -n 20")
+    assert "dsv41-r1.service on worker1" in r.stdout
+    assert re.search(r"rank 1|node-rank|stand-in", r.stdout, re.I), r.stdout
+    r = doit(lab, "logs memguard -n 5")
+    assert "dsv41-memguard.service on head" in r.stdout and "dsv41-memguard.service on worker1" in r.stdout
+    r = doit(lab, "logs r9", check=False)
+    assert r.returncode != 0 and "no unit 'r9'" in r.stderr
+
+
+def test_memguard_trip_stops_ranks_for_good_until_cleared(lab, launched):
+    doit(lab, "launch", env={"MEMGUARD_GIB": "1000"}, check=False)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if lab.on("worker", "test -e /root/.dsv41-two-sparks/memguard.tripped", check=False).returncode == 0:
+            break
+        time.sleep(0.5)
+    time.sleep(3)
+    props = unit_props(lab, "worker", ["dsv41-r1.service"])["dsv41-r1.service"]
+    assert props["ActiveState"] in ("inactive", "failed"), props
+    time.sleep(5)  # no restart after a guard stop
+    assert unit_props(lab, "worker", ["dsv41-r1.service"])["dsv41-r1.service"]["ActiveState"] != "active"
+    r = doit(lab, "status")
+    assert "TRIPPED" in r.stdout
+    r = doit(lab, "launch", check=False)
+    assert r.returncode != 0 and "clear-trip" in r.stderr and "KV_BYTES" in r.stderr
+    doit(lab, "clear-trip")
+    r = doit(lab, "launch")
+    assert "ready:" in r.stdout
+
+
+def test_stop_then_status_says_nothing_runs(lab, launched):
+    doit(lab, "stop")
+    doit(lab, "stop")  # idempotent
+    for node, units in (("head", UNITS), ("worker", WUNITS)):
+        assert all(p["ActiveState"] != "active" for p in unit_props(lab, node, units).values())
+    r = doit(lab, "status")
+    assert r.returncode == 0 and "nothing is running" in r.stdout

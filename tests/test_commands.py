@@ -1,0 +1,211 @@
+"""commands.py: the argv builders, checked against tables copied from spec/serving-config.md."""
+import json
+
+import pytest
+
+from dsv41 import commands as c
+from dsv41.config import load_config
+from dsv41.errors import UserError
+
+# ---- spec/serving-config.md, copied as written (placeholders in angle brackets) -------------------
+
+SPEC_ENV = """
+  `CUDA_VISIBLE_DEVICES=0`, `CUTE_DSL_ARCH=sm_121a`, `HF_HUB_OFFLINE=1`, `TRANSFORMERS_OFFLINE=1`,
+  `VLLM_WORKER_MULTIPROC_METHOD=spawn`, `VLLM_USE_V2_MODEL_RUNNER=1`, `VLLM_USE_BREAKABLE_CUDAGRAPH=0`,
+  `VLLM_USE_FLASHINFER_SAMPLER=1`, `VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1`,
+  `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`, `OMP_NUM_THREADS=16`, `MALLOC_ARENA_MAX=2`,
+  `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, `SAFETENSORS_FAST_GPU=1`,
+  `VLLM_ENABLE_PCIE_ALLREDUCE=0`, `NCCL_IB_DISABLE=0`, `NCCL_NET_PLUGIN=none`, `NCCL_IB_GID_INDEX=3`,
+  `NCCL_IB_HCA=<hcas>`, `NCCL_IB_MERGE_NICS=1`, `NCCL_SOCKET_IFNAME=<ifname>`, `GLOO_SOCKET_IFNAME=<ifname>`,
+  `NCCL_DEBUG=WARN`, `VLLM_ENABLE_ROCE_ALLREDUCE=1`, `VLLM_ROCE_ALLREDUCE_MAX_SIZE=2MB`,
+  `VLLM_ROCE_ALLGATHER_MAX_SIZE=16MB`, `B12X_ROCE_CACHE_DIR=/cache/b12x-roce`, `B12X_ROCE_TRAFFIC_CLASS=106`,
+  `NCCL_IB_TC=106`, `B12X_COMPILE_CACHE_DIR=/cache/b12x`, `XDG_CACHE_HOME=/cache`,
+  `ST_EXL3_PLAN=/plans/<plan file name>`, `ST_EXL3_PREFILL=st`, `ST_EXL3_PREFILL_MIN_ROWS=1`,
+  `VLLM_HOST_IP=<node fabric ip>`.
+"""
+
+SPEC_ARGS = """/model --served-model-name deepseek-v4.1-flash --dtype bfloat16 --tensor-parallel-size 2 --nnodes 2
+--master-addr <head fabric ip> --master-port <MPORT> --kv-cache-dtype fp8 --block-size 256
+--swa-block-size 128 --kv-cache-memory-bytes <KV_BYTES> --gpu-memory-utilization <GPU_UTIL>
+--max-model-len <MAX_LEN> --max-num-seqs <MAX_SEQS> --max-num-batched-tokens <BATCH>
+--max-cudagraph-capture-size <CAP> --compilation-config <COMP> --enable-chunked-prefill
+--async-scheduling --enable-prefix-caching --safetensors-load-strategy lazy --engram-config <ENGRAM>
+--attention-backend B12X --linear-backend b12x --moe-backend b12x --speculative-config <SPEC>
+--generation-config vllm --tokenizer-mode deepseek_v41 --limit-mm-per-prompt {"image":1}"""
+
+SPEC_HEAD_ARGS = ("--node-rank 0 --host 0.0.0.0 --port <PORT> --reasoning-parser deepseek_v41 "
+                  "--tool-call-parser deepseek_v41 --enable-auto-tool-choice "
+                  "--enable-prompt-tokens-details --enable-force-include-usage")
+
+COMP = ('{"cudagraph_mode": "<GRAPH_MODE>", "custom_ops": ["all"], '
+        '"cudagraph_capture_sizes": [<sizes>]}')
+SPEC = ('{"method": "dspark", "num_speculative_tokens": <NSPEC>, "draft_tensor_parallel_size": 2, '
+        '"attention_backend": "B12X", "draft_sample_method": "greedy", '
+        '"rejection_sample_method": "standard", "enable_adaptive_verification": true}')
+ENGRAM = ('{"cpu_offload": false, "table_memory": "disk", "disk_resident_scales": false, '
+          '"disk_prefetch_max_tokens": 0, "projection_tp": false}')
+
+DEFAULTS = {"<MPORT>": "29655", "<KV_BYTES>": "2700000000", "<GPU_UTIL>": "0.88",
+            "<MAX_LEN>": "262144", "<MAX_SEQS>": "2", "<BATCH>": "2048", "<CAP>": "16",
+            "<GRAPH_MODE>": "FULL_DECODE_ONLY", "<sizes>": "1, 2, 3, 4, 5, 6, 7, 8, 12, 16",
+            "<NSPEC>": "7", "<PORT>": "8000", "<plan file name>": "J268-ho-v31-K5n.json"}
+
+HEAD = {"ip": "198.51.100.11", "ifname": "enp1s0f1np1", "hcas": ("rocep1s0f1", "roceP2p1s0f1"),
+        "gid_index": 3}
+WORKER = {"ip": "198.51.100.13", "ifname": "enP2p1s0f1np1", "hcas": ("roceP2p1s0f1",), "gid_index": 4}
+
+
+def spec_env(values):
+    """[(name, value)] from SPEC_ENV with the placeholders filled in."""
+    out = []
+    for item in SPEC_ENV.split("`")[1::2]:
+        k, v = item.split("=", 1)
+        for ph, real in values.items():
+            v = v.replace(ph, real)
+        out.append((k, v))
+    return out
+
+
+def spec_args(values, rank, tp=2, nnodes=2, extra=()):
+    """vLLM's argv from SPEC_ARGS (+ the rank's additions) with the placeholders filled in."""
+    fill = dict(values)
+    fill["<COMP>"] = sub(COMP, values)
+    fill["<SPEC>"] = sub(SPEC, values)
+    fill["<ENGRAM>"] = ENGRAM
+    words = [fill.get(w, w) for w in SPEC_ARGS.replace("<head fabric ip>", values["<head ip>"]).split()]
+    words = [w.replace("<MPORT>", fill["<MPORT>"]) for w in words]
+    words[words.index("--tensor-parallel-size") + 1] = str(tp)
+    words[words.index("--nnodes") + 1] = str(nnodes)
+    if rank:
+        return words + ["--node-rank", str(rank), "--headless"]
+    return words + [fill.get(w, w) for w in SPEC_HEAD_ARGS.split()] + list(extra)
+
+
+def sub(text, values):
+    for ph, real in values.items():
+        text = text.replace(ph, real)
+    return text
+
+
+def values_for(fabric, head=HEAD, **over):
+    v = dict(DEFAULTS, **over)
+    v.update({"<hcas>": ",".join(fabric["hcas"]), "<ifname>": fabric["ifname"],
+              "<node fabric ip>": fabric["ip"], "<head ip>": head["ip"]})
+    return v
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "state")})
+
+
+# ---- the tables themselves ------------------------------------------------------------------------
+
+def test_spec_tables_are_complete():
+    assert len(spec_env(DEFAULTS)) == 35
+    assert spec_args(values_for(HEAD), 0)[:3] == ["/model", "--served-model-name", "deepseek-v4.1-flash"]
+
+
+@pytest.mark.parametrize("rank,fabric", [(0, HEAD), (1, WORKER)])
+def test_container_env_is_the_measured_one(cfg, rank, fabric):
+    env = c.container_env(cfg, fabric)
+    want = spec_env(values_for(fabric))
+    want = [(k, str(fabric["gid_index"]) if k == "NCCL_IB_GID_INDEX" else v) for k, v in want]
+    for item in want:
+        assert item in env, f"{item[0]} missing or different: {dict(env).get(item[0])!r}"
+    assert env == want                                                  # same order, nothing else
+    assert not any("KEY" in k for k, _ in env)
+
+
+def test_gid_index_detected_then_override_then_measured_default(tmp_path):
+    base = {"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path)}
+    undetected = dict(HEAD, gid_index=None)
+    assert dict(c.container_env(load_config(base), undetected))["NCCL_IB_GID_INDEX"] == "3"
+    cfg4 = load_config(dict(base, NCCL_IB_GID_INDEX="4"))
+    assert dict(c.container_env(cfg4, undetected))["NCCL_IB_GID_INDEX"] == "4"
+    assert dict(c.container_env(cfg4, dict(HEAD, gid_index=5)))["NCCL_IB_GID_INDEX"] == "5"
+
+
+def test_missing_fabric_fact_is_a_user_error(cfg):
+    with pytest.raises(UserError, match="R1_IFNAME"):
+        c.container_env(cfg, dict(WORKER, ifname=None), rank=1)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_vllm_args_default(cfg, rank):
+    got = c.vllm_args(cfg, rank, {0: HEAD, 1: WORKER})
+    assert got == spec_args(values_for(WORKER if rank else HEAD), rank)
+
+
+def test_vllm_args_json_values_are_exact(cfg):
+    got = c.vllm_args(cfg, 0, {0: HEAD})
+    assert got[got.index("--compilation-config") + 1] == (
+        '{"cudagraph_mode": "FULL_DECODE_ONLY", "custom_ops": ["all"], '
+        '"cudagraph_capture_sizes": [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]}')
+    assert json.loads(got[got.index("--speculative-config") + 1])["enable_adaptive_verification"] is True
+    assert got[got.index("--engram-config") + 1] == ENGRAM
+    assert got[got.index("--limit-mm-per-prompt") + 1] == '{"image":1}'
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"NSPEC": "3"}, {"<NSPEC>": "3", "<CAP>": "8", "<sizes>": "1, 2, 3, 4, 8"}),
+    ({"NSPEC": "3", "MAX_SEQS": "4"},
+     {"<NSPEC>": "3", "<MAX_SEQS>": "4", "<CAP>": "16", "<sizes>": "1, 2, 3, 4, 8, 12, 16"}),
+    ({"KV_BYTES": "1234567890", "GPU_UTIL": "0.8", "MAX_LEN": "131072", "BATCH": "4096",
+      "MPORT": "29999", "PORT": "8123", "GRAPH_MODE": "PIECEWISE"},
+     {"<KV_BYTES>": "1234567890", "<GPU_UTIL>": "0.8", "<MAX_LEN>": "131072", "<BATCH>": "4096",
+      "<MPORT>": "29999", "<PORT>": "8123", "<GRAPH_MODE>": "PIECEWISE"}),
+    ({"CAPS": "8,1,4"}, {"<sizes>": "1, 4, 8"}),
+])
+def test_vllm_args_overrides(tmp_path, env, want):
+    cfg = load_config(dict(env, WORKER="root@198.51.100.13", STATE_DIR=str(tmp_path)))
+    for rank in (0, 1):
+        got = c.vllm_args(cfg, rank, {0: HEAD})
+        assert got == spec_args(values_for(HEAD, **want), rank)
+
+
+def test_extra_is_appended_to_the_head_only(tmp_path):
+    cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path),
+                       "EXTRA": "--chat-template '/t/my template.jinja' --x=\"a b\""})
+    head = c.vllm_args(cfg, 0, {0: HEAD})
+    assert head[-3:] == ["--chat-template", "/t/my template.jinja", "--x=a b"]
+    assert head == spec_args(values_for(HEAD), 0, extra=head[-3:])
+    assert "--chat-template" not in c.vllm_args(cfg, 1, {0: HEAD})
+
+
+def test_four_nodes_use_tp4_and_the_head_as_master(tmp_path):
+    cfg = load_config({"WORKERS": "root@198.51.100.12,root@198.51.100.13,root@198.51.100.14",
+                       "STATE_DIR": str(tmp_path)})
+    for rank in range(4):
+        got = c.vllm_args(cfg, rank, {0: HEAD})
+        assert got == spec_args(values_for(HEAD), rank, tp=4, nnodes=4)
+        assert got[got.index("--master-addr") + 1] == HEAD["ip"]
+
+
+def test_mount_values_quote_like_go_csv():
+    assert c.mount("/m/a b", "/model", readonly=True) == "type=bind,source=/m/a b,target=/model,readonly"
+    assert c.mount('/m/x,"y"', "/cache") == 'type=bind,"source=/m/x,""y""",target=/cache'
+
+
+def test_docker_run_argv_layout(cfg):
+    spec = cfg.nodes[1]
+    paths = {"model_dir": "/m", "state_dir": "/s", "python": "/usr/bin/python3", "pythonpath": "/s/lib"}
+    argv = c.docker_run_argv(cfg, spec, WORKER, paths, master_addr=HEAD["ip"])
+    i = argv.index(cfg.image)
+    assert argv[:2] == ["docker", "run"]
+    assert argv[i + 1:] == spec_args(values_for(WORKER), 1)
+    assert "--env-file" not in argv                                  # the key is for the head only
+    assert argv[argv.index("--cidfile") + 1] == "/s/run/dsv41-r1.cid"
+    with pytest.raises(UserError, match="R0_IP"):
+        c.docker_run_argv(cfg, spec, WORKER, paths)                   # worker without the head's ip
+
+
+def test_small_builders():
+    assert c.docker_pull("img@sha256:" + "a" * 64) == ["docker", "pull", "img@sha256:" + "a" * 64]
+    assert c.docker_image_id("x") == ["docker", "image", "inspect", "--format", "{{.Id}}", "x"]
+    assert c.docker_rm("dsv41-r1") == ["docker", "rm", "-f", "dsv41-r1"]
+    assert c.docker_stop("dsv41-r0") == ["docker", "stop", "-t", str(c.STOP_GRACE_S), "dsv41-r0"]
+    assert c.systemctl("is-active", c.unit_name(1)) == ["systemctl", "is-active", "dsv41-r1.service"]
+    assert c.journalctl("dsv41-r0.service", lines=40) == [
+        "journalctl", "-u", "dsv41-r0.service", "--no-pager", "-o", "cat", "-n", "40"]
+    assert c.journalctl("u", follow=True)[-1] == "-f"
