@@ -248,7 +248,7 @@ def launch(cfg):
     t0 = time.monotonic()
     cfg.require_workers()
     cl = Cluster(cfg)
-    from dsv41 import checkpoint, image, preflight
+    from dsv41 import image, preflight
     facts_pf = preflight.preflight_for_launch(cfg)
     fab = fabric_values(cl, facts_pf)
     facts = cl.probe_all()
@@ -260,8 +260,6 @@ def launch(cfg):
             f"{t.get('mem_available_gib', '?')} GiB under the floor {t.get('floor_gib', '?')} GiB); "
             "lower KV_BYTES or GPU_UTIL first (raise MEMGUARD_GIB only after that), then run "
             "`doit clear-trip` and launch again")
-    if not checkpoint.fresh_everywhere(cfg):
-        raise UserError("the checkpoint is not verified on every node: run `doit verify` and `doit copy`")
     image.ensure(cl, facts)
     for n in cl.nodes:
         ensure_state(cl, n, facts[n.name])

@@ -1,0 +1,595 @@
+"""The checkpoint on one node: reassemble split shards, verify every file named in the sha256 manifest,
+keep a receipt (path, size, mtime, sha256) so a later run re-hashes only what changed.
+
+Standard library only: this module is shipped to every node and run there as
+  python3 -m dsv41.checkpoint verify|check MODEL_DIR --receipt FILE [--keep-parts] [--plan NAME] [--json]
+`check` compares the receipt with a stat of the files (exit 0: fresh, 1: not fresh); `verify` does the work.
+download() and copy() (head side, in dsv41.transfer) are re-exported here for dodo.py.
+"""
+import argparse
+import concurrent.futures as cf
+import ctypes
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+from dsv41.errors import UserError, cli, one_line
+
+MANIFEST = "sha256-manifest.txt"
+REQUIRED = ("config.json", "model.safetensors.index.json")
+PART_RE = re.compile(r"^(?P<base>.+)\.part(?P<n>\d{2,})$")
+TMP_SUFFIX = ".dsv41-tmp"
+PARTIAL_DIR = ".dsv41-partial"          # rsync's partial dir on receiving nodes
+RECEIPT_NAME = "checkpoint-receipt.json"
+RECEIPT_VERSION = 1
+CHUNK = 8 << 20
+WINDOW = 64 << 20                       # write-back / page-cache drop granularity
+
+
+def receipt_path(state_dir):
+    return os.path.join(state_dir, RECEIPT_NAME)
+
+
+# ---- head-side entry points (dodo.py); imported lazily so this module stays stdlib-only ----------
+
+def download(cfg):
+    from dsv41 import transfer
+    return transfer.download(cfg)
+
+
+def copy(cfg):
+    from dsv41 import transfer
+    return transfer.copy(cfg)
+
+
+def fresh_on_workers(cfg):
+    from dsv41 import transfer
+    return transfer.fresh_on_workers(cfg)
+
+
+def verify(cfg):
+    """Verify the checkpoint on the machine running doit; returns the receipt."""
+    return Checkpoint(cfg.model_dir, receipt_path(cfg.state_dir), cfg.keep_parts, cfg.plan_name).verify()
+
+
+def fresh_locally(cfg):
+    return Checkpoint(cfg.model_dir, receipt_path(cfg.state_dir), plan=cfg.plan_name).check()[0]
+
+
+# ---- files ----------------------------------------------------------------------------------------
+
+def read_manifest(model_dir):
+    path = os.path.join(model_dir, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing: run `doit download` (or copy the model here)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} cannot be read: {err}") from None
+    entries = {}
+    for i, line in enumerate(lines, 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = re.match(r"^([0-9a-fA-F]{64}) [ *](.+)$", line)
+        rel = m and os.path.normpath(m.group(2))
+        if not m or rel.startswith(("/", "..")) or rel == ".":
+            raise UserError(f"{path} line {i} is not `<sha256>  <relative path>`: {one_line(line, 120)}")
+        entries[rel] = m.group(1).lower()
+    if not entries:
+        raise UserError(f"{path} lists no files: download it again")
+    return entries
+
+
+def _skip_name(name):
+    return name.startswith(".") or name.endswith(TMP_SUFFIX)
+
+
+def listing(model_dir):
+    """{relative path: (size, mtime_ns)} of the checkpoint's files: no part files, no hidden files or
+    dirs (.cache/, rsync partials), no temporary files."""
+    out = {}
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            if _skip_name(name) or PART_RE.match(name):
+                continue
+            p = os.path.join(root, name)
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                continue
+            out[os.path.relpath(p, model_dir)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def find_parts(model_dir, names):
+    """{base relative path: [(n, relative part path), ...] sorted} for the part files next to `names`."""
+    groups = {}
+    for d in sorted({os.path.dirname(n) for n in names}):
+        try:
+            entries = os.listdir(os.path.join(model_dir, d))
+        except FileNotFoundError:
+            continue
+        for name in entries:
+            m = PART_RE.match(name)
+            if m and not name.startswith("."):
+                base = os.path.join(d, m.group("base"))
+                groups.setdefault(base, []).append((int(m.group("n")), os.path.join(d, name)))
+    return {b: sorted(p) for b, p in groups.items()}
+
+
+def part_gap(parts):
+    """A message if the numbering starts late or has a gap, else None."""
+    nums = [n for n, _ in parts]
+    if nums[0] > 1:
+        return f"part {0:02d} is missing (the first present is {nums[0]:02d})"
+    for a, b in zip(nums, nums[1:]):
+        if b != a + 1:
+            missing = ", ".join(f"{n:02d}" for n in range(a + 1, b))
+            return f"part {missing} is missing (found {nums[0]:02d}-{nums[-1]:02d})"
+    return None
+
+
+def plan_banks(model_dir, plan):
+    """Bank dirs (relative to model_dir) named by the plan's `qdir`, after checking the plan exists."""
+    path = os.path.join(model_dir, "exl3", "plan", plan)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"plan file {path} is missing: check PLAN_NAME or download the model again") from None
+    except (OSError, ValueError) as err:
+        raise UserError(f"plan file {path} is not valid JSON: {one_line(err, 120)}") from None
+    qdir = data.get("qdir") if isinstance(data, dict) else None
+    if not isinstance(qdir, str) or not qdir.strip(":"):
+        raise UserError(f"plan file {path} has no `qdir` (colon-separated bank dirs under exl3/)")
+    return [os.path.join("exl3", os.path.normpath(q)) for q in qdir.split(":") if q]
+
+
+def count_bank_files(model_dir, banks):
+    total = 0
+    for bank in banks:
+        d = os.path.join(model_dir, bank)
+        if not os.path.isdir(d):
+            raise UserError(f"EXL3 bank dir {d} is missing: download or copy the model again")
+        n = sum(1 for name in os.listdir(d)
+                if not _skip_name(name) and os.path.isfile(os.path.join(d, name)))
+        if not n:
+            raise UserError(f"EXL3 bank dir {d} is empty: download or copy the model again")
+        total += n
+    return total
+
+
+# ---- page cache and durable writes ----------------------------------------------------------------
+
+def _drop(fd, offset=0, length=0):
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    except (AttributeError, OSError):
+        pass
+
+
+def _sync_file_range():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_SFR = _sync_file_range()
+
+
+class _Writer:
+    """Sequential writer that starts write-back of each 64 MiB window as soon as it is full and drops the
+    previous one from the page cache once on disk: the final fsync has little left to do and a 100 GB
+    shard never sits in memory (unified memory is shared with the GPU)."""
+
+    def __init__(self, fd):
+        self.fd, self.off, self.mark, self.prev = fd, 0, 0, None
+
+    def write(self, mv):
+        while mv:
+            n = os.write(self.fd, mv)
+            mv, self.off = mv[n:], self.off + n
+        if _SFR and self.off - self.mark >= WINDOW:
+            _SFR(self.fd, self.mark, self.off - self.mark, 2)            # start write-back
+            if self.prev:
+                _SFR(self.fd, self.prev[0], self.prev[1], 1 | 2 | 4)     # wait for the previous window
+                _drop(self.fd, *self.prev)
+            self.prev, self.mark = (self.mark, self.off - self.mark), self.off
+
+    def finish(self):
+        os.fsync(self.fd)
+        _drop(self.fd)
+
+
+def _read_into(path, sink, progress):
+    """Stream a file in large reads to sink(memoryview); drops it from the page cache as it goes."""
+    buf = bytearray(CHUNK)
+    mv = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        off = dropped = 0
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            sink(mv[:n])
+            off += n
+            progress.add(n)
+            if off - dropped >= WINDOW:
+                _drop(fd, dropped, off - dropped)
+                dropped = off
+        _drop(fd)
+    return off
+
+
+def hash_file(path, progress=None):
+    h = hashlib.sha256()
+    _read_into(path, h.update, progress or _NoProgress())
+    return h.hexdigest()
+
+
+def _fsync_dir(d):
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path, data):
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---- progress ---------------------------------------------------------------------------------------
+
+class _NoProgress:
+    def add(self, n):
+        pass
+
+
+class Progress:
+    """Aggregate byte counter printed to stderr: in place on a terminal, a line every 10 s otherwise."""
+
+    def __init__(self, label, total, enabled=True):
+        self.label, self.total, self.done = label, total, 0
+        self.lock = threading.Lock()
+        self.tty = sys.stderr.isatty()
+        self.enabled = enabled and total > 0
+        self.t0 = self.last = time.monotonic()
+
+    def add(self, n):
+        with self.lock:
+            self.done += n
+            now = time.monotonic()
+            if self.enabled and now - self.last >= (0.5 if self.tty else 10):
+                self.last = now
+                self._print(now)
+
+    def _print(self, now, end=""):
+        rate = self.done / max(now - self.t0, 1e-6)
+        line = (f"{self.label}: {self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB "
+                f"({100 * self.done / self.total:.0f}%, {rate / 1e6:.0f} MB/s)")
+        sys.stderr.write(("\r" + line + end) if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.enabled and self.tty:
+            self._print(time.monotonic(), "\n")
+
+
+# ---- verification ---------------------------------------------------------------------------------
+
+class VerifyError(UserError):
+    pass
+
+
+def default_workers():
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+class Checkpoint:
+    def __init__(self, model_dir, receipt_file, keep_parts=False, plan=None, workers=None, quiet=False):
+        self.dir = os.path.abspath(os.path.expanduser(model_dir))
+        self.receipt_file = os.path.abspath(os.path.expanduser(receipt_file))
+        self.keep_parts, self.plan = keep_parts, plan
+        self.workers = workers or default_workers()
+        self.quiet = quiet
+        self.lock = threading.Lock()
+
+    def path(self, rel):
+        return os.path.join(self.dir, rel)
+
+    # receipt ------------------------------------------------------------------------------------
+    def load_receipt(self):
+        try:
+            with open(self.receipt_file, encoding="utf-8") as f:
+                r = json.load(f)
+        except (FileNotFoundError, ValueError, OSError):
+            return None
+        if not isinstance(r, dict) or r.get("version") != RECEIPT_VERSION or r.get("model_dir") != self.dir:
+            return None
+        return r
+
+    def _fresh_entry(self, receipt, rel, sha):
+        e = (receipt or {}).get("files", {}).get(rel)
+        if not e or e.get("sha256") != sha:
+            return False
+        try:
+            st = os.stat(self.path(rel))
+        except OSError:
+            return False
+        return st.st_size == e["size"] and st.st_mtime_ns == e["mtime_ns"]
+
+    def _record(self, receipt, rel, sha):
+        st = os.stat(self.path(rel))
+        with self.lock:
+            receipt["files"][rel] = {"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                     "sha256": sha}
+            receipt.get("failed", {}).pop(rel, None)
+            write_json_atomic(self.receipt_file, {k: v for k, v in receipt.items() if k != "errors"})
+
+    def _record_failed(self, receipt, rel):
+        """A file whose content is wrong although it looks complete: `doit copy` resends it."""
+        st = os.stat(self.path(rel))
+        with self.lock:
+            receipt["files"].pop(rel, None)
+            receipt.setdefault("failed", {})[rel] = [st.st_size, st.st_mtime_ns]
+
+    # check --------------------------------------------------------------------------------------
+    def check(self):
+        """(fresh, reason, receipt, fresh_files): receipt against a stat of the files; no hashing."""
+        receipt = self.load_receipt()
+        if receipt is None:
+            return False, f"no receipt for {self.dir} at {self.receipt_file}", None, []
+        try:
+            manifest = read_manifest(self.dir)
+        except UserError as err:
+            return False, str(err), receipt, []
+        fresh = [rel for rel, sha in manifest.items() if self._fresh_entry(receipt, rel, sha)]
+        stale = [rel for rel in manifest if rel not in fresh]
+        if stale:
+            return False, f"{stale[0]} is not verified (or changed since)", receipt, fresh
+        if self.plan and receipt.get("plan") != self.plan:
+            return False, f"plan {self.plan} not checked yet", receipt, fresh
+        others = {k: list(v) for k, v in listing(self.dir).items() if k not in manifest}
+        old = receipt.get("others") or {}
+        if others != old:
+            changed = sorted(set(others) ^ set(old)) or sorted(k for k in others if others[k] != old.get(k))
+            return False, f"{changed[0]} changed since the last verify", receipt, fresh
+        return True, "fresh", receipt, fresh
+
+    # verify -------------------------------------------------------------------------------------
+    def verify(self, only=None, assemble=True, strict=True):
+        """Verify the manifest's files (all, or `only`), reassembling from parts where needed; update the
+        receipt. strict: also require every file, the plan and its banks, and raise on any failure.
+        Returns the receipt (with "errors" when not strict)."""
+        if not os.path.isdir(self.dir):
+            raise UserError(f"model dir {self.dir} does not exist: run `doit download` (or `doit copy`)")
+        manifest = read_manifest(self.dir)
+        receipt = self.load_receipt() or {"version": RECEIPT_VERSION, "model_dir": self.dir, "files": {}}
+        receipt.pop("errors", None)
+        names = [n for n in manifest if only is None or n in only]
+        groups = find_parts(self.dir, manifest) if assemble else {}
+        errors, jobs, cleanup = [], [], []
+        for base in sorted(groups):
+            if base not in manifest:
+                errors.append(f"{groups[base][0][1]}: {base} has no line in {MANIFEST}; "
+                              f"remove the stray parts or download the manifest again")
+        for rel in names:
+            sha, parts = manifest[rel], groups.get(rel)
+            if self._fresh_entry(receipt, rel, sha):
+                if parts:
+                    cleanup.append(rel)
+                continue
+            exists = os.path.isfile(self.path(rel))
+            if parts:
+                gap = part_gap(parts)
+                if gap and not exists:
+                    errors.append(f"{rel}: {gap}; run `doit download` to fetch it")
+                    continue
+                jobs.append((rel, sha, None if gap else parts, exists))
+            elif exists:
+                jobs.append((rel, sha, None, True))
+            elif strict:
+                errors.append(f"{rel} is missing (no file and no .partNN pieces in {self.dir}): "
+                              f"run `doit download` or `doit copy`")
+        jobs.sort(key=lambda j: (j[2] is None, -self._job_bytes(j)))   # disk-bound rebuilds first
+        total = sum(self._job_bytes(j) for j in jobs)
+        progress = Progress(f"verify {self.dir}", total, enabled=not self.quiet)
+        with cf.ThreadPoolExecutor(self.workers) as pool:
+            futures = {pool.submit(self._job, receipt, j, progress): j[0] for j in jobs}
+            for fut in cf.as_completed(futures):
+                rel = futures[fut]
+                try:
+                    err = fut.result()
+                except OSError as e:
+                    err = f"{rel}: {e.strerror or e} ({e.filename or self.path(rel)})"
+                if err:
+                    errors.append(err)
+                elif groups.get(rel):
+                    cleanup.append(rel)
+        progress.close()
+        if not self.keep_parts:
+            for rel in cleanup:
+                for _, part in groups[rel]:
+                    try:
+                        os.unlink(self.path(part))
+                    except FileNotFoundError:
+                        pass
+        if strict:
+            try:
+                for req in REQUIRED:
+                    if not os.path.isfile(self.path(req)):
+                        raise UserError(f"{self.path(req)} is missing: download or copy the model again")
+                banks = (plan_banks(self.dir, self.plan) if self.plan else
+                         sorted(os.path.join("exl3", d) for d in _subdirs(self.path("exl3")) if d != "plan"))
+                receipt["exl3_files"] = count_bank_files(self.dir, banks)
+                receipt["banks"] = banks
+                receipt["plan"] = self.plan
+            except UserError as err:
+                errors.append(str(err))
+            receipt["others"] = {k: list(v) for k, v in listing(self.dir).items() if k not in manifest}
+            receipt["verified_at"] = int(time.time())
+        if errors:
+            receipt["errors"] = errors
+        with self.lock:
+            write_json_atomic(self.receipt_file, {k: v for k, v in receipt.items() if k != "errors"})
+        if errors and strict:
+            more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+            raise VerifyError(errors[0] + more)
+        return receipt
+
+    def _job_bytes(self, job):
+        rel, _, parts, exists = job
+        try:
+            if parts:
+                return sum(os.path.getsize(self.path(p)) for _, p in parts) + (
+                    os.path.getsize(self.path(rel)) if exists else 0)
+            return os.path.getsize(self.path(rel))
+        except OSError:
+            return 0
+
+    def _job(self, receipt, job, progress):
+        rel, sha, parts, exists = job
+        if exists:
+            actual = hash_file(self.path(rel), progress)
+            if actual == sha:
+                self._record(receipt, rel, sha)
+                return None
+            if not parts:
+                self._record_failed(receipt, rel)
+                return (f"{rel}: sha256 mismatch: expected {sha}, got {actual}; the file is damaged: "
+                        f"delete it and run `doit download` (or `doit copy` on a worker)")
+        return self._assemble(receipt, rel, sha, parts, progress)
+
+    def _assemble(self, receipt, rel, sha, parts, progress):
+        """Join parts into a temp file while hashing them (one read, one write); fsync; rename only if
+        the hash matches. A stale temp file from an interrupted run is simply overwritten."""
+        dst = self.path(rel)
+        tmp = os.path.join(os.path.dirname(dst), "." + os.path.basename(dst) + TMP_SUFFIX)
+        h = hashlib.sha256()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        ok = False
+        try:
+            w = _Writer(fd)
+
+            def sink(mv):
+                h.update(mv)
+                w.write(mv)
+
+            for _, part in parts:
+                _read_into(self.path(part), sink, progress)
+            actual = h.hexdigest()
+            if actual != sha:
+                return (f"{rel}: sha256 of its {len(parts)} joined parts is {actual}, expected {sha}: "
+                        f"a part is damaged or truncated; not installed (delete "
+                        f"{os.path.basename(rel)}.part* and run `doit download`)")
+            w.finish()
+            ok = True
+        finally:
+            os.close(fd)
+            if not ok:
+                os.unlink(tmp)
+        os.replace(tmp, dst)
+        _fsync_dir(os.path.dirname(dst))
+        self._record(receipt, rel, sha)
+        return None
+
+
+def _subdirs(d):
+    try:
+        return [n for n in os.listdir(d) if os.path.isdir(os.path.join(d, n)) and not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def free_bytes(path):
+    """Free bytes on the filesystem holding path (or its nearest existing parent)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        p = os.path.dirname(p)
+    return shutil.disk_usage(p).free
+
+
+# ---- command line (runs on any node) --------------------------------------------------------------
+
+@cli
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m dsv41.checkpoint",
+                                 description="Verify or check a checkpoint against its receipt.")
+    ap.add_argument("command", choices=("verify", "check"))
+    ap.add_argument("model_dir")
+    ap.add_argument("--receipt", required=True)
+    ap.add_argument("--keep-parts", action="store_true")
+    ap.add_argument("--plan")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    ck = Checkpoint(a.model_dir, a.receipt, a.keep_parts, a.plan, quiet=a.quiet)
+    if a.command == "check":
+        fresh, reason, receipt, fresh_files = ck.check()
+        if a.json:
+            partials = {}
+            for k, (size, _) in _partials(ck.dir).items():
+                partials[k] = size
+            print(json.dumps({"fresh": fresh, "reason": reason, "receipt": receipt, "fresh_files": fresh_files,
+                              "listing": listing(ck.dir) if os.path.isdir(ck.dir) else {},
+                              "partials": partials, "free": free_bytes(ck.dir)}))
+        elif not fresh:
+            print(f"dsv41: not fresh: {reason}", file=sys.stderr)
+        return 0 if fresh else 1
+    try:
+        receipt = ck.verify()
+    except VerifyError as err:
+        if a.json:
+            print(json.dumps({"ok": False, "error": str(err)}))
+        raise
+    if a.json:
+        print(json.dumps({"ok": True, "receipt": receipt}))
+    return 0
+
+
+def _partials(model_dir):
+    """Interrupted rsync transfers: {relative path of the target: (size, mtime_ns)}."""
+    out = {}
+    for root, dirs, files in os.walk(model_dir):
+        if os.path.basename(root) == PARTIAL_DIR:
+            for name in files:
+                st = os.stat(os.path.join(root, name))
+                out[os.path.relpath(os.path.join(os.path.dirname(root), name), model_dir)] = (
+                    st.st_size, st.st_mtime_ns)
+            dirs[:] = []
+        else:
+            dirs[:] = [d for d in dirs if d == PARTIAL_DIR or not d.startswith(".")]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""`doit copy` for real: rsync over the Node layer's ssh to an OpenSSH server on 127.0.0.1 whose sessions
+get their own HOME (the worker's), then the shipped verifier runs there with the system python3."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dsv41 import checkpoint, transfer
+from dsv41.config import load_config
+from dsv41.errors import UserError
+from fixture_checkpoint import make_checkpoint, shard_name
+from sshd import free_port
+
+SSHD = "/usr/sbin/sshd"
+
+
+@pytest.fixture(scope="module")
+def worker_sshd(tmp_path_factory):
+    """Like tests/sshd.py, plus `SetEnv HOME=<worker home>` so head and worker paths differ."""
+    if os.geteuid() != 0:
+        pytest.skip("loopback sshd needs root (it logs in as root)")
+    if not os.path.exists(SSHD) or not shutil.which("rsync"):
+        pytest.skip("openssh-server or rsync is not installed (apt-get install openssh-server rsync)")
+    d = tmp_path_factory.mktemp("sshd")
+    home = tmp_path_factory.mktemp("worker-home")
+    for name in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    (d / "authorized_keys").write_text((d / "user.pub").read_text())
+    port = free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\nPidFile {d}/sshd.pid\n"
+        f"AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+        f"KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nMaxStartups 50\n"
+        f"MaxSessions 50\nSetEnv HOME={home}\n")
+    os.makedirs("/run/sshd", exist_ok=True)
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
+                            stderr=open(d / "sshd.log", "wb"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("sshd did not start: " + (d / "sshd.log").read_text())
+    yield SimpleNamespace(target="root@127.0.0.1", home=home, ssh_opts=(
+        f"-p {port} -i {d}/user -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"))
+    proc.terminate()
+    proc.wait(timeout=5)
+
+
+@pytest.fixture
+def setup(worker_sshd, tmp_path, monkeypatch):
+    head_home = tmp_path / "head home"
+    monkeypatch.setenv("HOME", str(head_home))
+    model = head_home / "models" / "Deep Seek 'v4.1' \"flash\""
+    facts = make_checkpoint(str(model), shard_bytes=1_500_000, parts=3)
+    wmodel = worker_sshd.home / f"w-{tmp_path.name}" / "my \"models\" 'dir'"
+    cfg = load_config({"HOME": str(head_home), "MODEL_DIR": str(model), "STATE_DIR": f"~/st-{tmp_path.name}",
+                       "WORKER": worker_sshd.target, "SSH_OPTS": worker_sshd.ssh_opts,
+                       "WORKER_MODEL_DIR": str(wmodel)})
+    wreceipt = worker_sshd.home / f"st-{tmp_path.name}" / checkpoint.RECEIPT_NAME
+    yield SimpleNamespace(cfg=cfg, model=model, wmodel=wmodel, wreceipt=wreceipt, facts=facts)
+    shutil.rmtree(wmodel.parent, ignore_errors=True)
+    shutil.rmtree(wreceipt.parent, ignore_errors=True)
+
+
+def no_transfer(monkeypatch):
+    monkeypatch.setattr(transfer, "_rsync", lambda *a: pytest.fail("rsync ran"))
+    monkeypatch.setattr(transfer, "_remote_verify", lambda *a: pytest.fail("verified again"))
+
+
+def test_copy_verifies_on_the_worker_and_second_copy_is_a_noop(setup, monkeypatch):
+    s = setup
+    assert not transfer.fresh_on_workers(s.cfg)
+    transfer.copy(s.cfg)
+    for name, sha in s.facts["shards"].items():
+        assert (s.wmodel / name).exists()
+    assert not list(s.wmodel.glob("*.part0*")) and not (s.wmodel / ".cache").exists()
+    assert (s.wmodel / "exl3" / "plan" / "J268-ho-v31-K5n.json").exists()
+    wrec = json.loads(s.wreceipt.read_text())
+    assert {k: v["sha256"] for k, v in wrec["files"].items()} == s.facts["shards"]
+    assert wrec["exl3_files"] == 9 and wrec["model_dir"] == str(s.wmodel)
+    assert transfer.fresh_on_workers(s.cfg)
+    no_transfer(monkeypatch)
+    transfer.copy(s.cfg)
+
+
+def test_interrupted_copy_resumes_from_the_partial(setup):
+    s = setup
+    checkpoint.verify(s.cfg)
+    name = shard_name(2)
+    # what a killed rsync leaves: the first part of a file in the partial dir, nothing at the final name
+    partial = s.wmodel / checkpoint.PARTIAL_DIR / name
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes((s.model / name).read_bytes()[:700_000])
+    transfer.copy(s.cfg)
+    assert (s.wmodel / name).read_bytes() == (s.model / name).read_bytes()
+    assert not partial.exists()
+    assert transfer.fresh_on_workers(s.cfg)
+
+
+def test_changed_file_on_the_worker_is_sent_again(setup):
+    s = setup
+    transfer.copy(s.cfg)
+    f = s.wmodel / shard_name(3)
+    f.write_bytes(b"x" * f.stat().st_size)
+    assert not transfer.fresh_on_workers(s.cfg)
+    transfer.copy(s.cfg)
+    assert f.read_bytes() == (s.model / shard_name(3)).read_bytes()
+
+
+def test_damaged_copy_fails_one_line_then_is_resent(setup):
+    s = setup
+    transfer.copy(s.cfg)
+    f = s.wmodel / shard_name(4)
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    data[10] ^= 1
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))   # same size and mtime: rsync alone would skip it
+    s.wreceipt.unlink()
+    with pytest.raises(UserError) as e:
+        transfer.copy(s.cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and shard_name(4) in msg and s.facts["shards"][shard_name(4)] in msg
+    transfer.copy(s.cfg)
+    assert f.read_bytes() == (s.model / shard_name(4)).read_bytes()
+    assert transfer.fresh_on_workers(s.cfg)
+
+
+def test_worker_with_its_own_verified_download_is_skipped(setup, monkeypatch):
+    s = setup
+    checkpoint.verify(s.cfg)
+    # the worker got the model another way (its own `doit download`): other mtimes, same content
+    shutil.copytree(s.model, s.wmodel)
+    subprocess.run(["/usr/bin/python3", "-m", "dsv41.checkpoint", "verify", str(s.wmodel), "--receipt",
+                    str(s.wreceipt), "--plan", s.cfg.plan_name], check=True,
+                   env={"PATH": os.environ["PATH"], "PYTHONPATH": transfer.ck.__file__.rsplit("/dsv41/", 1)[0]})
+    no_transfer(monkeypatch)
+    transfer.copy(s.cfg)
+    assert transfer.fresh_on_workers(s.cfg)
+
+
+def test_unreachable_worker(setup, tmp_path):
+    s = setup
+    cfg = load_config({"HOME": os.environ["HOME"], "MODEL_DIR": str(s.model), "STATE_DIR": str(tmp_path / "st"),
+                       "WORKER": "root@127.0.0.1", "SSH_OPTS": f"-p {free_port()} -o ConnectTimeout=2"})
+    assert not transfer.fresh_on_workers(cfg)
+    with pytest.raises(UserError) as e:
+        transfer.copy(cfg)
+    assert "\n" not in str(e.value) and "127.0.0.1" in str(e.value)
+
+
+def test_copy_needs_a_worker(setup, tmp_path):
+    cfg = load_config({"MODEL_DIR": str(setup.model), "STATE_DIR": str(tmp_path / "st")})
+    with pytest.raises(UserError, match="WORKER"):
+        transfer.copy(cfg)

@@ -1,0 +1,168 @@
+"""`doit download` through the real huggingface_hub client against tests/hubstub.py, a local stand-in
+for the Hugging Face Hub (127.0.0.1, with its LFS CDN on 127.0.0.2)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dsv41 import checkpoint
+from fixture_checkpoint import make_checkpoint, shard_name
+from hubstub import HubStub
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+S5, S6 = shard_name(5), shard_name(6)
+DOWNLOAD = ("from dsv41.config import load_config; from dsv41.checkpoint import download; "
+            "from dsv41.errors import cli; cli(lambda: download(load_config()))()")
+
+
+@pytest.fixture
+def repo(tmp_path):
+    facts = make_checkpoint(str(tmp_path / "repo"), shard_bytes=2_000_000, parts=3)
+    return tmp_path / "repo", facts
+
+
+def env_for(hub, tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf home"), HF_HUB_DISABLE_TELEMETRY="1",
+               MODEL_DIR=str(tmp_path / "model 'dir'"), STATE_DIR=str(tmp_path / "state"), **extra)
+    return env
+
+
+def download(env, **kw):
+    return subprocess.run([sys.executable, "-c", DOWNLOAD], env=env, capture_output=True, text=True, **kw)
+
+
+def receipt(tmp_path):
+    return json.loads((tmp_path / "state" / checkpoint.RECEIPT_NAME).read_text())
+
+
+def test_download_reassembles_verifies_and_second_run_fetches_nothing(repo, tmp_path):
+    src, facts = repo
+    with HubStub(src) as hub:
+        env = env_for(hub, tmp_path)
+        r = download(env)
+        assert r.returncode == 0, r.stderr
+        model = tmp_path / "model 'dir'"
+        assert sorted(hub.content_gets()) == sorted(hub.files), "every file fetched exactly once"
+        assert {k: v["sha256"] for k, v in receipt(tmp_path)["files"].items()} == facts["shards"]
+        assert (model / S5).exists() and not list(model.glob("*.part0*"))
+        assert receipt(tmp_path)["exl3_files"] == 9
+        # nothing changed: the parts of the verified shards 5 and 6 are not fetched again, nor anything else
+        hub.log.clear()
+        r = download(env)
+        assert r.returncode == 0, r.stderr
+        assert hub.content_gets() == []
+
+
+def test_parts_not_refetched_when_shards_are_there_without_receipt(repo, tmp_path):
+    src, facts = repo
+    with HubStub(src) as hub:
+        env = env_for(hub, tmp_path)
+        assert download(env).returncode == 0
+        (tmp_path / "state" / checkpoint.RECEIPT_NAME).unlink()
+        hub.log.clear()
+        r = download(env)
+        assert r.returncode == 0, r.stderr
+        assert not [p for p in hub.content_gets() if ".part0" in p]
+        assert {k: v["sha256"] for k, v in receipt(tmp_path)["files"].items()} == facts["shards"]
+
+
+def test_damaged_shard_is_rebuilt_from_fetched_parts(repo, tmp_path):
+    src, facts = repo
+    with HubStub(src) as hub:
+        env = env_for(hub, tmp_path)
+        assert download(env).returncode == 0
+        shard = tmp_path / "model 'dir'" / S6
+        data = bytearray(shard.read_bytes())
+        data[100] ^= 1
+        shard.write_bytes(bytes(data))
+        hub.log.clear()
+        r = download(env)
+        assert r.returncode == 0, r.stderr
+        assert sorted(hub.content_gets()) == sorted(f"{S6}.part{k:02d}" for k in range(3))
+        assert receipt(tmp_path)["files"][S6]["sha256"] == facts["shards"][S6]
+
+
+def test_killed_download_resumes_without_refetching(tmp_path):
+    # parts larger than huggingface_hub's 10 MB write granularity
+    src = tmp_path / "repo"
+    facts = make_checkpoint(str(src), shard_bytes=50_000_000, parts=2)
+    big = f"{S5}.part00"
+    with HubStub(src) as hub:
+        hub.throttle[big] = 15_000_000    # bytes/s: slow enough to be killed in the middle
+        env = env_for(hub, tmp_path)
+        p = subprocess.Popen([sys.executable, "-c", DOWNLOAD], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        size = hub.files[big]["size"]
+        deadline = time.monotonic() + 30
+        while hub.sent(big) < size // 2 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.02)
+        p.kill()
+        p.wait()
+        first = hub.sent(big)
+        assert 0 < first < size
+        hub.throttle.clear()
+        hub.log.clear()
+        r = download(env)
+        assert r.returncode == 0, r.stderr
+        gets = [e for e in hub.log if e.get("content") and e["path"] == big]
+        assert len(gets) == 1 and gets[0]["range_start"] > 0, "the interrupted file resumes with a Range"
+        assert gets[0]["sent"] == size - gets[0]["range_start"]
+        done_before = {e["path"] for e in hub.log if e.get("content")}
+        assert "sha256-manifest.txt" not in done_before, "finished files are not fetched again"
+        assert receipt(tmp_path)["files"][S5]["sha256"] == facts["shards"][S5]
+
+
+def test_token_is_sent_to_the_hub_but_not_to_the_cdn(repo, tmp_path):
+    src, _ = repo
+    with HubStub(src, token="hf_secret") as hub:
+        r = download(env_for(hub, tmp_path))
+        assert r.returncode != 0
+        assert r.stderr.strip().splitlines()[-1].startswith("dsv41: HF_REPO=") and "HF_TOKEN" in r.stderr
+        assert "Traceback" not in r.stderr
+        hub.log.clear()
+        r = download(env_for(hub, tmp_path, HF_TOKEN="hf_secret"))
+        assert r.returncode == 0, r.stderr
+        assert all(e["auth"] == "Bearer hf_secret" for e in hub.log if e["host"] == "hub")
+        assert [e for e in hub.log if e["host"] == "cdn"] and \
+            all(e["auth"] is None for e in hub.log if e["host"] == "cdn")
+
+
+def test_revision_pins_a_commit(repo, tmp_path):
+    src, _ = repo
+    with HubStub(src) as hub:
+        r = download(env_for(hub, tmp_path, REVISION="0" * 40))
+        assert r.returncode != 0 and "dsv41: REVISION=" + "0" * 40 + " is not in" in r.stderr
+        assert not (tmp_path / "model 'dir'" / S5).exists()
+        r = download(env_for(hub, tmp_path, REVISION=hub.commit))
+        assert r.returncode == 0, r.stderr
+        assert all(hub.commit in e["path"] for e in hub.log if "/resolve/" in e["path"] and e["host"] == "hub"
+                   and e["method"] == "HEAD")
+
+
+def test_hub_unreachable(tmp_path):
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "h"),
+           "MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s")}
+    r = download(env)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].startswith("dsv41: cannot reach the Hub at http://127.0.0.1:9")
+
+
+def test_not_enough_space_says_how_much_is_missing(repo, tmp_path, monkeypatch):
+    src, _ = repo
+    from dsv41 import transfer
+    from dsv41.config import load_config
+    from dsv41.errors import UserError
+    with HubStub(src) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(checkpoint, "free_bytes", lambda p: 1_000_000)
+        cfg = load_config({"MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s")})
+        with pytest.raises(UserError) as e:
+            transfer.download(cfg)
+        # 4 whole shards + 6 parts + banks to fetch, plus shards 5 and 6 to rebuild
+        assert str(e.value).startswith(f"MODEL_DIR {tmp_path / 'm'} needs 16.0 MB free (12.0 MB to download "
+                                       "+ 4.0 MB to reassemble shards) but has 1.0 MB: free 15.0 MB more")
+        assert not [p for p in hub.content_gets() if "model-" in p], "nothing big fetched before the check"
