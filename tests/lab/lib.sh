@@ -1,0 +1,62 @@
+# Shared settings and helpers for the two-node lab scripts (sourced, not run).
+set -euo pipefail
+
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$LAB_DIR/../.." && pwd)
+CACHE=${LAB_CACHE:-/var/cache/dsv41-lab}
+STATE=${LAB_STATE:-/var/lib/dsv41-lab}
+NODES=(head worker)
+declare -A IP=([head]=198.51.100.11 [worker]=198.51.100.13)
+declare -A VETH=([head]=veth-h [worker]=veth-w)
+REGISTRY=198.51.100.11:5000
+SUITE=bookworm
+# Bump when the template recipe below changes: the cached template is rebuilt.
+TEMPLATE_VERSION=3
+NODE_PKGS=systemd,systemd-sysv,dbus,openssh-server,rsync,python3,python3-venv,iproute2,iputils-ping,docker.io,iptables,curl,ca-certificates,procps
+ENGINE_PKGS=python3
+VENV_REQS=(doit==0.37.0 sh==2.4.0 requests==2.34.2 huggingface_hub==2.4.0 psutil==7.2.2 jinja2==3.1.6)
+CGROUP_CONTROLLERS=(cpu cpuacct cpuset memory devices freezer blkio pids)
+
+say() { printf 'lab: %s\n' "$*" >&2; }
+die() { printf 'lab: %s\n' "$*" >&2; exit 2; }
+
+need_root() {
+    [ "$(id -u)" = 0 ] || die "needs root (network namespaces, systemd-nspawn): run as root"
+}
+
+need_tools() {
+    local t missing=()
+    for t in systemd-nspawn debootstrap docker-registry ssh ssh-keygen rsync ip curl; do
+        command -v "$t" >/dev/null || missing+=("$t")
+    done
+    [ ${#missing[@]} = 0 ] || die "missing ${missing[*]}: run 'bash tests/setup/lab.sh' as root"
+}
+
+# The Debian mirror configured for apt (deb822 .sources or one-line .list), overridable by LAB_MIRROR.
+mirror() {
+    if [ -n "${LAB_MIRROR:-}" ]; then echo "$LAB_MIRROR"; return; fi
+    local m
+    m=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+        | awk '$1=="deb" && $0 ~ (" " s "( |$)") {for(i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' s="$SUITE" || true)
+    if [ -z "$m" ]; then
+        m=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v s="$SUITE" '
+            /^$/ {if (ok && uri) {print uri; exit} ok=0; uri=""}
+            /^URIs:/ {uri=$2}
+            /^Suites:/ {for(i=2;i<=NF;i++) if ($i==s) ok=1}
+            END {if (ok && uri) print uri}' | head -n1 || true)
+    fi
+    [ -n "$m" ] || die "no Debian $SUITE mirror in /etc/apt/sources.list*: set LAB_MIRROR=<url>"
+    echo "$m"
+}
+
+lab_ssh() {  # lab_ssh NODE CMD... : run on a node from the host
+    local node=$1; shift
+    ip netns exec head ssh -F "$STATE/ssh_config" "$node" -- "$@"
+}
+
+node_pid() {  # PID of the systemd-nspawn process of a node, if alive
+    local f="$STATE/$1.pid" p
+    [ -f "$f" ] || return 1
+    p=$(cat "$f")
+    [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo "$p"
+}

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# make lab-up: two systemd-nspawn nodes (head, worker) on a veth fabric 198.51.100.0/24, a registry on
+# the head's address, and the stand-in engine image pushed to it. Idempotent; cleans up after a failure.
+source "$(dirname "$0")/lib.sh"
+need_root
+need_tools
+case $REPO in *:*) die "the repo path $REPO contains ':', which systemd-nspawn --bind cannot take: clone elsewhere";; esac
+exec 9>/run/dsv41-lab.lock
+flock 9
+start=$SECONDS
+
+wait_for() {  # wait_for SECONDS WHAT LOG CMD...: poll CMD; on timeout fail with LOG's tail
+    local t=$1 what=$2 log=$3 end=$(($SECONDS + $1)); shift 3
+    until "$@" >/dev/null 2>&1; do
+        [ $SECONDS -lt $end ] || die "$what not ready after ${t} s: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
+        sleep 0.3
+    done
+}
+
+lab_is_up() {
+    local n
+    for n in "${NODES[@]}"; do node_pid "$n" >/dev/null || return 1; done
+    [ -s "$STATE/engine.ref" ] && kill -0 "$(cat "$STATE/registry.pid" 2>/dev/null)" 2>/dev/null \
+        && lab_ssh head true 2>/dev/null && lab_ssh worker true 2>/dev/null
+}
+already_up=
+if lab_is_up; then
+    already_up=1
+elif [ -e "$STATE" ] || ip netns list | grep -qwE '^(head|worker)'; then
+    say "clearing a partial lab first"
+    bash "$LAB_DIR/down.sh" 9>&-
+fi
+
+if [ -z "$already_up" ]; then  # ---- bring-up, up to the engine image (not indented: heredocs)
+bash "$LAB_DIR/cache.sh" 9>&-
+trap 'rc=$?; if [ $rc != 0 ]; then say "lab-up failed; removing what it made"; bash "$LAB_DIR/down.sh" 9>&- || true; fi' EXIT
+mkdir -p "$STATE"
+
+say "network namespaces head/worker, veth fabric 198.51.100.0/24"
+for n in "${NODES[@]}"; do ip netns add "$n"; done
+ip link add veth-h netns head type veth peer name veth-w netns worker
+for n in "${NODES[@]}"; do
+    ip -n "$n" addr add "${IP[$n]}/24" dev "${VETH[$n]}"
+    ip -n "$n" link set lo up
+    ip -n "$n" link set "${VETH[$n]}" up
+done
+
+say "node roots: overlays on the template"
+hostkeys=()
+for n in "${NODES[@]}"; do
+    d=$STATE/nodes/$n r=$STATE/nodes/$n/root
+    mkdir -p "$d/upper" "$d/work" "$r" "$d/docker"
+    mount -t overlay overlay -o "lowerdir=$CACHE/template,upperdir=$d/upper,workdir=$d/work" "$r"
+    echo "$n" > "$r/etc/hostname"
+    printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost\n%s\thead\n%s\tworker\n' "${IP[head]}" "${IP[worker]}" > "$r/etc/hosts"
+    : > "$r/etc/machine-id"
+    ssh-keygen -q -t ed25519 -N '' -C "$n" -f "$r/etc/ssh/ssh_host_ed25519_key"
+    hostkeys+=("$n,${IP[$n]} $(cut -d' ' -f1,2 "$r/etc/ssh/ssh_host_ed25519_key.pub")")
+    cat "$CACHE/ssh/id_ed25519.pub" "$CACHE/ssh/head_id_ed25519.pub" > "$r/root/.ssh/authorized_keys"
+    chmod 600 "$r/root/.ssh/authorized_keys"
+    mkdir -p "$r/etc/docker"
+    printf '{"cgroup-parent": "/lab-%s-docker", "insecure-registries": ["%s"]}\n' "$n" "$REGISTRY" \
+        > "$r/etc/docker/daemon.json"
+done
+printf '%s\n' "${hostkeys[@]}" > "$STATE/known_hosts"
+for n in "${NODES[@]}"; do cp "$STATE/known_hosts" "$STATE/nodes/$n/root/root/.ssh/known_hosts"; done
+install -m 600 "$CACHE/ssh/head_id_ed25519" "$STATE/nodes/head/root/root/.ssh/id_ed25519"
+install -m 644 "$CACHE/ssh/head_id_ed25519.pub" "$STATE/nodes/head/root/root/.ssh/id_ed25519.pub"
+
+cat > "$STATE/ssh_config" <<CONF
+# Reach the lab nodes from the host: ip netns exec head ssh -F $STATE/ssh_config head|worker CMD
+Host head worker
+    User root
+    IdentityFile $CACHE/ssh/id_ed25519
+    IdentitiesOnly yes
+    UserKnownHostsFile $STATE/known_hosts
+    StrictHostKeyChecking yes
+    BatchMode yes
+    ConnectTimeout 3
+    LogLevel ERROR
+Host head
+    HostName ${IP[head]}
+Host worker
+    HostName ${IP[worker]}
+CONF
+
+say "registry on $REGISTRY (storage $CACHE/registry)"
+mkdir -p "$CACHE/registry"
+cat > "$STATE/registry.yml" <<CONF
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: $CACHE/registry}}
+http: {addr: "$REGISTRY"}
+CONF
+ip netns exec head setsid docker-registry serve "$STATE/registry.yml" \
+    < /dev/null >> "$STATE/registry.log" 2>&1 9>&- &
+echo $! > "$STATE/registry.pid"
+wait_for 20 "registry on $REGISTRY" "$STATE/registry.log" ip netns exec head curl -sf "http://$REGISTRY/v2/"
+
+say "booting head and worker (systemd-nspawn)"
+for n in "${NODES[@]}"; do
+    # /var/lib/docker on the host's filesystem: overlay2 cannot stack on the overlay root.
+    binds=("--bind=$STATE/nodes/$n/docker:/var/lib/docker")
+    [ "$n" = head ] && binds+=("--bind=$REPO")
+    for h in systemd unified; do mkdir -p "/sys/fs/cgroup/$h/lab-$n"; done
+    (
+        echo "$BASHPID" > "/sys/fs/cgroup/systemd/lab-$n/cgroup.procs"
+        echo "$BASHPID" > "/sys/fs/cgroup/unified/lab-$n/cgroup.procs"
+        SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 SYSTEMD_SECCOMP=0 exec setsid systemd-nspawn \
+            -D "$STATE/nodes/$n/root" -M "$n" -b --keep-unit --register=no --capability=all \
+            --network-namespace-path="/run/netns/$n" --console=pipe "${binds[@]}"
+    ) < /dev/null > "$STATE/$n.console.log" 2>&1 9>&- &
+    echo $! > "$STATE/$n.pid"
+done
+
+for n in "${NODES[@]}"; do
+    wait_for 60 "ssh on $n" "$STATE/$n.console.log" lab_ssh "$n" true
+done
+for n in "${NODES[@]}"; do
+    st=$(lab_ssh "$n" systemctl is-system-running --wait || true)
+    [ "$st" = running ] || say "$n: systemd is $st; failed units: $(lab_ssh "$n" systemctl --failed --plain --no-legend | tr '\n' ' ')"
+    wait_for 60 "docker on $n" /dev/null lab_ssh "$n" docker info
+done
+say "nodes up: systemd, sshd, dockerd ($((SECONDS - start)) s)"
+fi  # ---- bring-up
+
+# The engine image, tagged by what it is built from; pushed only when the registry lacks that tag.
+tag=$( (stat -c '%s %Y' "$CACHE/engine-rootfs.tar"; cat "$LAB_DIR/engine/engine.py") | sha256sum | cut -c1-16)
+manifest_digest() {
+    ip netns exec head curl -sfI -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+        "http://$REGISTRY/v2/lab/engine/manifests/$tag" | tr -d '\r' | awk 'tolower($1)=="docker-content-digest:" {print $2}'
+}
+digest=$(manifest_digest || true)
+if [ -z "$digest" ]; then
+    say "building the stand-in engine image in head's dockerd and pushing $REGISTRY/lab/engine:$tag"
+    t=$STATE/nodes/head/root/var/tmp/engine.tar
+    cp "$CACHE/engine-rootfs.tar" "$t"
+    tar -rf "$t" --owner=0 --group=0 --mode=0755 -C "$LAB_DIR/engine" \
+        --transform='s,^engine.py$,./usr/local/bin/lab-engine,' engine.py
+    cat > "$STATE/nodes/head/root/var/tmp/engine-import.sh" <<SCRIPT
+set -e
+docker import \\
+    --change 'LABEL org.opencontainers.image.title="dsv41-lab-engine"' \\
+    --change 'LABEL org.opencontainers.image.description="STAND-IN for the dsv41 serving image: lab only, no GPU, no model"' \\
+    --change 'ENV PYTHONUNBUFFERED=1' \\
+    --change 'ENTRYPOINT ["python3", "/usr/local/bin/lab-engine"]' \\
+    /var/tmp/engine.tar $REGISTRY/lab/engine:$tag >/dev/null
+docker push -q $REGISTRY/lab/engine:$tag >/dev/null
+rm -f /var/tmp/engine.tar /var/tmp/engine-import.sh
+SCRIPT
+    lab_ssh head sh /var/tmp/engine-import.sh
+    digest=$(manifest_digest)
+fi
+[ -n "$digest" ] || die "the registry has no digest for lab/engine:$tag"
+echo "$REGISTRY/lab/engine@$digest" > "$STATE/engine.ref"
+# conf/lab.toml reads the pinned reference from here (IMAGE_FILE), as a site would pin its image
+lab_ssh head "mkdir -p /etc/dsv41-lab && echo '$REGISTRY/lab/engine@$digest' > /etc/dsv41-lab/engine.ref"
+trap - EXIT
+[ -z "$already_up" ] || { say "already up (engine $(cat "$STATE/engine.ref"))"; exit 0; }
+say "up in $((SECONDS - start)) s: head ${IP[head]}, worker ${IP[worker]}, engine $(cat "$STATE/engine.ref")"
+say "run on a node: tests/lab/on head|worker CMD...; repo at $REPO in head"
