@@ -10,6 +10,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 
+from doit.tools import config_changed  # noqa: E402
+
 from dsv41.config import load_config  # noqa: E402
 from dsv41.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
 from dsv41.errors import UserError, one_line  # noqa: E402
@@ -57,7 +59,9 @@ def task_preflight():
 
 def task_download():
     """Download the checkpoint into MODEL_DIR (resumable, REVISION/HF_TOKEN honoured), then verify."""
-    return {"actions": [call("checkpoint:download", mutates=True)], "uptodate": [False]}
+    return {"actions": [call("checkpoint:download", mutates=True)],
+            "uptodate": [lambda: _fresh("fresh_locally"),
+                         config_changed({"repo": CFG.hf_repo, "revision": CFG.revision})]}
 
 
 def task_verify():
@@ -68,8 +72,13 @@ def task_verify():
 
 def task_copy():
     """Copy the verified model to every worker over the fabric and verify it there."""
-    return {"actions": [call("checkpoint:copy", mutates=True)], "task_dep": ["verify"],
+    return {"actions": [call("checkpoint:copy", mutates=True)], "task_dep": ["_workers", "verify"],
             "uptodate": [lambda: _fresh("fresh_on_workers")]}
+
+
+def task__workers():
+    """(internal) copy and launch need a worker: say so before anything else runs."""
+    return {"actions": [action(lambda: CFG.require_workers() and None)], "uptodate": [False]}
 
 
 def task_image():

@@ -163,8 +163,8 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
     state, rank, name = fact(paths, "state_dir"), spec.rank, container_name(spec.rank)
     groups = [
         [DOCKER, "run"], ["--rm"], ["--name", name], ["--cidfile", cidfile(state, rank)],
-        ["--pull", "never"], ["--init"], ["--gpus", "all"], ["--network", "host"],
-        ["--ipc", "host"], ["--privileged"], ["--ulimit", "memlock=-1"], ["--shm-size", "32g"],
+        ["--pull", "never"], ["--init"], *([["--gpus", cfg.gpus]] if cfg.gpus else []), ["--network", "host"],
+        ["--ipc", "host"], *([["--privileged"]] if cfg.privileged else []), ["--ulimit", f"memlock={cfg.memlock}"], ["--shm-size", "32g"],
         ["--mount", mount(fact(paths, "model_dir"), "/model", readonly=True)],
         ["--mount", mount(f"{state}/plans", "/plans", readonly=True)],
         ["--mount", mount(f"{state}/cache", "/cache")],

@@ -81,6 +81,9 @@ class Config:
     free_gib_head: int
     free_gib_worker: int
     skip_checks: tuple[str, ...]
+    gpus: str
+    memlock: str
+    privileged: bool
     profile: str
     nodes: tuple[NodeSpec, ...]
     sources: dict = dataclasses.field(compare=False, repr=False)
@@ -326,9 +329,24 @@ def load_config(env=None):
         start_timeout_s=60 * _int("START_TIMEOUT_MIN", get("start_timeout_min"), 1, 24 * 60),
         free_gib_head=_int("FREE_GIB_HEAD", get("free_gib_head"), 0),
         free_gib_worker=_int("FREE_GIB_WORKER", get("free_gib_worker"), 0),
+        gpus=_gpus(str(get("gpus")).strip()),
+        memlock=_memlock(str(get("memlock")).strip()),
+        privileged=_bool("PRIVILEGED", get("privileged")),
         skip_checks=tuple(x.strip() for x in str(get("skip_checks")).split(",") if x.strip()),
         profile=profile, nodes=nodes, sources=sources,
     )
+
+
+def _gpus(value):
+    if value and not re.match(r"^[A-Za-z0-9=,:\"-]+$", value):
+        raise _bad("GPUS", value, "docker run's --gpus value, e.g. all or device=0 (empty: none)")
+    return value
+
+
+def _memlock(value):
+    if not re.match(r"^(-1|\d+(:\d+)?)$", value):
+        raise _bad("MEMLOCK", value, "-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes")
+    return value
 
 
 def _image_from_file(path):

@@ -129,7 +129,7 @@ def ensure_state(cl, node, facts):
     changed = False
     key = read_or_create_key(cfg)
     env_text = f"VLLM_API_KEY={key}\n"
-    if facts["files"].get(KEY_ENV) != hashlib.sha256(env_text.encode()).hexdigest():
+    if node is cl.head and facts["files"].get(KEY_ENV) != hashlib.sha256(env_text.encode()).hexdigest():
         node.run(cl.priv(node, ["mkdir", "-p", p.state_dir]))
         node.write_file(f"{p.state_dir}/{KEY_ENV}", env_text, mode=0o600)
         say(node, f"wrote {p.state_dir}/{KEY_ENV} (mode 0600)")
@@ -186,6 +186,13 @@ def diff_units(cl, rendered, facts):
             if have.get("text") != text:
                 out.append((n, name, have.get("text"), text))
     return out
+
+
+def _when(stamp):
+    """systemd's "@<unix seconds>" as local time, "" when never."""
+    if not stamp or not stamp.startswith("@") or stamp == "@0":
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(stamp[1:])))
 
 
 def _since(unit_facts):
@@ -368,7 +375,8 @@ def ranks_down(cl):
         unit = f"{cl.spec(node).unit}.service"
         r = node.run(commands.systemctl("show", "-p", "ActiveState,SubState,Result", unit), check=False)
         props = dict(l.split("=", 1) for l in r.stdout.splitlines() if "=" in l)
-        if props.get("ActiveState") not in ("active", "activating", "reloading"):
+        if (props.get("ActiveState") not in ("active", "activating", "reloading")
+                or props.get("SubState") == "auto-restart"):  # its container exited
             return (f"rank {unit} on {node.label} is {props.get('ActiveState', 'unknown')} "
                     f"({props.get('Result', '?')})")
     return None
@@ -403,7 +411,8 @@ def status(cfg, json=False):
             "memguard": g.get("ActiveState", "not installed") if g["installed"] else "not installed",
             "rank_unit": unit, "rank_state": (u.get("ActiveState", "?") + "/" + u.get("SubState", "?"))
             if u["installed"] else "not installed",
-            "since": u.get("ActiveEnterTimestamp") or u.get("InactiveEnterTimestamp") or "",
+            "since": _when(u.get("ActiveEnterTimestamp") if u.get("ActiveState") == "active"
+                           else u.get("InactiveEnterTimestamp")),
             "container": c["state"]["Status"] if c else "none",
             "mem_available_gib": round(f["mem_available_kib"] / 2**20, 1),
             "gpu_memory": f["gpu_memory"], "tripped": f["tripped"]}

@@ -215,13 +215,12 @@ LIB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ship_code(node, state_dir):
-    """Copy the dsv41 package to <state_dir>/lib on a node (workers may have no internet or venv);
-    returns the argv prefix that runs one of its modules with the node's python3."""
-    if node.is_local:
-        return ["env", f"PYTHONPATH={LIB_DIR}", "python3", "-m"]
+    """Copy the dsv41 package to <state_dir>/lib on a node, the head included (the services run it
+    from there: workers may have no internet or venv, and the checkout may move); returns the argv
+    prefix that runs one of its modules with the node's python3."""
     dest = f"{state_dir}/lib/"
     node.run(["mkdir", "-p", dest])
-    rsync = ["rsync", "-a", "--delete", "--include=*/", "--include=*.py", "--exclude=*",
-             "-e", shlex.join(node.ssh_command()), f"{LIB_DIR}/dsv41", node.rsync_target(dest)]
-    Node("head").run(rsync)
+    ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
+    Node("head").run(["rsync", "-a", "--delete", "--include=*/", "--include=*.py", "--exclude=*",
+                      *ssh, f"{LIB_DIR}/dsv41", node.rsync_target(dest)])
     return ["env", f"PYTHONPATH={state_dir}/lib", "python3", "-m"]

@@ -45,7 +45,7 @@ def units(names):
         out[name] = {"installed": text is not None, "text": text,
                      "sha256": hashlib.sha256(text.encode()).hexdigest() if text is not None else None}
     if names and shutil.which("systemctl"):
-        code, stdout, _ = _run(["systemctl", "show", "-p", ",".join(SHOW), "--", *names])
+        code, stdout, _ = _run(["systemctl", "show", "--timestamp=unix", "-p", ",".join(SHOW), "--", *names])
         for name, block in zip(names, stdout.split("\n\n")):
             props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
             out[name].update(props)
