@@ -1,0 +1,306 @@
+"""OpenAI-compatible client bits shared by smoke and bench: base URL, key, requests, SSE with quirks."""
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+import urllib3
+
+from dsv41.errors import UserError, one_line
+
+DEFAULT_KEY_FILE = "~/.dsv41-two-sparks/api_key"
+CONNECT_TIMEOUT = 10
+READ_TIMEOUT = 1800  # a 262k-token prefill on a busy server can take minutes before the first byte
+
+
+class ApiError(UserError):
+    """The server answered with an error status (or an error event in a stream)."""
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+def normalize_base(url):
+    """'host:8000', 'http://h:8000/', 'http://h:8000/v1/' -> 'http://h:8000/v1'."""
+    url = (url or "").strip()
+    if not url:
+        raise UserError("no API URL given: pass the base URL, e.g. http://127.0.0.1:8000/v1")
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"bad API URL {url!r}: expected http://HOST:PORT or http://HOST:PORT/v1")
+    url = url.rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/models"):
+        if url.endswith("/v1" + suffix):
+            url = url[: -len(suffix)]
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def load_key(key_file=None, env=None):
+    """DSV41_API_KEY, else the key file (default ~/.dsv41-two-sparks/api_key); None when neither exists.
+
+    An explicitly named key file that is missing or empty is an error."""
+    env = os.environ if env is None else env
+    key = (env.get("DSV41_API_KEY") or "").strip()
+    if key:
+        return key
+    path = Path(os.path.expanduser(key_file or DEFAULT_KEY_FILE))
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        if key_file:
+            raise UserError(f"API key file {path} not found: set DSV41_API_KEY or pass --key-file") from None
+        return None
+    except OSError as err:
+        raise UserError(f"cannot read API key file {path}: {err.strerror}") from None
+    if not key and key_file:
+        raise UserError(f"API key file {path} is empty: set DSV41_API_KEY or pass --key-file")
+    return key or None
+
+
+@dataclass
+class Stream:
+    """One streamed answer, timed the way `vllm bench serve` does (perf_counter seconds)."""
+
+    t_start: float = 0.0
+    t_first: float | None = None  # first message carrying a token (a role-only chunk is not one)
+    t_last: float | None = None  # last message with choices (a usage-only chunk does not extend it)
+    token_times: list = field(default_factory=list)  # arrival of each token-bearing message
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: dict = field(default_factory=dict)  # index -> {"name", "arguments"}
+    usage: dict | None = None
+    finish_reason: str | None = None
+    done: bool = False  # saw `data: [DONE]`
+    messages: int = 0
+
+    @property
+    def output_tokens(self):
+        u = (self.usage or {}).get("completion_tokens")
+        return u if isinstance(u, int) and u > 0 else len(self.token_times)
+
+    @property
+    def tokens_from(self):
+        u = (self.usage or {}).get("completion_tokens")
+        return "usage" if isinstance(u, int) and u > 0 else "count"
+
+    @property
+    def ended(self):
+        return self.done or self.finish_reason is not None
+
+    @property
+    def ttft(self):
+        return None if self.t_first is None else self.t_first - self.t_start
+
+    @property
+    def e2el(self):
+        return None if self.t_last is None else self.t_last - self.t_start
+
+    @property
+    def tpot(self):
+        n = self.output_tokens
+        if self.t_first is None or n < 2:
+            return None
+        return (self.t_last - self.t_first) / (n - 1)
+
+    @property
+    def itls(self):
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+class Client:
+    """Small OpenAI-compatible client. Each call opens its own connection, so threads may share it."""
+
+    def __init__(self, url, key=None, read_timeout=READ_TIMEOUT):
+        self.base = normalize_base(url)
+        self.key = key
+        self.read_timeout = read_timeout
+
+    def headers(self):
+        h = {"Content-Type": "application/json"}
+        if self.key:
+            h["Authorization"] = f"Bearer {self.key}"
+        return h
+
+    def _request(self, method, path, body=None, stream=False):
+        url = self.base + path
+        try:
+            resp = requests.request(method, url, headers=self.headers(), json=body, stream=stream,
+                                    timeout=(CONNECT_TIMEOUT, self.read_timeout))
+        except requests.exceptions.ConnectionError as err:
+            why = "connection refused" if "refused" in str(err).lower() else one_line(err, 120)
+            raise UserError(f"cannot reach {self.base} ({why}): is the server running and the URL right?") from None
+        except requests.exceptions.Timeout:
+            raise UserError(f"{method} {url} timed out: the server did not answer") from None
+        if resp.status_code in (401, 403):
+            resp.close()
+            hint = "set DSV41_API_KEY or --key-file" if not self.key else "check DSV41_API_KEY or the key file"
+            raise ApiError(f"the server at {self.base} rejected the API key (HTTP {resp.status_code}): {hint}",
+                           resp.status_code)
+        if resp.status_code >= 400:
+            detail = one_line(resp.text, 200)
+            resp.close()
+            raise ApiError(f"{method} {path} failed with HTTP {resp.status_code}: {detail}", resp.status_code)
+        return resp
+
+    def get_json(self, path):
+        resp = self._request("GET", path)
+        try:
+            return resp.json()
+        except ValueError:
+            raise UserError(f"GET {self.base}{path} did not return JSON: is this an OpenAI-compatible API?") from None
+
+    def post_json(self, path, body, optional=()):
+        """POST; on HTTP 422 (unknown field) retry once without the `optional` fields."""
+        resp = self._with_retry(path, body, optional, stream=False)
+        try:
+            return resp.json()
+        except ValueError:
+            raise UserError(f"POST {self.base}{path} did not return JSON") from None
+
+    def models(self):
+        data = self.get_json("/models").get("data") or []
+        return [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
+
+    def first_model(self):
+        ids = self.models()
+        if not ids:
+            raise UserError(f"{self.base}/models lists no model: pass --model")
+        return ids[0]
+
+    def _with_retry(self, path, body, optional, stream):
+        try:
+            return self._request("POST", path, body, stream=stream)
+        except ApiError as err:
+            if err.status != 422 or not any(k in body for k in optional):
+                raise
+            return self._request("POST", path, {k: v for k, v in body.items() if k not in optional},
+                                 stream=stream)
+
+    def stream(self, path, body, optional=("stream_options",), stop_after_first=False):
+        """POST a streaming request and read it to its end (or to the first token); returns a Stream."""
+        body = dict(body, stream=True)
+        body.setdefault("stream_options", {"include_usage": True})
+        s = Stream(t_start=time.perf_counter())
+        resp = self._with_retry(path, body, optional, stream=True)
+        try:
+            for t, data in iter_sse(resp):
+                if data == "[DONE]":
+                    s.done = True
+                    break
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    raise UserError(f"bad SSE message from {path}: {one_line(data, 120)}") from None
+                if not isinstance(obj, dict):
+                    continue
+                if obj.get("error"):
+                    err = obj["error"]
+                    msg = err.get("message") if isinstance(err, dict) else err
+                    raise ApiError(f"{path} stream reported an error: {one_line(msg, 200)}")
+                s.messages += 1
+                if obj.get("usage"):
+                    s.usage = obj["usage"]
+                choices = obj.get("choices") or []
+                if not choices:
+                    continue
+                s.t_last = t
+                if _absorb(s, choices[0]):
+                    s.token_times.append(t)
+                    if s.t_first is None:
+                        s.t_first = t
+                        if stop_after_first:
+                            break
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as err:
+            raise UserError(f"the stream from {self.base}{path} broke: {one_line(err, 150)}") from None
+        finally:
+            resp.close()
+        return s
+
+
+def _absorb(s, choice):
+    """Add one choice delta to the Stream; True when it carried a token."""
+    if choice.get("finish_reason"):
+        s.finish_reason = choice["finish_reason"]
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        delta = {}
+    got = False
+    text = choice.get("text")  # /v1/completions
+    if isinstance(text, str) and text:
+        s.text += text
+        got = True
+    content = delta.get("content")
+    if isinstance(content, str) and content:
+        s.text += content
+        got = True
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        s.reasoning += reasoning
+        got = True
+    for tc in delta.get("tool_calls") or []:
+        i = tc.get("index", 0)
+        slot = s.tool_calls.setdefault(i, {"name": "", "arguments": ""})
+        fn = tc.get("function") or {}
+        if fn.get("name") and fn["name"] != slot["name"]:  # some servers repeat the name in every delta
+            slot["name"] += fn["name"]
+        if fn.get("arguments"):
+            slot["arguments"] += fn["arguments"]
+        got = True
+    return got
+
+
+def iter_sse(resp):
+    """Yield (arrival perf_counter, data) per SSE event, reading whatever bytes have arrived.
+
+    Uses read1 so chunked and close-delimited bodies alike are seen as soon as bytes land."""
+    raw = resp.raw
+    buf = b""
+    data_lines = []
+    t_data = None
+    while True:
+        chunk = raw.read1(65536)
+        now = time.perf_counter()
+        if not chunk:
+            break
+        buf += chunk
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line, buf = buf[:nl].rstrip(b"\r"), buf[nl + 1:]
+            if not line:
+                if data_lines:
+                    yield t_data, "\n".join(data_lines)
+                    data_lines = []
+                continue
+            if line.startswith(b"data:"):
+                value = line[5:].decode("utf-8", "replace")
+                value = value[1:] if value.startswith(" ") else value
+                if data_lines and _complete_json(data_lines):  # no blank line between events
+                    yield t_data, "\n".join(data_lines)
+                    data_lines = []
+                data_lines.append(value)
+                t_data = now
+    if buf.strip().startswith(b"data:"):
+        value = buf.strip()[5:].decode("utf-8", "replace").strip()
+        data_lines.append(value)
+    if data_lines:
+        yield t_data or time.perf_counter(), "\n".join(data_lines)
+
+
+def _complete_json(lines):
+    text = "\n".join(lines)
+    if text == "[DONE]":
+        return True
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,491 @@
+"""Benchmark a running OpenAI-compatible API: prefill, decode at several concurrencies, long context.
+
+Metrics follow `vllm bench serve`: TTFT (POST to first token), TPOT ((E2EL - TTFT) / (tokens - 1)),
+ITL (gaps between token messages, pooled), E2EL (POST to last choices message), in ms.
+No request carries an output cap; a prefill request is closed after its first token."""
+import argparse
+import ast
+import functools
+import json
+import os
+import random
+import statistics
+import sys
+import sysconfig
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+from dsv41.api import ApiError, Client, load_key
+from dsv41.errors import UserError, one_line
+from dsv41.smoke import png
+
+# Published two-Spark figures (mission.md, "Reported results").
+PUBLISHED = {
+    ("prefill", 8192): 2050, ("prefill", 32768): 2061,
+    ("code", 1, "per_stream"): 40, ("code", 2, "aggregate"): 60, ("prose", 1, "per_stream"): 29,
+}
+WORDS = ("time year people way day man thing woman life child world school state family student group "
+         "country problem hand part place case week company system program question work government number "
+         "night point home water room mother area money story fact month lot right study book eye job word "
+         "business issue side kind head house service friend father power hour game line end member law car "
+         "city community name president team minute idea kid body information back parent face others level "
+         "office door health person art war history party result change morning reason research girl guy "
+         "moment air teacher force education river stone garden bridge window paper light green quiet").split()
+PROMPTS = {
+    "prose": ["Write a story of about 400 words about a lighthouse keeper who finds a message in a bottle.",
+              "Write an essay of about 400 words on why cities grow near rivers.",
+              "Write a story of about 400 words about a train that runs one hour late every day.",
+              "Describe, in about 400 words, a walk through a market at dawn."],
+    "code": ["Write a Python module with an LRU cache class (get, put, capacity) and pytest tests for it.",
+             "Write a Python function that parses an INI file into nested dicts, with docstrings and tests.",
+             "Write a Python command-line tool that counts word frequencies in files, with argparse.",
+             "Write a Python class implementing a binary heap priority queue, with unit tests."],
+    # a quick check of the decode path: short natural answers
+    "short": ["In one sentence, what is a lighthouse?", "In one sentence, why is the sky blue?",
+              "In one sentence, what does a compiler do?", "In one sentence, what is a river delta?"],
+}
+CHARS_PER_TOKEN = 4.0
+TOKENS_PER_WORD = 1.3
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def stats_ms(values):
+    """mean, median, std, p99 (linear interpolation like numpy) of seconds, in ms."""
+    v = sorted(x * 1000 for x in values if x is not None)
+    if not v:
+        return {"mean": None, "median": None, "std": None, "p99": None}
+    k = (len(v) - 1) * 0.99
+    lo = int(k)
+    p99 = v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (k - lo)
+    return {"mean": round(statistics.fmean(v), 3), "median": round(statistics.median(v), 3),
+            "std": round(statistics.pstdev(v), 3), "p99": round(p99, 3)}
+
+
+class Tokens:
+    """Prompt token counting: the server's tokenize endpoint when there is one, else an estimate."""
+
+    def __init__(self, client, model):
+        self.client, self.model, self.how = client, model, None
+
+    def count(self, text):
+        root = self.client.base[: -len("/v1")]
+        tries = [("/tokenize", {"model": self.model, "prompt": text}, "count"),  # vLLM
+                 ("/extras/tokenize/count", {"input": text}, "count")]  # llama-cpp-python
+        if self.how is False:
+            return None
+        for path, body, key in tries:
+            if self.how not in (None, path):
+                continue
+            try:
+                r = requests.post(root + path, json=body, headers=self.client.headers(), timeout=120)
+                if r.ok and isinstance(r.json().get(key), int):
+                    self.how = path
+                    return r.json()[key]
+            except (ValueError, requests.RequestException):  # no usable tokenize endpoint
+                pass
+        self.how = False
+        return None
+
+
+def random_prompt(tokens, target, rng):
+    """Unique random-word text of about `target` tokens (fitted to the server's tokenizer if any)."""
+    head = f"{uuid.uuid4().hex} "  # unique first tokens defeat prefix caches
+    words = max(1, round(target / TOKENS_PER_WORD))
+    for _ in range(3):
+        prompt = head + " ".join(rng.choice(WORDS) for _ in range(words))
+        n = tokens.count(prompt)
+        if not n or abs(n - target) <= max(2, target * 0.02):
+            break
+        words = max(1, round(words * target / n))
+    return prompt
+
+
+@functools.lru_cache(maxsize=4)
+def real_text(chars):
+    """Real prose that ships on the machine: licence texts, then standard-library docstrings."""
+    out, total, seen = [], 0, set()
+    lic = Path("/usr/share/common-licenses")
+    files = sorted(lic.iterdir()) if lic.is_dir() else []
+    for f in files:
+        real = f.resolve()
+        if real in seen or not real.is_file():
+            continue
+        seen.add(real)
+        out.append(real.read_text(errors="replace"))
+        total += len(out[-1])
+        if total >= chars:
+            return "\n\n".join(out)[:chars]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for f in sorted(stdlib.rglob("*.py")):
+        if "test" in f.parts or "site-packages" in f.parts:
+            continue
+        try:
+            tree = ast.parse(f.read_text(errors="replace"))
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 200:
+                    out.append(doc)
+                    total += len(doc)
+        if total >= chars:
+            break
+    text = "\n\n".join(out)
+    if len(text) < chars:
+        raise UserError(f"not enough local text for a {chars}-character context: lower --ctx")
+    return text[:chars]
+
+
+def ctx_prompt(tokens, target, rng):
+    """Real text of about `target` tokens with a code hidden in the middle, and a question about it."""
+    code = str(rng.randint(100000, 999999))
+    question = "\n\nWhat is the vault code stated in the text above? Reply with the number."
+    chars = int(target * CHARS_PER_TOKEN)
+    for _ in range(3):  # fit to the server's tokenizer when it has a tokenize endpoint
+        text = real_text(chars)
+        mid = len(text) // 2
+        prompt = (f"{uuid.uuid4().hex}\n" + text[:mid] + f"\n\nThe vault code is {code}.\n\n" + text[mid:]
+                  + question)
+        n = tokens.count(prompt)
+        if not n or abs(n - target) <= max(16, target * 0.01):
+            break
+        chars = int(chars * target / n)
+    return prompt, code, n
+
+
+class Bench:
+    def __init__(self, a, client, model):
+        self.a, self.client, self.model = a, client, model
+        self.tokens = Tokens(client, model)
+        self.rng = random.Random()
+        self.prefill_path = "/completions"
+        self.result = {"label": a.label or client.base, "model": model, "url": client.base,
+                       "ts": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       "definitions": "vllm bench serve: TTFT, TPOT=(E2EL-TTFT)/(tokens-1), ITL pooled, E2EL; ms",
+                       "prefill_endpoint": "/completions", "prefill": [], "decode": [], "ctx": []}
+
+    def sampling(self):
+        return {"temperature": 0} if self.a.greedy else {}
+
+    def save(self):
+        out = Path(self.a.out)
+        write_atomic(out, json.dumps(self.result, indent=1) + "\n")
+        write_atomic(out.with_suffix(".md"), markdown(self.result))
+        if self.a.chart:
+            chart_bytes = chart_png(self.result)
+            tmp = out.with_suffix(".png.tmp")
+            tmp.write_bytes(chart_bytes)
+            os.replace(tmp, out.with_suffix(".png"))
+
+    def first_token(self, prompt):
+        """Stream `prompt` and close the stream at its first token (no output cap is sent).
+        Uses /v1/completions, or a chat message on servers without it."""
+        opts = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}, **self.sampling()}
+        if self.prefill_path == "/completions":
+            try:
+                return self.client.stream("/completions", {"model": self.model, "prompt": prompt, **opts},
+                                          stop_after_first=True)
+            except ApiError as err:
+                if err.status not in (404, 405):
+                    raise
+                self.prefill_path = self.result["prefill_endpoint"] = "/chat/completions"
+                log("prefill: the server has no /v1/completions; using /v1/chat/completions")
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], **opts}
+        return self.client.stream("/chat/completions", body, stop_after_first=True)
+
+    def prefill(self, n):
+        runs = []
+        for rep in range(self.a.reps):
+            prompt = random_prompt(self.tokens, n, self.rng)
+            s = self.first_token(prompt)
+            if s.ttft is None:
+                raise UserError(f"prefill {n}: the stream ended without a token: {s.finish_reason or 'no reason'}")
+            pt = (s.usage or {}).get("prompt_tokens")
+            src = "usage"
+            if not isinstance(pt, int) or pt <= 0:
+                pt, src = self.tokens.count(prompt), "tokenize"
+            if not pt:
+                pt, src = round(len(prompt.split()) * TOKENS_PER_WORD), "estimate"
+            runs.append({"prompt_tokens": pt, "prompt_tokens_from": src, "ttft_ms": round(s.ttft * 1000, 3),
+                         "tok_s": round(pt / s.ttft, 2)})
+            log(f"prefill {n}: run {rep + 1}/{self.a.reps}: {pt} tokens ({src}), TTFT {s.ttft * 1000:.0f} ms, "
+                f"{pt / s.ttft:.1f} tok/s")
+        self.result["prefill"].append({
+            "tokens": n, "prompt_tokens": int(statistics.median(r["prompt_tokens"] for r in runs)),
+            "median_tok_s": round(statistics.median(r["tok_s"] for r in runs), 2),
+            "ttft_ms": stats_ms([r["ttft_ms"] / 1000 for r in runs]), "runs": runs})
+
+    def decode(self, kind, conc):
+        reqs, walls, total_tokens = [], [], 0
+        for rep in range(self.a.dec_reps):
+            streams, errors = [None] * conc, []
+            barrier = threading.Barrier(conc)
+
+            def one(i):
+                prompt = PROMPTS[kind][i % len(PROMPTS[kind])]
+                body = {"model": self.model, **self.sampling(),
+                        "messages": [{"role": "user", "content": f"(request {uuid.uuid4().hex[:8]}) {prompt}"}]}
+                try:
+                    barrier.wait()
+                    streams[i] = self.client.stream("/chat/completions", body)
+                except Exception as err:  # reported once all threads are back
+                    errors.append(err)
+                    barrier.abort()
+
+            threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(conc)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+            if real:
+                err = real[0]
+                raise err if isinstance(err, UserError) else UserError(f"decode {kind} c{conc}: {one_line(err)}")
+            bad = [s for s in streams if s.t_first is None]
+            if bad:
+                raise UserError(f"decode {kind} c{conc}: a stream ended without a token "
+                                f"(finish {bad[0].finish_reason}, {bad[0].messages} messages)")
+            wall = max(s.t_last for s in streams) - min(s.t_start for s in streams)
+            toks = sum(s.output_tokens for s in streams)
+            walls.append(wall)
+            total_tokens += toks
+            for s in streams:
+                reqs.append({
+                    "output_tokens": s.output_tokens, "tokens_from": s.tokens_from,
+                    "prompt_tokens": (s.usage or {}).get("prompt_tokens"),
+                    "ttft_ms": round(s.ttft * 1000, 3), "e2el_ms": round(s.e2el * 1000, 3),
+                    "tpot_ms": None if s.tpot is None else round(s.tpot * 1000, 3),
+                    "tok_s": None if not s.tpot else round(1 / s.tpot, 2),
+                    "finish_reason": s.finish_reason, "ended_by_done": s.done,
+                    "reasoning_chars": len(s.reasoning), "text_tail": s.text[-80:], "_itl": s.itls})
+            log(f"decode {kind} c{conc}: round {rep + 1}/{self.a.dec_reps}: {toks} tokens in {wall:.2f} s "
+                f"= {toks / wall:.1f} tok/s aggregate; per stream "
+                + ", ".join(f"{1 / s.tpot:.1f}" if s.tpot else "-" for s in streams))
+        itl = [x for r in reqs for x in r.pop("_itl")]
+        per_stream = [r["tok_s"] for r in reqs if r["tok_s"]]
+        self.result["decode"].append({
+            "kind": kind, "concurrency": conc,
+            "per_stream_tok_s_median": round(statistics.median(per_stream), 2) if per_stream else None,
+            "aggregate_tok_s": round(total_tokens / sum(walls), 2),
+            "output_tokens": total_tokens, "wall_s": round(sum(walls), 3),
+            "ttft_ms": stats_ms([r["ttft_ms"] / 1000 for r in reqs]),
+            "tpot_ms": stats_ms([r["tpot_ms"] / 1000 for r in reqs if r["tpot_ms"] is not None]),
+            "itl_ms": stats_ms(itl), "e2el_ms": stats_ms([r["e2el_ms"] / 1000 for r in reqs]),
+            "requests": reqs})
+
+    def ctx(self, n):
+        prompt, code, counted = ctx_prompt(self.tokens, n, self.rng)
+        body = {"model": self.model, **self.sampling(), "messages": [{"role": "user", "content": prompt}]}
+        s = self.client.stream("/chat/completions", body)
+        if s.ttft is None:
+            raise UserError(f"ctx {n}: the stream ended without a token (finish {s.finish_reason})")
+        pt = (s.usage or {}).get("prompt_tokens") or counted or round(len(prompt) / CHARS_PER_TOKEN)
+        entry = {"tokens": n, "prompt_tokens": pt, "ttft_ms": round(s.ttft * 1000, 3),
+                 "prefill_tok_s": round(pt / s.ttft, 2), "output_tokens": s.output_tokens,
+                 "decode_tok_s": None if not s.tpot else round(1 / s.tpot, 2),
+                 "e2el_ms": round(s.e2el * 1000, 3), "recall": code in s.text, "answer_tail": s.text[-120:]}
+        self.result["ctx"].append(entry)
+        log(f"ctx {n}: {pt} prompt tokens, TTFT {s.ttft:.2f} s ({entry['prefill_tok_s']} tok/s), "
+            f"{s.output_tokens} tokens, recall {'yes' if entry['recall'] else 'no'}")
+
+    def run(self):
+        steps = [(f"prefill {n}", self.prefill, (n,)) for n in self.a.prefill]
+        steps += [(f"decode {k} c{c}", self.decode, (k, c)) for k in self.a.kinds for c in self.a.conc]
+        steps += [(f"ctx {n}", self.ctx, (n,)) for n in self.a.ctx]
+        self.save()
+        for i, (name, fn, args) in enumerate(steps, 1):
+            log(f"[{i}/{len(steps)}] {name}")
+            try:
+                fn(*args)
+            except UserError as err:
+                self.result["error"] = f"{name}: {err}"
+                self.save()
+                raise UserError(f"bench stopped at {name}: {err} (results so far in {self.a.out})") from None
+            self.save()
+
+
+def write_atomic(path, text):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _f(x, nd=1):
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+
+def comparison_rows(result):
+    """(step, measured tok/s, published tok/s or None) for every measured figure."""
+    rows = []
+    for p in result["prefill"]:
+        rows.append((f"prefill {p['tokens']} (actual {p['prompt_tokens']})", p["median_tok_s"],
+                     PUBLISHED.get(("prefill", p["tokens"]))))
+    for d in result["decode"]:
+        k, c = d["kind"], d["concurrency"]
+        rows.append((f"decode {k} c{c} per stream", d["per_stream_tok_s_median"], PUBLISHED.get((k, c, "per_stream"))))
+        rows.append((f"decode {k} c{c} aggregate", d["aggregate_tok_s"], PUBLISHED.get((k, c, "aggregate"))))
+    for x in result["ctx"]:
+        rows.append((f"ctx {x['tokens']} prefill", x["prefill_tok_s"], None))
+    return rows
+
+
+def markdown(result):
+    lines = [f"# Benchmark: {result['label']}", "",
+             f"Model `{result['model']}` at {result['url']}, {result['ts']}. Metric definitions: "
+             "`vllm bench serve` (TPOT = (E2EL - TTFT) / (tokens - 1); per-stream tok/s = 1 / TPOT).", ""]
+    if result.get("error"):
+        lines += [f"**Stopped early:** {result['error']}", ""]
+    lines += ["| step | tok/s | two-Spark published | ratio |", "| --- | ---: | ---: | ---: |"]
+    for name, got, pub in comparison_rows(result):
+        ratio = f"{got / pub:.2f}" if (got and pub) else "-"
+        lines.append(f"| {name} | {_f(got)} | {_f(pub, 0) if pub else '-'} | {ratio} |")
+    if result["prefill"]:
+        lines += ["", "| prefill tokens | actual | median tok/s | TTFT median ms | TTFT p99 ms |",
+                  "| ---: | ---: | ---: | ---: | ---: |"]
+        for p in result["prefill"]:
+            lines.append(f"| {p['tokens']} | {p['prompt_tokens']} | {_f(p['median_tok_s'])} | "
+                         f"{_f(p['ttft_ms']['median'])} | {_f(p['ttft_ms']['p99'])} |")
+    if result["decode"]:
+        lines += ["", "| kind | conc | per-stream tok/s | aggregate tok/s | TTFT mean/median/p99 ms | "
+                  "TPOT mean/median/p99 ms | ITL mean/median/p99 ms | E2EL median ms |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for d in result["decode"]:
+            trio = lambda s: f"{_f(s['mean'])} / {_f(s['median'])} / {_f(s['p99'])}"  # noqa: E731
+            lines.append(f"| {d['kind']} | {d['concurrency']} | {_f(d['per_stream_tok_s_median'])} | "
+                         f"{_f(d['aggregate_tok_s'])} | {trio(d['ttft_ms'])} | {trio(d['tpot_ms'])} | "
+                         f"{trio(d['itl_ms'])} | {_f(d['e2el_ms']['median'])} |")
+    if result["ctx"]:
+        lines += ["", "| context | actual | TTFT ms | prefill tok/s | decode tok/s | recall |",
+                  "| ---: | ---: | ---: | ---: | ---: | --- |"]
+        for x in result["ctx"]:
+            lines.append(f"| {x['tokens']} | {x['prompt_tokens']} | {_f(x['ttft_ms'])} | {_f(x['prefill_tok_s'])} | "
+                         f"{_f(x['decode_tok_s'])} | {'yes' if x['recall'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+# 3x5 bitmap font for chart labels (rows top to bottom, 3 bits each).
+FONT = dict(zip("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ./-:()", (
+    "111101101101111", "010110010010111", "111001111100111", "111001111001111", "101101111001001",
+    "111100111001111", "111100111101111", "111001001001001", "111101111101111", "111101111001111",
+    "010101111101101", "110101110101110", "111100100100111", "110101101101110", "111100110100111",
+    "111100110100100", "111100101101111", "101101111101101", "111010010010111", "001001001101111",
+    "101101110101101", "100100100100111", "101111111101101", "110101101101101", "111101101101111",
+    "111101111100100", "111101101111011", "110101110101101", "111100111001111", "111010010010010",
+    "101101101101111", "101101101101010", "101101111111101", "101101010101101", "101101010010010",
+    "111001010100111", "000000000000010", "001001010100100", "000000111000000", "000010000010000",
+    "010100100100010", "010001001001010")))
+
+
+class Canvas:
+    def __init__(self, w, h):
+        self.w, self.h = w, h
+        self.px = bytearray(b"\xff" * (w * h * 3))
+
+    def rect(self, x, y, w, h, rgb):
+        for yy in range(max(0, y), min(self.h, y + h)):
+            a, b = max(0, x), min(self.w, x + w)
+            if b > a:
+                self.px[(yy * self.w + a) * 3:(yy * self.w + b) * 3] = bytes(rgb) * (b - a)
+
+    def text(self, x, y, s, rgb=(0, 0, 0), k=2):
+        for ch in s.upper():
+            g = FONT.get(ch)
+            if g:
+                for i, bit in enumerate(g):
+                    if bit == "1":
+                        self.rect(x + (i % 3) * k, y + (i // 3) * k, k, k, rgb)
+            x += 4 * k
+
+
+def chart_png(result):
+    """Horizontal bars of tok/s per step (prefill, decode per stream and aggregate, ctx), with the
+    published two-Spark figure as a thin grey bar under a step when there is one."""
+    rows = comparison_rows(result)
+    groups = [("PREFILL TOK/S BY PROMPT LENGTH", [r for r in rows if not r[0].startswith("decode")]),
+              ("DECODE TOK/S BY CONCURRENCY", [r for r in rows if r[0].startswith("decode")])]
+    width, bar_x, bar_w = 900, 330, 450
+    height = 40 + sum(30 + 26 * len(g) for _, g in groups)
+    c = Canvas(width, height)
+    c.text(10, 10, f"DSV41 BENCH {result.get('label', '')}"[:60], k=2)
+    c.rect(bar_x, 10, 20, 10, (40, 90, 200))
+    c.text(bar_x + 26, 10, "MEASURED")
+    c.rect(bar_x + 110, 14, 20, 4, (150, 150, 150))
+    c.text(bar_x + 136, 10, "TWO-SPARK PUBLISHED")
+    y = 40
+    for title, g in groups:
+        c.text(10, y, title, (60, 60, 60))
+        y += 24
+        top = max([v for _, got, pub in g for v in (got, pub) if v] or [1])
+        for name, got, pub in g:
+            label = name.replace("decode ", "").replace("per stream", "stream").replace("aggregate", "total")
+            c.text(10, y + 4, label.split(" (")[0], k=2)
+            c.rect(bar_x, y, int(bar_w * (got or 0) / top), 14, (40, 90, 200))
+            c.text(bar_x + int(bar_w * (got or 0) / top) + 6, y + 2, _f(got).replace(",", ""), k=2)
+            if pub:
+                c.rect(bar_x, y + 16, int(bar_w * pub / top), 4, (150, 150, 150))
+            y += 26
+        y += 6
+    return png(width, height, c.px)
+
+
+def parse(args_list):
+    p = argparse.ArgumentParser(prog="python -m dsv41.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="API base URL, with or without /v1")
+    p.add_argument("--out", required=True, help="results JSON (a .md table and --chart .png go beside it)")
+    p.add_argument("--label", help="name of this run in the results")
+    p.add_argument("--model", help="model name (default: the first id from /v1/models)")
+    p.add_argument("--key-file", help="API key file when DSV41_API_KEY is unset")
+    p.add_argument("--prefill", type=int, nargs="*", default=[8192, 32768], metavar="N")
+    p.add_argument("--conc", type=int, nargs="*", default=[1, 2, 4], metavar="C")
+    p.add_argument("--kinds", nargs="*", default=["prose", "code"], choices=sorted(PROMPTS))
+    p.add_argument("--ctx", type=int, nargs="*", default=[], metavar="N", help="long-context prompt sizes")
+    p.add_argument("--reps", type=int, default=3, help="prefill runs per size")
+    p.add_argument("--dec-reps", type=int, default=1, help="decode rounds per concurrency")
+    p.add_argument("--greedy", action="store_true", help="temperature 0")
+    p.add_argument("--chart", action="store_true", help="also write a PNG chart beside --out")
+    a = p.parse_args(args_list)
+    if any(n < 1 for n in a.prefill + a.conc + a.ctx) or a.reps < 1 or a.dec_reps < 1:
+        raise UserError("--prefill, --conc, --ctx, --reps and --dec-reps take positive numbers")
+    out = Path(a.out)
+    if not out.parent.is_dir():
+        raise UserError(f"--out {a.out}: directory {out.parent} does not exist")
+    return a
+
+
+def run_bench(args_list):
+    """The bench command; returns the exit code (2 with one line on stderr for a user error)."""
+    a = None
+    try:
+        try:
+            a = parse(args_list)
+        except SystemExit as done:  # argparse: --help or a usage error, already printed
+            return done.code or 0
+        client = Client(a.url, load_key(a.key_file))
+        model = a.model or client.first_model()
+        log(f"bench: model {model} at {client.base}")
+        bench = Bench(a, client, model)
+        bench.run()
+    except UserError as err:
+        print(f"dsv41: {one_line(err, 2000)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"dsv41: interrupted{f' (results so far in {a.out})' if a else ''}", file=sys.stderr)
+        return 130
+    log(f"bench: wrote {a.out} and {Path(a.out).with_suffix('.md')}")
+    return 0
+
+
+def main():
+    sys.exit(run_bench(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

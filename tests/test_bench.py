@@ -1,0 +1,132 @@
+"""dsv41.bench: timing accuracy against a stand-in of known timing, failures, and real servers."""
+import json
+
+import pytest
+
+from dsv41.bench import run_bench
+from servers import free_port, llama, run_cli, standin, tfserve  # noqa: F401  (fixtures)
+
+
+def near(got, want, tol=0.10):
+    return abs(got - want) <= tol * want
+
+
+def test_timing_within_10_percent(standin, tmp_path):
+    srv, url = standin
+    out = tmp_path / "b.json"
+    assert run_bench(["--url", url, "--out", str(out), "--prefill", "64", "--reps", "3",
+                      "--conc", "1", "2", "--kinds", "code", "--dec-reps", "2"]) == 0
+    r = json.loads(out.read_text())
+    ttft, itl, n = srv.ttft * 1000, srv.itl * 1000, srv.tokens
+    for run in r["prefill"][0]["runs"]:
+        assert near(run["ttft_ms"], ttft), run
+        assert run["tok_s"] == pytest.approx(run["prompt_tokens"] / run["ttft_ms"] * 1000, rel=1e-3)
+    for d in r["decode"]:
+        c = d["concurrency"]
+        assert len(d["requests"]) == 2 * c and all(q["output_tokens"] == n for q in d["requests"])
+        assert near(d["ttft_ms"]["mean"], ttft), d["ttft_ms"]
+        assert near(d["tpot_ms"]["mean"], itl) and near(d["tpot_ms"]["p99"], itl), d["tpot_ms"]
+        assert near(d["itl_ms"]["mean"], itl), d["itl_ms"]
+        assert near(d["e2el_ms"]["median"], ttft + (n - 1) * itl), d["e2el_ms"]
+        assert near(d["per_stream_tok_s_median"], 1000 / itl)
+        assert near(d["aggregate_tok_s"], c * n / ((ttft + (n - 1) * itl) / 1000))
+    md = out.with_suffix(".md").read_text()
+    assert "| decode code c1 per stream |" in md and "| 40 |" in md  # published two-Spark column
+
+
+def test_server_500_mid_run_keeps_partial_results(standin, tmp_path):
+    srv, url = standin
+    srv.fail_after = 2  # prefill and decode c1 succeed; decode c2 gets HTTP 500
+    srv.ttft, srv.itl, srv.tokens = 0.01, 0.001, 5
+    out = tmp_path / "b.json"
+    r = run_cli("bench", "--url", url, "--out", str(out), "--prefill", "32", "--reps", "1",
+                "--conc", "1", "2", "--kinds", "code")
+    assert r.returncode == 2
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41:")]
+    assert len(errors) == 1 and "decode code c2" in errors[0] and "HTTP 500" in errors[0], r.stderr
+    data = json.loads(out.read_text())
+    assert [p["tokens"] for p in data["prefill"]] == [32]
+    assert [(d["kind"], d["concurrency"]) for d in data["decode"]] == [("code", 1)]
+    assert "HTTP 500" in data["error"] and "Stopped early" in out.with_suffix(".md").read_text()
+
+
+def test_422_on_optional_field_is_retried_without_it(standin, tmp_path):
+    srv, url = standin
+    srv.strict, srv.reasoning, srv.ttft, srv.itl, srv.tokens = True, 3, 0.01, 0.001, 8
+    out = tmp_path / "b.json"
+    assert run_bench(["--url", url, "--out", str(out), "--prefill", "32", "--reps", "1", "--conc", "1",
+                      "--kinds", "prose"]) == 0
+    assert srv.rejected == 2  # once per streamed request, each then retried without stream_options
+    req = json.loads(out.read_text())["decode"][0]["requests"][0]
+    # reasoning deltas (in `reasoning`) are tokens too; usage came on the final chunk
+    assert req["output_tokens"] == 8 and req["reasoning_chars"] == len("think ") * 3
+
+
+def test_unreachable_url_is_one_line(tmp_path):
+    r = run_cli("bench", "--url", f"127.0.0.1:{free_port()}", "--out", str(tmp_path / "b.json"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot reach" in r.stderr, r.stderr
+
+
+def test_out_is_required(tmp_path):
+    r = run_cli("bench", "--url", "127.0.0.1:1")
+    assert r.returncode == 2 and "--out" in r.stderr
+
+
+@pytest.mark.servers
+def test_wrong_key_is_one_line(llama, tmp_path):
+    r = run_cli("bench", "--url", llama["url"], "--out", str(tmp_path / "b.json"), env={"DSV41_API_KEY": "bad"})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "rejected the API key" in r.stderr
+
+
+def check_consistent(r, prefill, concs):
+    """Numbers that must agree with each other whatever the server's speed."""
+    assert [p["tokens"] for p in r["prefill"]] == prefill
+    for p in r["prefill"]:
+        for run in p["runs"]:
+            assert run["tok_s"] == pytest.approx(run["prompt_tokens"] / run["ttft_ms"] * 1000, rel=1e-3)
+    assert [d["concurrency"] for d in r["decode"]] == concs
+    for d in r["decode"]:
+        reqs = d["requests"]
+        assert len(reqs) == d["concurrency"]
+        assert d["output_tokens"] == sum(q["output_tokens"] for q in reqs) > d["concurrency"]
+        assert d["aggregate_tok_s"] == pytest.approx(d["output_tokens"] / d["wall_s"], rel=1e-2)
+        for q in reqs:
+            assert q["ttft_ms"] <= q["e2el_ms"]
+            if q["output_tokens"] < 2:  # a one-token answer has no TPOT
+                continue
+            assert q["tok_s"] == pytest.approx(1000 / q["tpot_ms"], rel=1e-2)
+            assert q["tpot_ms"] == pytest.approx((q["e2el_ms"] - q["ttft_ms"]) / (q["output_tokens"] - 1), rel=0.05)
+        assert d["ttft_ms"]["mean"] <= d["ttft_ms"]["p99"] + 1e-6
+
+
+@pytest.mark.servers
+def test_bench_llama_cpp(llama, tmp_path):
+    out = tmp_path / "llama.json"
+    r = run_cli("bench", "--url", llama["url"] + "/v1", "--out", str(out), "--label", "llama-cpp smollm2",
+                "--prefill", "256", "512", "--reps", "2", "--conc", "1", "2", "--kinds", "short", "--ctx", "1024",
+                "--chart", env={"DSV41_API_KEY": llama["key"]})
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    print(out.with_suffix(".md").read_text())
+    check_consistent(data, [256, 512], [1, 2])
+    # llama-cpp streams carry no usage: tokens counted from chunks; prompt sizes from its tokenize endpoint
+    assert all(q["tokens_from"] == "count" for d in data["decode"] for q in d["requests"])
+    assert {run["prompt_tokens_from"] for p in data["prefill"] for run in p["runs"]} == {"tokenize"}
+    assert all(near(run["prompt_tokens"], p["tokens"], 0.03) for p in data["prefill"] for run in p["runs"])
+    assert near(data["ctx"][0]["prompt_tokens"], 1024, 0.05)
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.servers
+def test_bench_transformers_serve(tfserve, tmp_path):
+    out = tmp_path / "tf.json"
+    r = run_cli("bench", "--url", tfserve["url"], "--out", str(out), "--label", "transformers serve tiny",
+                "--prefill", "256", "512", "--reps", "2", "--conc", "1", "2", "--kinds", "prose", "--greedy")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    print(out.with_suffix(".md").read_text())
+    check_consistent(data, [256, 512], [1, 2])
+    # no tokenize endpoint and no usage before the end: prompt sizes are estimates, labelled so
+    assert {run["prompt_tokens_from"] for p in data["prefill"] for run in p["runs"]} == {"estimate"}
+    # usage arrives on the final chunk: tokens come from it
+    assert all(q["tokens_from"] == "usage" for d in data["decode"] for q in d["requests"])
