@@ -1,0 +1,556 @@
+"""Memory guard for one node: when MemAvailable falls below a floor, SIGKILL the processes of the
+node's dsv41-r* rank containers (directly, not through dockerd), stop their units through systemd and
+leave a trip marker that blocks their restart.
+
+Runs on the node with the system python3, standard library only:
+    python3 -m dsv41.memguard --floor-gib 1 --mode enforce --state-dir ~/.dsv41-two-sparks
+
+Marker `$STATE_DIR/memguard.tripped` (JSON): time (of the reading), killed_at, host, mode,
+mem_available_gib, floor_gib (and _bytes), killed [{pid, rank, comm, rss_gib, how, result}], units,
+top [{pid, comm, rss_gib}], trips.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import time
+
+from dsv41.errors import UserError, cli
+
+GIB = 1 << 30
+MARKER = "memguard.tripped"
+RANK_ENV = b"DSV41_RANK="
+UNIT_RE = re.compile(r"\bdsv41-r(\d+)\.service\b")
+CIDFILE_RE = re.compile(r"^dsv41-r(\d+)\.cid$")
+CID_RE = re.compile(r"^[0-9a-f]{12,64}$")
+
+SLOW_S, FAST_S, MIN_S = 1.0, 0.1, 0.01  # poll period: far from the floor, near it, at the floor
+NEAR_GIB = 4.0  # within this of the floor, look at least every FAST_S
+ASSUMED_RATE = 4 * GIB  # bytes/s a loader can eat; the observed rate is used when higher
+REARM_GIB = 0.5  # trip again only after MemAvailable was back above floor + this
+TOP_BELOW_GIB, TOP_EVERY_S = 10.0, 10.0  # under this, log the top memory holders this often
+PSI_FAST_S = 3.0  # after a pressure event, poll at FAST_S at least this long
+# PSI triggers, tried in order: windows under 2 s need CAP_SYS_RESOURCE.
+PSI_TRIGGERS = (b"some 50000 500000", b"some 100000 2000000")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def now_iso():
+    return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
+def gib(nbytes):
+    return round(nbytes / GIB, 2)
+
+
+# --- the trip marker (also used by the launcher and status) -------------------------------------
+
+def trip_path(state_dir):
+    return os.path.join(os.path.expanduser(str(state_dir)), MARKER)
+
+
+def parse_trip(raw, where=MARKER):
+    """A trip marker's bytes (e.g. read from a worker with Node.read_file) as a dict; a marker that
+    cannot be parsed still counts as a trip: {"error": ...}."""
+    try:
+        trip = json.loads(raw)
+        if not isinstance(trip, dict):
+            raise ValueError("not a JSON object")
+        return trip
+    except ValueError as err:
+        return {"error": f"unreadable trip marker {where}: {err}"}
+
+
+def read_trip(state_dir):
+    """The node's trip marker as a dict, or None when it has not tripped."""
+    path = trip_path(state_dir)
+    try:
+        with open(path, "rb") as f:
+            return parse_trip(f.read(), path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return {"error": f"cannot read {path}: {err.strerror}"}
+
+
+def clear_trip(state_dir):
+    """Remove the trip marker (no error when absent); returns what it said, or None."""
+    trip = read_trip(state_dir)
+    try:
+        os.unlink(trip_path(state_dir))
+    except FileNotFoundError:
+        pass
+    return trip
+
+
+def write_atomic(path, data):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- facts from /proc --------------------------------------------------------------------------
+
+class MemInfo:
+    """MemAvailable through a kept-open /proc/meminfo (about 10 us a read)."""
+
+    def __init__(self, path="/proc/meminfo"):
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def available(self):
+        data = os.pread(self.fd, 16384, 0)
+        i = data.index(b"MemAvailable:") + 13
+        return int(data[i:data.index(b"\n", i)].split()[0]) * 1024
+
+    def __del__(self):
+        os.close(self.fd)
+
+
+def _read(path, limit=-1):
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(limit) if limit > 0 else f.readall()
+    except OSError:
+        return b""
+
+
+def rank_cids(state_dir):
+    """{container id: rank} from the cidfiles in $STATE_DIR/run (docker run --cidfile)."""
+    run = os.path.join(state_dir, "run")
+    cids = {}
+    try:
+        names = os.listdir(run)
+    except OSError:
+        return cids
+    for name in names:
+        m = CIDFILE_RE.match(name)
+        cid = _read(os.path.join(run, name), 200).strip().decode("ascii", "replace")
+        if m and CID_RE.match(cid):
+            cids[cid] = int(m.group(1))
+    return cids
+
+
+def scan(cids, want_ranks=True):
+    """One pass over /proc: (rank processes {pid: (rank, how)}, user processes [(rss, pid)]).
+    A rank process is in a container's cgroup (its id from a cidfile) or has DSV41_RANK= in its
+    environment."""
+    me = os.getpid()
+    ranks, sizes = {}, []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        statm = _read(f"/proc/{pid}/statm", 200).split()
+        rss = int(statm[1]) * PAGE if len(statm) > 1 else 0
+        if rss == 0 or pid == me:
+            continue  # kernel thread, zombie, gone, or the guard itself
+        sizes.append((rss, pid))
+        if not want_ranks:
+            continue
+        if cids:
+            cg = _read(f"/proc/{pid}/cgroup").decode("ascii", "replace")
+            hit = next((c for c in cids if c in cg), None)
+            if hit:
+                ranks[pid] = (cids[hit], "cgroup")
+                continue
+        env = _read(f"/proc/{pid}/environ")
+        i = env.find(RANK_ENV)
+        if i == 0 or (i > 0 and env[i - 1] == 0):
+            value = env[i + len(RANK_ENV):].split(b"\0", 1)[0]
+            ranks[pid] = (int(value) if value.isdigit() else None, "env")
+    return ranks, sizes
+
+
+def comm(pid):
+    return _read(f"/proc/{pid}/comm", 64).strip().decode("utf-8", "replace") or "?"
+
+
+def top_holders(sizes, n=3):
+    return [{"pid": pid, "comm": comm(pid), "rss_gib": gib(rss)}
+            for rss, pid in sorted(sizes, reverse=True)[:n]]
+
+
+def fmt_top(top):
+    return ", ".join(f"{t['comm']}[{t['pid']}] {t['rss_gib']:.2f} GiB" for t in top) or "none"
+
+
+def poll_interval(headroom, rate):
+    """Seconds to the next look at MemAvailable, from the headroom above the floor (bytes) and the
+    fill rate (bytes/s): half the time the headroom lasts, 1 s when far from the floor, at most
+    100 ms within NEAR_GIB of it, never under 10 ms."""
+    if headroom <= 0:
+        return MIN_S
+    cap = FAST_S if headroom < NEAR_GIB * GIB else SLOW_S
+    return min(cap, max(MIN_S, headroom / (2 * max(rate, ASSUMED_RATE))))
+
+
+# --- the guard ---------------------------------------------------------------------------------
+
+class Log:
+    """Lines '<ISO-8601 ms> message' to the log file and stdout (the journal); a slow or broken
+    reader never blocks the guard."""
+
+    MAX = 10 << 20
+
+    def __init__(self, path):
+        self.path = path
+        self.file = open(path, "a", encoding="utf-8")
+        try:
+            if not os.isatty(1):  # a terminal's flags are shared with the shell: leave them
+                os.set_blocking(1, False)
+        except OSError:
+            pass
+
+    def __call__(self, msg):
+        line = f"{now_iso()} {msg}\n"
+        try:
+            os.write(1, line.encode())
+        except OSError:
+            pass
+        try:
+            self.file.write(line)
+            self.file.flush()
+            if self.file.tell() > self.MAX:
+                self.file.close()
+                os.replace(self.path, self.path + ".1")
+                self.file = open(self.path, "a", encoding="utf-8")
+        except (OSError, ValueError):
+            pass
+
+
+def systemctl(argv, log, timeout=10):
+    """Run systemctl; failures are logged, never raised. Returns stdout or None."""
+    try:
+        res = subprocess.run(["systemctl", *argv], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as err:
+        log(f"systemctl {' '.join(argv)}: {err}")
+        return None
+    if res.returncode != 0:
+        log(f"systemctl {' '.join(argv)}: exit {res.returncode}: {' '.join(res.stderr.split())[:300]}")
+        return None
+    return res.stdout
+
+
+def kill_all(pids, log):
+    """SIGKILL each pid (through a pidfd: no pid-reuse race). Returns ({pid: result}, pidfds for
+    release()); a vanished process is not an error."""
+    results, fds = {}, []
+    for pid in pids:
+        fd = None
+        try:
+            fd = os.pidfd_open(pid)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            results[pid] = "killed"
+        except ProcessLookupError:
+            results[pid] = "vanished"
+        except OSError as err:
+            try:  # a kernel without pidfds
+                os.kill(pid, signal.SIGKILL)
+                results[pid] = "killed"
+            except ProcessLookupError:
+                results[pid] = "vanished"
+            except OSError:
+                results[pid] = f"error: {err.strerror}"
+                log(f"kill {pid}: {err.strerror}")
+        if fd is not None:
+            fds.append(fd)
+    return results, fds
+
+
+def release(fds):
+    """Reap the killed processes' memory now (process_mrelease) instead of waiting for each victim
+    to exit, which can be slow or stuck in a driver."""
+    for fd in fds:
+        if MRELEASE:
+            MRELEASE(fd, 0)  # best effort: ENOSYS/EINVAL/ESRCH just mean the victim frees it itself
+        os.close(fd)
+
+
+def _mrelease():
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    return lambda fd, flags: syscall(448, fd, flags)  # __NR_process_mrelease on both
+
+
+MRELEASE = _mrelease()
+
+
+def lock_memory():
+    """Keep the guard's pages resident (mlockall) so it cannot stall on page-ins; best effort."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mlockall(1 | 2) != 0:  # MCL_CURRENT | MCL_FUTURE
+            return os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as err:
+        return str(err)
+    return None
+
+
+def open_psi(path="/proc/pressure/memory"):
+    """(fd, trigger) for a memory-pressure poll trigger, or (None, reason)."""
+    reason = "no trigger accepted"
+    for trigger in PSI_TRIGGERS:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        except OSError as err:
+            return None, f"{path}: {err.strerror}"
+        try:
+            os.write(fd, trigger + b"\0")
+            return fd, trigger.decode()
+        except OSError as err:
+            reason = f"{trigger.decode()}: {err.strerror}"
+            os.close(fd)
+    return None, reason
+
+
+class Guard:
+    def __init__(self, floor, mode, state_dir, log, settings=None):
+        self.floor, self.mode, self.state_dir, self.log = floor, mode, state_dir, log
+        self.settings, self.reload = settings, settings is not None
+        self.mem = MemInfo()
+        self.armed = True
+        self.running = True
+        self.rate = 0.0
+        self.last = None  # (time, MemAvailable)
+        self.psi_until = 0.0
+        self.next_top = 0.0
+        self.poller = select.poll()
+        self.psi_fd = None
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        signal.signal(signal.SIGHUP, self.on_hup)
+        self.poller.register(self.wake_r, select.POLLIN)
+
+    def on_signal(self, signum, frame):
+        self.running = False
+
+    def on_hup(self, signum, frame):
+        self.reload = True
+
+    def load_settings(self):
+        """Floor and mode from the settings file (systemctl reload re-reads it, so a new
+        MEMGUARD_GIB never restarts the guard, nor the ranks bound to it)."""
+        self.reload = False
+        try:
+            with open(self.settings) as f:
+                data = json.load(f)
+            floor, mode = int(float(data["floor_gib"]) * GIB), data.get("mode", self.mode)
+            if floor <= 0 or mode not in ("enforce", "observe"):
+                raise ValueError(f"floor_gib {data['floor_gib']!r}, mode {mode!r}")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            self.log(f"settings {self.settings} ignored ({type(err).__name__}: {err}); keeping floor "
+                     f"{gib(self.floor):.2f} GiB, mode {self.mode}")
+            return
+        if (floor, mode) != (self.floor, self.mode):
+            self.floor, self.mode, self.armed = floor, mode, True
+            self.log(f"settings from {self.settings}: floor {gib(floor):.2f} GiB, mode {mode}")
+
+    def start(self):
+        if self.reload:
+            self.load_settings()
+        oom = "oom_score_adj -1000"
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("-1000")
+        except OSError as err:
+            oom = f"oom_score_adj unchanged ({err.strerror})"
+        locked = lock_memory()
+        self.psi_fd, psi = open_psi()
+        if self.psi_fd is not None:
+            self.poller.register(self.psi_fd, select.POLLPRI)
+        avail = self.mem.available()
+        locked = "memory locked" if locked is None else f"memory not locked ({locked})"
+        psi = f"PSI trigger {psi}" if self.psi_fd is not None else f"no PSI trigger ({psi}), polling only"
+        self.log(f"memguard started: mode {self.mode}, floor {gib(self.floor):.2f} GiB, "
+                 f"MemAvailable {gib(avail):.2f} GiB, pid {os.getpid()}, {oom}, {locked}, {psi}")
+        trip = read_trip(self.state_dir)
+        if trip is not None:
+            self.log(f"trip marker {trip_path(self.state_dir)} present (from {trip.get('time', '?')}): "
+                     f"rank units stay blocked until it is removed")
+
+    def run(self):
+        self.start()
+        while self.running:
+            try:
+                if self.reload:
+                    self.load_settings()
+                delay = self.step()
+            except Exception as err:  # the guard never dies from its own error
+                self.log(f"error: {type(err).__name__}: {err}")
+                delay = FAST_S
+            self.wait(delay)
+        self.log("memguard stopping (signal)")
+
+    def wait(self, delay):
+        for fd, ev in self.poller.poll(delay * 1000):
+            if fd == self.wake_r:
+                try:
+                    os.read(self.wake_r, 64)
+                except OSError:
+                    pass
+            elif ev & (select.POLLERR | select.POLLNVAL):
+                self.log("PSI trigger failed; polling only")
+                self.poller.unregister(fd)
+                os.close(fd)
+                self.psi_fd = None
+            else:
+                self.psi_until = time.monotonic() + PSI_FAST_S
+
+    def step(self):
+        """One look at MemAvailable; returns seconds until the next."""
+        now = time.monotonic()
+        avail = self.mem.available()
+        if self.last:
+            dt = now - self.last[0]
+            fill = (self.last[1] - avail) / dt if dt > 0 else 0.0
+            self.rate = max(fill, self.rate * 0.5 ** (dt / 2.0))
+        self.last = (now, avail)
+        if avail < self.floor:
+            if self.armed:
+                self.armed = False
+                self.trip(avail)
+        elif not self.armed and avail > self.floor + REARM_GIB * GIB:
+            self.armed = True
+            self.log(f"re-armed: MemAvailable {gib(avail):.2f} GiB is back above floor "
+                     f"{gib(self.floor):.2f} GiB + {REARM_GIB} GiB")
+        if avail < TOP_BELOW_GIB * GIB and now >= self.next_top:
+            self.next_top = now + TOP_EVERY_S
+            _, sizes = scan({}, want_ranks=False)
+            self.log(f"low memory: MemAvailable {gib(avail):.2f} GiB (floor {gib(self.floor):.2f} GiB); "
+                     f"top: {fmt_top(top_holders(sizes))}")
+        delay = poll_interval(avail - self.floor, self.rate)
+        return min(delay, FAST_S) if now < self.psi_until else delay
+
+    def trip(self, avail):
+        t0 = time.monotonic()
+        cids = rank_cids(self.state_dir)
+        ranks, sizes = scan(cids)
+        units = {f"dsv41-r{r}.service" for r, _ in ranks.values() if r is not None}
+        units |= {f"dsv41-r{r}.service" for r in cids.values()}
+        rss = dict((pid, size) for size, pid in sizes)
+        marker = {
+            "time": now_iso(), "host": socket.gethostname(), "mode": self.mode,
+            "mem_available_gib": gib(avail), "floor_gib": gib(self.floor),
+            "mem_available_bytes": avail, "floor_bytes": self.floor,
+            "killed": [{"pid": pid, "rank": rank, "comm": comm(pid), "rss_gib": gib(rss.get(pid, 0)),
+                        "how": how, "result": "pending"} for pid, (rank, how) in sorted(ranks.items())],
+            "units": sorted(units), "top": top_holders(sizes),
+        }
+        shown = math.floor(avail / GIB * 1000) / 1000  # rounded down: never shown equal to the floor
+        head = f"MemAvailable {shown:.3f} GiB < floor {self.floor / GIB:.3f} GiB"
+        if self.mode != "enforce":
+            listed = systemctl(["list-units", "dsv41-r*", "--all", "--plain", "--no-legend"], self.log)
+            units |= {m.group(0) for m in UNIT_RE.finditer(listed or "")}
+            self.log(f"TRIP (observe): {head}: would kill {self.describe(marker['killed'])} and stop "
+                     f"{', '.join(sorted(units)) or 'no units'}; top: {fmt_top(marker['top'])}")
+            return
+        path = trip_path(self.state_dir)
+        old = read_trip(self.state_dir) or {}
+        prev = old.get("trips") if isinstance(old.get("trips"), int) else (1 if old else 0)
+        marker["trips"] = prev + 1
+        try:
+            write_atomic(path, json.dumps(marker, indent=1).encode())
+        except OSError as err:
+            self.log(f"cannot write trip marker {path}: {err}")
+        results, fds = kill_all(sorted(ranks), self.log)
+        ms = (time.monotonic() - t0) * 1000
+        marker["killed_at"] = now_iso()
+        release(fds)
+        for k in marker["killed"]:
+            k["result"] = results.get(k["pid"], "?")
+        self.log(f"TRIP: {head}: killed {self.describe(marker['killed'])} ({ms:.0f} ms after the reading); "
+                 f"top: {fmt_top(marker['top'])}")
+        listed = systemctl(["list-units", "dsv41-r*", "--all", "--plain", "--no-legend"], self.log)
+        units |= {m.group(0) for m in UNIT_RE.finditer(listed or "")}
+        marker["units"] = sorted(units)
+        for unit in marker["units"]:
+            if systemctl(["stop", "--no-block", unit], self.log) is not None:
+                self.log(f"asked systemd to stop {unit}")
+        try:
+            write_atomic(path, json.dumps(marker, indent=1).encode())
+            fsync_dir(self.state_dir)
+        except OSError as err:
+            self.log(f"cannot update trip marker {path}: {err}")
+        self.log(f"trip marker {path} written; rank units stay blocked until it is removed")
+
+    @staticmethod
+    def describe(killed):
+        if not killed:
+            return "no rank processes (none found)"
+        return ", ".join(f"{k['comm']}[{k['pid']}] rank {k['rank']} ({k['how']}, {k['rss_gib']:.2f} GiB"
+                         + (f", {k['result']})" if k["result"] != "pending" else ")") for k in killed)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def parse_args(argv=None, env=None):
+    env = os.environ if env is None else env
+    p = argparse.ArgumentParser(prog="dsv41-memguard", description=__doc__.split("\n\n")[0])
+    p.add_argument("--floor-gib", default=env.get("MEMGUARD_GIB", "1"),
+                   help="stop the ranks below this much MemAvailable (env MEMGUARD_GIB, default 1)")
+    p.add_argument("--mode", default=env.get("MEMGUARD_MODE", "enforce"),
+                   help="enforce (kill and stop) or observe (only log)")
+    p.add_argument("--state-dir", default=env.get("STATE_DIR", "~/.dsv41-two-sparks"))
+    p.add_argument("--log", default=None, help="log file (default $STATE_DIR/memguard.log)")
+    p.add_argument("--settings", default=None,
+                   help="JSON file {floor_gib, mode} overriding the two options; re-read on SIGHUP")
+    args = p.parse_args(argv)
+    try:
+        floor = float(args.floor_gib)
+    except ValueError:
+        floor = float("nan")
+    if not 0 < floor < 1 << 20:
+        raise UserError(f"memory guard floor {args.floor_gib!r} is not a positive number of GiB: "
+                        f"set MEMGUARD_GIB (or --floor-gib) to e.g. 1")
+    if args.mode not in ("enforce", "observe"):
+        raise UserError(f"memory guard mode {args.mode!r} is unknown: use enforce or observe")
+    args.floor = int(floor * GIB)
+    args.state_dir = os.path.abspath(os.path.expanduser(args.state_dir))
+    args.log = os.path.abspath(os.path.expanduser(args.log or os.path.join(args.state_dir, "memguard.log")))
+    return args
+
+
+@cli
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        os.makedirs(args.state_dir, exist_ok=True)
+        log = Log(args.log)
+    except OSError as err:
+        raise UserError(f"memory guard cannot write {err.filename or args.state_dir}: {err.strerror}; "
+                        f"point --state-dir/--log at a writable directory") from None
+    settings = os.path.abspath(os.path.expanduser(args.settings)) if args.settings else None
+    Guard(args.floor, args.mode, args.state_dir, log, settings).run()
+
+
+if __name__ == "__main__":
+    main()
