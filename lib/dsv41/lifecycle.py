@@ -21,6 +21,7 @@ from dsv41.nodes import Node, NodeError, nodes, ship_code
 UNIT_DIR = "/etc/systemd/system"
 GUARD = "dsv41-memguard.service"
 KEY_ENV = "api_key.env"
+GUARD_SETTINGS = "memguard.json"
 
 
 @dataclasses.dataclass
@@ -70,7 +71,7 @@ class Cluster:
     def probe(self, node):
         p = self.paths(node)
         req = {"state_dir": p.state_dir, "units": self.unit_names(node), "image": self.cfg.image,
-               "containers": [self.spec(node).unit], "files": [KEY_ENV, f"plans/{self.cfg.plan_name}"]}
+               "containers": [self.spec(node).unit], "files": [KEY_ENV, GUARD_SETTINGS, f"plans/{self.cfg.plan_name}"]}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
         self.facts[node.name] = json.loads(out)
         return self.facts[node.name]
@@ -134,6 +135,11 @@ def ensure_state(cl, node, facts):
         node.write_file(f"{p.state_dir}/{KEY_ENV}", env_text, mode=0o600)
         say(node, f"wrote {p.state_dir}/{KEY_ENV} (mode 0600)")
         changed = True
+    settings = guard_settings(cfg)
+    if facts["files"].get(GUARD_SETTINGS) != _sha(settings):
+        node.write_file(f"{p.state_dir}/{GUARD_SETTINGS}", settings)
+        say(node, f"wrote {p.state_dir}/{GUARD_SETTINGS}: floor {cfg.memguard_gib} GiB, {cfg.memguard_mode}")
+        changed = True
     plan = units.rewrite_plan(read_head_plan(cfg))
     if facts["files"].get(f"plans/{cfg.plan_name}") != hashlib.sha256(plan.encode()).hexdigest():
         node.write_file(f"{p.state_dir}/plans/{cfg.plan_name}", plan)
@@ -142,6 +148,16 @@ def ensure_state(cl, node, facts):
     node.run(["mkdir", "-p", f"{p.state_dir}/cache/b12x", f"{p.state_dir}/cache/b12x-roce",
               f"{p.state_dir}/run"])
     return changed
+
+
+def guard_settings(cfg):
+    """The memory guard's floor and mode: a file the guard re-reads on `systemctl reload`, so a new
+    MEMGUARD_GIB changes neither its unit nor the ranks bound to it."""
+    return json.dumps({"floor_gib": cfg.memguard_gib, "mode": cfg.memguard_mode}) + "\n"
+
+
+def _sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def read_or_create_key(cfg):
@@ -229,8 +245,12 @@ def decide(cl, rendered, facts):
         g = f["units"].get(GUARD, {})
         if (n.name, GUARD) in changed and g.get("ActiveState") == "active":
             steps.append(Step(n.name, "restart-guard", "memory guard unit changed"))
+            steps.append(Step(n.name, "why", "the memory guard unit changed (ranks are bound to it)"))
+            restart_ranks = True
         elif g.get("ActiveState") != "active" or (n.name, GUARD) in changed:
             steps.append(Step(n.name, "start-guard", "memory guard not running"))
+        elif f["files"].get(GUARD_SETTINGS) != _sha(guard_settings(cl.cfg)):
+            steps.append(Step(n.name, "reload-guard", "MEMGUARD_GIB or MEMGUARD_MODE changed"))
         unit = f"{cl.spec(n).unit}.service"
         u = f["units"].get(unit, {})
         container = f["containers"].get(cl.spec(n).unit)
@@ -292,8 +312,8 @@ def apply(cl, rendered, steps):
         by_node[name].run(cl.priv(by_node[name], commands.systemctl("daemon-reload")))
     for s in steps:
         node = by_node.get(s.node)
-        if s.what in ("restart-guard", "start-guard"):
-            verb = "restart" if s.what == "restart-guard" else "start"
+        if s.what in ("restart-guard", "start-guard", "reload-guard"):
+            verb = s.what.split("-")[0]
             node.run(cl.priv(node, commands.systemctl(verb, GUARD)))
             node.run(cl.priv(node, commands.systemctl("enable", "--quiet", GUARD)))
             say(node, f"{verb}ed the memory guard")
@@ -473,9 +493,30 @@ def api_status(cfg):
     return out
 
 
+def _log_args(words, follow, lines, node):
+    """doit stops parsing options at the first positional word: take -f/-n/--node from anywhere."""
+    targets, words = [], list(words)
+    while words:
+        w = words.pop(0)
+        if w in ("-f", "--follow"):
+            follow = True
+        elif w in ("-n", "--lines", "--node") and words:
+            value = words.pop(0)
+            if w == "--node":
+                node = value
+            elif value.isdigit():
+                lines = int(value)
+            else:
+                raise UserError(f"-n {value!r} is not a number of lines")
+        else:
+            targets.append(w)
+    return targets, follow, lines, node
+
+
 def logs(cfg, units=(), follow=False, lines=100, node=""):
     cl = Cluster(cfg)
-    targets = list(units) or ["r0"]
+    targets, follow, lines, node = _log_args(units, follow, lines, node)
+    targets = targets or ["r0"]
     for t in targets:
         if t == "memguard":
             picks = [n for n in cl.nodes if not node or n.name == node]

@@ -88,8 +88,7 @@ def rank_vars(cfg, spec, fabric, paths, master_addr=None):
 
 def memguard_vars(cfg, paths):
     return {"python": c.fact(paths, "python"), "pythonpath": c.fact(paths, "pythonpath"),
-            "state_dir": c.fact(paths, "state_dir"), "floor_gib": cfg.memguard_gib,
-            "mode": cfg.memguard_mode}
+            "state_dir": c.fact(paths, "state_dir")}
 
 
 def _render(env, name, values):

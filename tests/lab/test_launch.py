@@ -137,7 +137,9 @@ def test_memguard_setting_change_restarts_only_the_guards(lab, launched):
     ranks = {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker", "dsv41-r1.service"))}
     doit(lab, "launch", env={"MEMGUARD_GIB": "0.6"})
     assert ranks == {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker", "dsv41-r1.service"))}
-    assert "0.6" in lab.on("worker", "cat /etc/systemd/system/dsv41-memguard.service").stdout
+    assert '"floor_gib": 0.6' in lab.on("worker", "cat /root/.dsv41-two-sparks/memguard.json").stdout
+    for node in ("head", "worker"):  # the same guard process took the new floor
+        assert "floor 0.60 GiB" in lab.on(node, "journalctl --no-pager -u dsv41-memguard").stdout
     doit(lab, "launch")
 
 
@@ -180,6 +182,37 @@ def test_memguard_trip_stops_ranks_for_good_until_cleared(lab, launched):
     doit(lab, "clear-trip")
     r = doit(lab, "launch")
     assert "ready:" in r.stdout
+
+
+def test_preflight_passes_while_running_and_refuses_a_stale_container(lab, launched):
+    r = doit(lab, "preflight --json")
+    report = json.loads(r.stdout)
+    assert not [c for c in report["checks"] if c["status"] == "FAIL"], report
+    lab.on("worker", f"docker run -d --rm --name dsv41-r5 --entrypoint sleep {lab.engine_ref} 300")
+    try:
+        r = doit(lab, "preflight", check=False)
+        assert r.returncode != 0
+        fail = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
+        assert len(fail) == 1 and "stale-containers" in fail[0] and "dsv41-r5" in fail[0]
+        assert "docker rm -f dsv41-r5" in fail[0] or "docker" in fail[0].split("fix:")[-1]
+        units_before = mtimes(lab, "worker", WUNITS)
+        r = doit(lab, "launch", check=False)
+        assert r.returncode != 0 and "preflight" in r.stderr
+        assert mtimes(lab, "worker", WUNITS) == units_before
+    finally:
+        lab.on("worker", "docker rm -f dsv41-r5", check=False)
+
+
+def test_copy_is_verified_on_the_worker_and_resumes(lab, launched):
+    receipt = lab.on("worker", "cat /root/.dsv41-two-sparks/checkpoint-receipt.json").stdout
+    assert "model-00005-of-00006.safetensors" in receipt
+    lab.on("worker", f"rm {MODEL}/model-00002-of-00006.safetensors")
+    r = doit(lab, "copy")
+    out = r.stdout + r.stderr
+    assert "copy: 1 file(s)" in out and "verified (6 shards" in out  # only the missing file went
+    assert lab.on("worker", f"test -s {MODEL}/model-00002-of-00006.safetensors").returncode == 0
+    r = doit(lab, "copy")
+    assert "-- copy" in r.stderr  # up to date: nothing copied again
 
 
 def test_stop_then_status_says_nothing_runs(lab, launched):
