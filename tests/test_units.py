@@ -382,12 +382,13 @@ def test_model_dir_with_spaces_quote_percent_reaches_the_argv_exactly(two):
 
 def verify_root(base):
     """A root for `systemd-analyze verify --root`: the host's unit dir plus stand-in executables
-    (docker, rm, mkdir, python3: only their presence is checked)."""
+    (docker, rm, mkdir, python3, kill: only their presence is checked)."""
     root = base / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     (root / "usr/bin").mkdir()
-    for exe in ("docker", "rm", "mkdir", "python3"):
+    (root / "bin").symlink_to("usr/bin")  # merged /usr, as on Debian 12 and DGX OS
+    for exe in ("docker", "rm", "mkdir", "python3", "kill"):
         p = root / "usr/bin" / exe
         p.write_text("#!/bin/sh\n")
         p.chmod(0o755)

@@ -339,7 +339,9 @@ def rsync_argv(node, src, dest, list_file, kind):
             f"--files-from={list_file}", "--info=progress2", "--no-human-readable",
             "--exclude=.cache/", "--exclude=*.part[0-9][0-9]",
             "--no-whole-file" if kind == "resume" else "--whole-file",
-            *(["--ignore-times"] if kind == "force" else []),
+            # the listing already showed these files differ: rsync's quick check (size and mtime to
+            # the second) must not skip one rewritten within the same second
+            *(["--ignore-times"] if kind in ("force", "whole") else []),
             "-e", shlex.join(node.ssh_command()), src.rstrip("/") + "/", node.rsync_target(dest.rstrip("/") + "/")]
     return (["nocache"] if shutil.which("nocache") else []) + argv
 
