@@ -107,21 +107,25 @@ def render_all(cl, fab):
 
 
 def render(cfg):
-    """doit render: write every node's units under $STATE_DIR/units/r<N>/ (changed files only)."""
+    """doit render: write every node's units under $STATE_DIR/units/r<N>/ (changed files only).
+    With every per-node fabric value given by override no node is contacted; a worker's home is
+    then assumed from its ssh user (/root or /home/<user>)."""
     cl = Cluster(cfg)
     from dsv41 import fabric
     fab = fabric.fabric_from_overrides(cfg)
-    if fab is None:
+    offline = fab is not None
+    if not offline:
         fab = fabric_values(cl)
     rendered = {}
     for n in cl.nodes:
-        spec = cl.spec(n)
-        # the head's paths are known without contacting anyone; a worker's need its home
-        paths = cl.paths(n)
-        rendered[spec.rank] = units.render_units(cfg, spec, fab, paths)
+        if offline and not n.is_local:
+            user = n.target.split("@")[0] if "@" in n.target else os.environ.get("USER", "root")
+            n._home = "/root" if user == "root" else f"/home/{user}"
+        rendered[cl.spec(n).rank] = units.render_units(cfg, cl.spec(n), fab, cl.paths(n))
     out = os.path.join(cfg.state_dir, "units")
     units.write_rendered(cfg, rendered, out)
-    print(f"rendered units for {len(rendered)} nodes in {out}")
+    note = " (no node contacted; workers' homes assumed from their ssh users)" if offline else ""
+    print(f"rendered units for {len(rendered)} nodes in {out}{note}")
 
 
 def ensure_state(cl, node, facts):
