@@ -580,9 +580,9 @@ def plan(cfg):
     rendered = render_all(cl, fab)
     for n, name, have, want in diff_units(cl, rendered, facts):
         print(f"diff {name} on {n.label}:")
-        sys.stdout.writelines(difflib.unified_diff(
+        print("".join(difflib.unified_diff(
             (have or "").splitlines(True), want.splitlines(True),
-            f"installed/{name}", f"rendered/{name}"))
+            f"installed/{name}", f"rendered/{name}")), end="")
     steps = decide(cl, rendered, facts)
     missing = [n for n in cl.nodes if not facts[n.name]["image_id"]]
     print("launch would:")

@@ -23,7 +23,7 @@ ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": 
           "disk_prefetch_max_tokens": 0, "projection_tp": False}
 
 
-def vllm_argv(rank, head_ip, port=8000, mport=29655):
+def vllm_argv(rank, head_ip, port=8100, mport=29700):  # not the deployment's ports: it may be running
     """The serving-config argv (spec/serving-config.md) the rank units pass."""
     argv = ["/model", "--served-model-name", MODEL, "--dtype", "bfloat16", "--tensor-parallel-size", "2",
             "--nnodes", "2", "--master-addr", head_ip, "--master-port", str(mport), "--kv-cache-dtype", "fp8",
@@ -62,7 +62,7 @@ def ranks_ready(lab):
 
 
 def curl(lab, path, key=KEY, body=None, check=True):
-    cmd = ["curl", "-sS", "-N", "-w", "\n%{http_code}", f"http://{lab.ip['head']}:8000{path}"]
+    cmd = ["curl", "-sS", "-N", "-w", "\n%{http_code}", f"http://{lab.ip['head']}:8100{path}"]
     if key:
         cmd += ["-H", f"Authorization: Bearer {key}"]
     if body is not None:

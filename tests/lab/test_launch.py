@@ -133,6 +133,18 @@ def test_rank_setting_change_restarts_ranks_only_worker_first(lab, launched):
     doit(lab, "launch")  # back to the defaults
 
 
+def test_plan_shows_the_diff_and_changes_nothing(lab, launched):
+    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    r = doit(lab, "plan", env={"KV_BYTES": "2500000000"})
+    assert "nothing:" not in r.stdout
+    assert re.search(r"^-.*--kv-cache-memory-bytes 2700000000", r.stdout, re.M)
+    assert re.search(r"^\+.*--kv-cache-memory-bytes 2500000000", r.stdout, re.M)
+    assert "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed" in r.stdout
+    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    assert before == after
+    assert "nothing: everything is installed, running and unchanged" in doit(lab, "plan").stdout
+
+
 def test_memguard_setting_change_restarts_only_the_guards(lab, launched):
     ranks = {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker", "dsv41-r1.service"))}
     doit(lab, "launch", env={"MEMGUARD_GIB": "0.6"})
