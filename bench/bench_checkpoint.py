@@ -142,7 +142,7 @@ def main():
         bench_verify(work, shard)
         small = bench_noop(work, big // 8)
         large = bench_noop(work, big)
-        print(f"second verify, nothing changed (process start included):")
+        print("second verify, nothing changed (process start included):")
         print(f"  {big / 8e9:.1f} GB: {small:.3f} s; {big / 1e9:.1f} GB: {large:.3f} s (target < 0.5 s); "
               f"larger/smaller {large / small:.2f}x (target <= 1.2x)")
     finally:

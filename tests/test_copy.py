@@ -3,9 +3,7 @@ get their own HOME (the worker's), then the shipped verifier runs there with the
 import json
 import os
 import shutil
-import socket
 import subprocess
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -14,46 +12,18 @@ from dsv41 import checkpoint, transfer
 from dsv41.config import load_config
 from dsv41.errors import UserError
 from fixture_checkpoint import make_checkpoint, shard_name
-from sshd import free_port
-
-SSHD = "/usr/sbin/sshd"
+from sshd import free_port, need_sshd, start_sshd, stop_sshd
 
 
 @pytest.fixture(scope="module")
 def worker_sshd(tmp_path_factory):
-    """Like tests/sshd.py, plus `SetEnv HOME=<worker home>` so head and worker paths differ."""
-    if os.geteuid() != 0:
-        pytest.skip("loopback sshd needs root (it logs in as root)")
-    if not os.path.exists(SSHD) or not shutil.which("rsync"):
-        pytest.skip("openssh-server or rsync is not installed (apt-get install openssh-server rsync)")
-    d = tmp_path_factory.mktemp("sshd")
+    """tests/sshd.py's server plus `SetEnv HOME=<worker home>` so head and worker paths differ."""
+    need_sshd()
     home = tmp_path_factory.mktemp("worker-home")
-    for name in ("host", "user"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
-    (d / "authorized_keys").write_text((d / "user.pub").read_text())
-    port = free_port()
-    (d / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host\nPidFile {d}/sshd.pid\n"
-        f"AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n"
-        f"KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nMaxStartups 50\n"
-        f"MaxSessions 50\nSetEnv HOME={home}\n")
-    os.makedirs("/run/sshd", exist_ok=True)
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
-                            stderr=open(d / "sshd.log", "wb"))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.fail("sshd did not start: " + (d / "sshd.log").read_text())
-    yield SimpleNamespace(target="root@127.0.0.1", home=home, ssh_opts=(
-        f"-p {port} -i {d}/user -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"))
-    proc.terminate()
-    proc.wait(timeout=5)
+    proc, facts = start_sshd(tmp_path_factory.mktemp("sshd"), f"SetEnv HOME={home}\n")
+    facts.home = home
+    yield facts
+    stop_sshd(proc)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import requests
 
 from dsv41 import commands, units
 from dsv41.errors import UserError, one_line
-from dsv41.nodes import Node, NodeError, nodes, ship_code
+from dsv41.nodes import NodeError, nodes, ship_code
 
 UNIT_DIR = "/etc/systemd/system"
 GUARD = "dsv41-memguard.service"

@@ -144,7 +144,7 @@ class Node:
         elif "Host key verification failed" in stderr:
             fix = f"accept the host key once: ssh {self.target} true"
         elif "Could not resolve" in stderr:
-            fix = f"check the name or use the fabric address in WORKER/WORKERS"
+            fix = "check the name or use the fabric address in WORKER/WORKERS"
         else:
             fix = f"check that {host} is up and sshd listens (ip -br a; ping {host})"
         return NodeError(f"cannot reach {self.label}: {tail}; {fix}", self, argv, 255, stderr)

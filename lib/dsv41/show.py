@@ -2,7 +2,6 @@
 import json
 import os
 import subprocess
-import sys
 
 from dsv41.config import describe
 from dsv41.errors import UserError

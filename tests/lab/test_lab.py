@@ -4,7 +4,6 @@ import base64
 import json
 import shlex
 import struct
-import subprocess
 import time
 import zlib
 
