@@ -134,3 +134,17 @@ def test_log_arguments_after_the_unit_name_are_options():
 def test_guard_settings_are_the_configured_floor_and_mode(tmp_path):
     cl = cluster(tmp_path, MEMGUARD_GIB="1.5", MEMGUARD_MODE="observe")
     assert json.loads(guard_settings(cl.cfg)) == {"floor_gib": 1.5, "mode": "observe"}
+
+
+def test_nodes_holding_different_images_stop_the_launch(tmp_path):
+    from dsv41 import image
+    cl = cluster(tmp_path)
+    facts = {"head": {"image_id": "sha256:" + "a" * 64}, "worker1": {"image_id": "sha256:" + "b" * 64}}
+    with pytest.raises(lifecycle.UserError, match="nodes hold different images") as e:
+        image.ensure(cl, facts)
+    assert "head sha256:aaaaaaaaaaaa" in str(e.value) and "docker rmi" in str(e.value)
+    assert not (tmp_path / "state" / "image.stamp").exists()
+    facts["worker1"]["image_id"] = facts["head"]["image_id"]
+    assert image.ensure(cl, facts) == {"head": "sha256:" + "a" * 64, "worker1": "sha256:" + "a" * 64}
+    stamp = json.loads((tmp_path / "state" / "image.stamp").read_text())
+    assert stamp["image"] == cl.cfg.image and set(stamp["ids"]) == {"head", "worker1"}
