@@ -22,7 +22,12 @@ def sha(text):
 
 
 def cluster(tmp_path, **env):
-    cfg = load_config({**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), **env})
+    model = tmp_path / "model"
+    (model / "exl3/plan").mkdir(parents=True, exist_ok=True)
+    (model / "exl3/plan/J268-ho-v31-K5n.json").write_text('{"qdir": "qn:q31:q31s", "k": 1}')
+    (tmp_path / "key").write_text("k" * 43 + "\n")
+    cfg = load_config({**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(model),
+                       "API_KEY_FILE": str(tmp_path / "key"), **env})
     cl = Cluster(cfg)
     for n in cl.nodes:
         n._home = "/home/bob" if not n.is_local else os.path.expanduser("~")
@@ -47,7 +52,7 @@ def running(cl, want, since=None, image="sha256:abc"):
                              "ActiveEnterTimestamp": f"@{ts}"}
                       for name, text in want[n.name].items()},
             "containers": {cl.spec(n).unit: {"state": {"Status": "running"}, "image": image}},
-            "files": {"memguard.json": sha(guard_settings(cl.cfg))},
+            "files": {rel: sha(text) for rel, (text, _) in lifecycle.state_files(cl, n).items()},
         }
         assert rank_unit in facts[n.name]["units"]
     return facts
@@ -123,6 +128,20 @@ def test_doit_render_contacts_no_node_when_all_values_are_overrides(tmp_path):
     assert "--headless" in r1 and "/home/bob/models/DeepSeek-V4.1-Flash-Spark" in r1
     assert (tmp_path / "state/units/r0/dsv41-memguard.service").exists()
     assert "--master-addr 10.10.10.13" in (tmp_path / "state/units/r0/dsv41-r0.service").read_text()
+
+
+def test_a_changed_plan_or_key_restarts_the_ranks(tmp_path):
+    cl = cluster(tmp_path)
+    want = rendered(cl)
+    facts = running(cl, want)
+    (tmp_path / "model/exl3/plan/J268-ho-v31-K5n.json").write_text('{"qdir": "qn:q31", "k": 2}')
+    steps = decide(cl, want, facts)
+    assert [s.what for s in steps] == ["restart-ranks"]
+    assert "plans/J268-ho-v31-K5n.json changed on head" in steps[0].detail
+    assert "changed on worker1" in steps[0].detail
+    (tmp_path / "key").unlink()  # a dry run never creates the key; launch would, then restart
+    steps = decide(cl, want, facts)
+    assert "api_key.env" in steps[0].detail and not (tmp_path / "key").exists()
 
 
 def test_log_arguments_after_the_unit_name_are_options():

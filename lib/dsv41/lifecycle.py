@@ -128,30 +128,28 @@ def render(cfg):
     print(f"rendered units for {len(rendered)} nodes in {out}{note}")
 
 
+def state_files(cl, node, create_key=True):
+    """{path under the state dir: (text, mode)} this node must hold: the guard's settings, the EXL3
+    plan copy with its bank paths rewritten, and on the head the API key as the container's env file
+    (text None when the key does not exist yet and create_key is off, as in a dry run)."""
+    cfg = cl.cfg
+    files = {GUARD_SETTINGS: (guard_settings(cfg), 0o644),
+             f"plans/{cfg.plan_name}": (units.rewrite_plan(read_head_plan(cfg)), 0o644)}
+    if node is cl.head:
+        key = read_or_create_key(cfg) if create_key else read_key(cfg)
+        files[KEY_ENV] = (f"VLLM_API_KEY={key}\n" if key else None, 0o600)
+    return files
+
+
 def ensure_state(cl, node, facts):
-    """API key (head creates it once, 0600), the EXL3 plan copy, cache and run dirs."""
-    cfg, p = cl.cfg, cl.paths(node)
-    changed = False
-    key = read_or_create_key(cfg)
-    env_text = f"VLLM_API_KEY={key}\n"
-    if node is cl.head and facts["files"].get(KEY_ENV) != hashlib.sha256(env_text.encode()).hexdigest():
-        node.run(cl.priv(node, ["mkdir", "-p", p.state_dir]))
-        node.write_file(f"{p.state_dir}/{KEY_ENV}", env_text, mode=0o600)
-        say(node, f"wrote {p.state_dir}/{KEY_ENV} (mode 0600)")
-        changed = True
-    settings = guard_settings(cfg)
-    if facts["files"].get(GUARD_SETTINGS) != _sha(settings):
-        node.write_file(f"{p.state_dir}/{GUARD_SETTINGS}", settings)
-        say(node, f"wrote {p.state_dir}/{GUARD_SETTINGS}: floor {cfg.memguard_gib} GiB, {cfg.memguard_mode}")
-        changed = True
-    plan = units.rewrite_plan(read_head_plan(cfg))
-    if facts["files"].get(f"plans/{cfg.plan_name}") != hashlib.sha256(plan.encode()).hexdigest():
-        node.write_file(f"{p.state_dir}/plans/{cfg.plan_name}", plan)
-        say(node, f"wrote the EXL3 plan copy {p.state_dir}/plans/{cfg.plan_name}")
-        changed = True
+    """Write the state files that differ (never printing the key), make the cache and run dirs."""
+    p = cl.paths(node)
     node.run(["mkdir", "-p", f"{p.state_dir}/cache/b12x", f"{p.state_dir}/cache/b12x-roce",
               f"{p.state_dir}/run"])
-    return changed
+    for rel, (text, mode) in state_files(cl, node).items():
+        if facts["files"].get(rel) != _sha(text):
+            node.write_file(f"{p.state_dir}/{rel}", text, mode=mode)
+            say(node, f"wrote {p.state_dir}/{rel}" + (f" (mode {mode:o})" if mode != 0o644 else ""))
 
 
 def guard_settings(cfg):
@@ -164,14 +162,18 @@ def _sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def read_or_create_key(cfg):
+def read_key(cfg):
     try:
         with open(cfg.api_key_file) as f:
-            key = f.read().strip()
-        if key:
-            return key
+            return f.read().strip() or None
     except FileNotFoundError:
-        pass
+        return None
+
+
+def read_or_create_key(cfg):
+    key = read_key(cfg)
+    if key:
+        return key
     from dsv41.nodes import write_local
     key = secrets.token_urlsafe(32)
     write_local(cfg.api_key_file, (key + "\n").encode(), 0o600)
@@ -255,6 +257,11 @@ def decide(cl, rendered, facts):
             steps.append(Step(n.name, "start-guard", "memory guard not running"))
         elif f["files"].get(GUARD_SETTINGS) != _sha(guard_settings(cl.cfg)):
             steps.append(Step(n.name, "reload-guard", "MEMGUARD_GIB or MEMGUARD_MODE changed"))
+        stale = [rel for rel, (text, _) in state_files(cl, n, create_key=False).items()
+                 if rel != GUARD_SETTINGS and (text is None or f["files"].get(rel) != _sha(text))]
+        if stale:
+            restart_ranks = True
+            steps.append(Step(n.name, "why", f"{', '.join(stale)} changed on {n.name}"))
         unit = f"{cl.spec(n).unit}.service"
         u = f["units"].get(unit, {})
         container = f["containers"].get(cl.spec(n).unit)
@@ -307,11 +314,7 @@ def apply(cl, rendered, steps):
     installed = {s.node for s in steps if s.what == "install"}
     for s in steps:
         if s.what == "install":
-            node = by_node[s.node]
-            node.write_file(f"{UNIT_DIR}/{s.detail}", rendered[s.node][s.detail]) if cl.facts[
-                s.node]["uid"] == 0 else _sudo_write(cl, node, f"{UNIT_DIR}/{s.detail}",
-                                                     rendered[s.node][s.detail])
-            say(node, f"installed {UNIT_DIR}/{s.detail}")
+            install_unit(cl, by_node[s.node], s.detail, rendered[s.node][s.detail])
     for name in installed:
         by_node[name].run(cl.priv(by_node[name], commands.systemctl("daemon-reload")))
     for s in steps:
@@ -332,10 +335,16 @@ def apply(cl, rendered, steps):
             say(node, f"started {unit}")
 
 
-def _sudo_write(cl, node, path, text):
-    tmp = f"{cl.paths(node).state_dir}/run/.unit.tmp"
-    node.write_file(tmp, text)
-    node.run(["sudo", "-n", "install", "-m", "0644", tmp, path])
+def install_unit(cl, node, name, text):
+    """Write /etc/systemd/system/<name> atomically; through sudo -n when the node's user is not root."""
+    path = f"{UNIT_DIR}/{name}"
+    if cl.facts[node.name]["uid"] == 0:
+        node.write_file(path, text)
+    else:
+        tmp = f"{cl.paths(node).state_dir}/run/.{name}.tmp"
+        node.write_file(tmp, text)
+        node.run(["sudo", "-n", "install", "-m", "0644", tmp, path])
+    say(node, f"installed {path}")
 
 
 def stop_ranks(cl):
