@@ -167,3 +167,10 @@ def test_nodes_holding_different_images_stop_the_launch(tmp_path):
     assert image.ensure(cl, facts) == {"head": "sha256:" + "a" * 64, "worker1": "sha256:" + "a" * 64}
     stamp = json.loads((tmp_path / "state" / "image.stamp").read_text())
     assert stamp["image"] == cl.cfg.image and set(stamp["ids"]) == {"head", "worker1"}
+
+
+def test_privileged_commands_use_sudo_only_for_a_non_root_user(tmp_path):
+    cl = cluster(tmp_path)
+    cl.facts = {"head": {"uid": 0}, "worker1": {"uid": 1000}}
+    assert cl.priv(cl.head, ["systemctl", "start", "x"]) == ["systemctl", "start", "x"]
+    assert cl.priv(cl.workers[0], ["systemctl", "start", "x"]) == ["sudo", "-n", "systemctl", "start", "x"]
