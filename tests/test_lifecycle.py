@@ -40,14 +40,14 @@ def rendered(cl):
     return {n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes}
 
 
-def running(cl, want, since=None, image="sha256:abc"):
+def running(cl, want, since=None, image="sha256:abc", clock=None):
     """Facts of nodes where `want` is installed, active and current (stand-in for probe.py output)."""
     facts = {}
     for i, n in enumerate(cl.nodes):
         rank_unit = f"{cl.spec(n).unit}.service"
-        ts = (since or {}).get(n.name, 1000 + i * 0)
+        ts = (since or {}).get(n.name, 1000) + (clock or {}).get(n.name, 0)
         facts[n.name] = {
-            "uid": 0, "image_id": image, "tripped": None, "mem_available_kib": 1 << 20,
+            "uid": 0, "image_id": image, "time": 5000.0 + (clock or {}).get(n.name, 0), "tripped": None, "mem_available_kib": 1 << 20,
             "units": {name: {"installed": True, "text": text, "ActiveState": "active", "SubState": "running",
                              "ActiveEnterTimestamp": f"@{ts}"}
                       for name, text in want[n.name].items()},
@@ -111,6 +111,15 @@ def test_a_worker_restarted_after_the_head_is_stale(tmp_path):
     assert "dsv41-r1 on worker1" in stale_workers(cl)[0]
     steps = decide(cl, want, facts)
     assert [s.what for s in steps] == ["restart-ranks"] and "restarted after the head" in steps[0].detail
+
+
+def test_clock_skew_between_nodes_is_not_a_restart(tmp_path):
+    cl = cluster(tmp_path)
+    want = rendered(cl)
+    # the worker started 0.5 s before the head, but its clock runs 30 s ahead
+    facts = running(cl, want, since={"head": 1000, "worker1": 999.5}, clock={"worker1": 30})
+    cl.facts = facts
+    assert stale_workers(cl) == [] and decide(cl, want, facts) == []
 
 
 def test_doit_render_contacts_no_node_when_all_values_are_overrides(tmp_path):

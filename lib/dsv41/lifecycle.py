@@ -22,6 +22,7 @@ UNIT_DIR = "/etc/systemd/system"
 GUARD = "dsv41-memguard.service"
 KEY_ENV = "api_key.env"
 GUARD_SETTINGS = "memguard.json"
+STALE_MARGIN_S = 5   # a worker up this much less time than the head restarted on its own (RestartSec=30)
 
 
 @dataclasses.dataclass
@@ -225,15 +226,22 @@ def _since(unit_facts):
 
 def stale_workers(cl, facts=None):
     """A worker rank that (re)started after the head's rank cannot rejoin its rendezvous: the ranks
-    must be restarted together. Lines naming each such worker."""
+    must be restarted together. Lines naming each such worker. Each node's start time is measured
+    against that node's own clock (its age), so clock skew between nodes cannot fake a restart."""
     facts = facts or cl.facts
-    head = facts.get(cl.head.name, {}).get("units", {}).get(f"{cl.spec(cl.head).unit}.service", {})
-    t0 = _since(head) if head.get("ActiveState") == "active" else None
+
+    def age(node):
+        f = facts.get(node.name, {})
+        u = f.get("units", {}).get(f"{cl.spec(node).unit}.service", {})
+        t = _since(u)
+        return f["time"] - t if t and u.get("ActiveState") == "active" and "time" in f else None
+
+    head_age = age(cl.head)
     out = []
     for n in cl.workers:
-        u = facts.get(n.name, {}).get("units", {}).get(f"{cl.spec(n).unit}.service", {})
-        t = _since(u)
-        if t0 and t and u.get("ActiveState") == "active" and t > t0 + 1:
+        a = age(n)
+        if head_age is not None and a is not None and a < head_age - STALE_MARGIN_S:
+            u = facts[n.name]["units"][f"{cl.spec(n).unit}.service"]
             out.append(f"{cl.spec(n).unit} on {n.label} restarted after the head's rank "
                        f"(NRestarts={u.get('NRestarts', '?')}): the ranks must restart together")
     return out
