@@ -380,8 +380,9 @@ def gather_facts(cfg, progress=None):
     return out
 
 
-def run_preflight(cfg, as_json=False, facts=None, progress=None):
-    """Print one line per check (or JSON); returns the exit code: 1 on any FAIL, else 0."""
+def run_preflight(cfg, as_json=False, facts=None, progress=None, brief=False):
+    """Print one line per check (or JSON); returns the exit code: 1 on any FAIL, else 0.
+    brief (launch): only FAIL lines and warnings not skipped on request, then the summary."""
     skip = skip_set(cfg)
     facts = gather_facts(cfg, progress) if facts is None else facts
     results = checks(cfg, facts, skip)
@@ -390,7 +391,8 @@ def run_preflight(cfg, as_json=False, facts=None, progress=None):
         print(json.dumps({"ok": not failed, "checks": [c._asdict() for c in results]}, indent=2))
     else:
         for c in results:
-            print(c.line())
+            if not brief or c.status == FAIL or (c.status == WARN and "skipped on request" not in c.detail):
+                print(c.line())
         n = {s: sum(c.status == s for c in results) for s in (PASS, WARN, FAIL)}
         print(f"preflight: {n[PASS]} passed, {n[WARN]} warnings, {n[FAIL]} failed")
     return 1 if failed else 0
@@ -404,7 +406,7 @@ def task(cfg, json=False):
 def preflight_for_launch(cfg):
     """The first step of `doit launch`: print the checks, stop on any FAIL, return the facts."""
     facts = gather_facts(cfg)
-    if run_preflight(cfg, facts=facts):
+    if run_preflight(cfg, facts=facts, brief=True):
         raise UserError("preflight failed: fix the FAIL lines above, then launch again "
                         "(SKIP_CHECKS=name,... turns a check that cannot pass into a warning)")
     return facts
