@@ -7,7 +7,6 @@ import argparse
 import ast
 import functools
 import json
-import os
 import random
 import statistics
 import sys
@@ -21,6 +20,7 @@ import requests
 
 from dsv41.api import ApiError, Client, load_key
 from dsv41.errors import UserError, one_line
+from dsv41.files import write_atomic
 from dsv41.smoke import png
 
 # Published two-Spark figures (mission.md, "Reported results").
@@ -180,10 +180,7 @@ class Bench:
         write_atomic(out, json.dumps(self.result, indent=1) + "\n")
         write_atomic(out.with_suffix(".md"), markdown(self.result))
         if self.a.chart:
-            chart_bytes = chart_png(self.result)
-            tmp = out.with_suffix(".png.tmp")
-            tmp.write_bytes(chart_bytes)
-            os.replace(tmp, out.with_suffix(".png"))
+            write_atomic(out.with_suffix(".png"), chart_png(self.result))
 
     def first_token(self, prompt):
         """Stream `prompt` and close the stream at its first token (no output cap is sent).
@@ -310,12 +307,6 @@ class Bench:
                 self.save()
                 raise UserError(f"bench stopped at {name}: {err} (results so far in {self.a.out})") from None
             self.save()
-
-
-def write_atomic(path, text):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _f(x, nd=1):

@@ -15,11 +15,11 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 
 from dsv41.errors import UserError, cli, one_line
+from dsv41.files import fsync_dir, write_atomic
 
 MANIFEST = "sha256-manifest.txt"
 REQUIRED = ("config.json", "model.safetensors.index.json")
@@ -243,28 +243,8 @@ def hash_file(path, progress=None):
     return h.hexdigest()
 
 
-def _fsync_dir(d):
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_json_atomic(path, data):
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 # ---- progress ---------------------------------------------------------------------------------------
@@ -518,7 +498,7 @@ class Checkpoint:
             if not ok:
                 os.unlink(tmp)
         os.replace(tmp, dst)
-        _fsync_dir(os.path.dirname(dst))
+        fsync_dir(os.path.dirname(dst))
         self._record(receipt, rel, sha)
         return None
 

@@ -5,7 +5,7 @@ import os
 
 from dsv41 import commands
 from dsv41.errors import UserError
-from dsv41.nodes import write_local
+from dsv41.files import write_atomic
 
 
 def pull(cfg):
@@ -40,5 +40,5 @@ def ensure(cl, facts):
     except FileNotFoundError:
         old = None
     if old != data:
-        write_local(stamp, data)
+        write_atomic(stamp, data)
     return ids

@@ -16,6 +16,7 @@ import requests
 
 from dsv41 import commands, units
 from dsv41.errors import UserError, one_line
+from dsv41.files import write_atomic
 from dsv41.nodes import NodeError, nodes, ship_code
 
 UNIT_DIR = "/etc/systemd/system"
@@ -175,9 +176,8 @@ def read_or_create_key(cfg):
     key = read_key(cfg)
     if key:
         return key
-    from dsv41.nodes import write_local
     key = secrets.token_urlsafe(32)
-    write_local(cfg.api_key_file, (key + "\n").encode(), 0o600)
+    write_atomic(cfg.api_key_file, (key + "\n").encode(), 0o600)
     print(f"[head] created the API key in {cfg.api_key_file} (mode 0600)")
     return key
 

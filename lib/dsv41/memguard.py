@@ -23,6 +23,7 @@ import subprocess
 import time
 
 from dsv41.errors import UserError, cli
+from dsv41.files import fsync_dir, write_atomic
 
 GIB = 1 << 30
 MARKER = "memguard.tripped"
@@ -88,25 +89,6 @@ def clear_trip(state_dir):
     except FileNotFoundError:
         pass
     return trip
-
-
-def write_atomic(path, data):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- facts from /proc --------------------------------------------------------------------------

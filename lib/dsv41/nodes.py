@@ -11,6 +11,7 @@ import tempfile
 import sh
 
 from dsv41.errors import UserError, one_line
+from dsv41.files import write_atomic
 
 CONNECT_TIMEOUT = 10
 PERSIST_S = 120
@@ -43,24 +44,6 @@ class Result:
     @property
     def ok(self):
         return self.code == 0
-
-
-def write_local(path, data, mode=0o644):
-    """Atomic local write: temp file, fsync, chmod, rename."""
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix="." + os.path.basename(path) + ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class Node:
@@ -161,7 +144,7 @@ class Node:
         if isinstance(data, str):
             data = data.encode()
         if self.is_local:
-            write_local(path, data, mode)
+            write_atomic(path, data, mode)
         else:
             self.run(["python3", "-c", _WRITE_PY, path, oct(mode)[2:]], input=data)
 

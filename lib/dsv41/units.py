@@ -14,7 +14,7 @@ import jinja2
 from dsv41 import commands as c
 from dsv41.config import ROOT
 from dsv41.errors import UserError
-from dsv41.nodes import write_local
+from dsv41.files import write_atomic
 
 UNITS_DIR = ROOT / "units"
 RANK_TEMPLATE = "dsv41-rank.service.j2"
@@ -131,7 +131,7 @@ def write_rendered(cfg, rendered_by_rank, out_dir=None):
                         continue
             except FileNotFoundError:
                 pass
-            write_local(path, data, 0o644)
+            write_atomic(path, data, 0o644)
             written.append(path)
     if os.path.isdir(out_dir):
         for sub in os.listdir(out_dir):
