@@ -23,7 +23,7 @@ TOOLS = ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi", 
 CONTAINER_RE = re.compile(r"^dsv41-r\d+$")
 
 
-def _run(argv, timeout=20):
+def run_quiet(argv, timeout=20):
     """(code, stdout, stderr); 127 when missing, 124 on timeout."""
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -53,7 +53,7 @@ def _read(path):
 
 def link_speed(ifname):
     """Mb/s from `ethtool IF` (None when unknown, e.g. a veth or a down link)."""
-    code, out, err = _run(["ethtool", ifname], timeout=10)
+    code, out, err = run_quiet(["ethtool", ifname], timeout=10)
     if code != 127:
         m = re.search(r"Speed:\s*(.*)", out)
         raw = m.group(1).strip() if m else one_line(err) or f"exit {code}"
@@ -68,7 +68,7 @@ def docker_facts():
     if not shutil.which("docker"):
         return {"ok": False, "kind": "missing", "error": "docker is not installed", "runtimes": [],
                 "containers": []}
-    code, out, err = _run(["docker", "info", "--format", "{{json .Runtimes}}"])
+    code, out, err = run_quiet(["docker", "info", "--format", "{{json .Runtimes}}"])
     if code == 0:
         try:
             runtimes = sorted(json.loads(out or "{}") or {})
@@ -82,7 +82,7 @@ def docker_facts():
                 "daemon" if "cannot connect" in low or "daemon running" in low else "other")
         return {"ok": False, "kind": kind, "error": one_line(err[-400:]) or f"exit {code}",
                 "runtimes": [], "containers": []}
-    code, out, err = _run(["docker", "ps", "-a", "--filter", "name=dsv41-r",
+    code, out, err = run_quiet(["docker", "ps", "-a", "--filter", "name=dsv41-r",
                            "--format", "{{.Names}}\t{{.State}}\t{{.ID}}"])
     res["containers"] = [dict(zip(("name", "state", "id"), line.split("\t")))
                          for line in out.splitlines() if CONTAINER_RE.match(line.split("\t")[0])]
@@ -140,7 +140,7 @@ def unit_facts(unit_dir, names):
     units = sorted(set(files) | {n + ".service" for n in names} | {"dsv41-memguard.service"})
     active = {}
     if shutil.which("systemctl"):
-        code, out, _ = _run(["systemctl", "is-active", *units], timeout=10)
+        code, out, _ = run_quiet(["systemctl", "is-active", *units], timeout=10)
         states = out.split()
         if len(states) == len(units):
             active = dict(zip(units, states))
@@ -162,7 +162,7 @@ def ping(peer, ifname, mtu):
                 "error": "no fabric interface or MTU known"}
     size = mtu - 28
     argv = ["ping", "-M", "do", "-s", str(size), "-c", "1", "-W", "2", "-I", ifname, peer]
-    code, out, err = _run(argv, timeout=10)
+    code, out, err = run_quiet(argv, timeout=10)
     lines = [x for x in (out + "\n" + err).splitlines() if x.strip() and "statistics" not in x]
     return {"peer": peer, "ifname": ifname, "size": size, "ok": code == 0, "command": " ".join(argv),
             "error": None if code == 0 else one_line("; ".join(lines[-2:])) or f"exit {code}"}

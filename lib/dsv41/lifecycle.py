@@ -18,8 +18,8 @@ from dsv41 import commands, units
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 from dsv41.nodes import NodeError, nodes, ship_code
+from dsv41.probe import UNIT_DIR
 
-UNIT_DIR = "/etc/systemd/system"
 GUARD = "dsv41-memguard.service"
 KEY_ENV = "api_key.env"
 GUARD_SETTINGS = "memguard.json"

@@ -8,21 +8,13 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 
-UNIT_DIR = "/etc/systemd/system"
+from dsv41.facts import UNIT_DIR, memory_facts, run_quiet
+
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState",
         "ActiveEnterTimestamp", "InactiveEnterTimestamp", "ConditionResult")
-
-
-def _run(argv, timeout=20):
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        return r.returncode, r.stdout, r.stderr.strip()
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return 127, "", str(err)
 
 
 def _sha(path):
@@ -45,7 +37,7 @@ def units(names):
         out[name] = {"installed": text is not None, "text": text,
                      "sha256": hashlib.sha256(text.encode()).hexdigest() if text is not None else None}
     if names and shutil.which("systemctl"):
-        code, stdout, _ = _run(["systemctl", "show", "--timestamp=unix", "-p", ",".join(SHOW), "--", *names])
+        code, stdout, _ = run_quiet(["systemctl", "show", "--timestamp=unix", "-p", ",".join(SHOW), "--", *names])
         for name, block in zip(names, stdout.split("\n\n")):
             props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
             out[name].update(props)
@@ -57,7 +49,7 @@ def containers(names):
     if not shutil.which("docker"):
         return {"error": "docker not found"}
     for name in names:
-        code, stdout, _ = _run(["docker", "inspect", "--type", "container", "--format",
+        code, stdout, _ = run_quiet(["docker", "inspect", "--type", "container", "--format",
                                 "{{json .State}}|{{.Image}}", name])
         if code == 0 and "|" in stdout:
             state, image = stdout.strip().split("|", 1)
@@ -70,22 +62,14 @@ def containers(names):
 def image_id(ref):
     if not shutil.which("docker"):
         return None
-    code, stdout, _ = _run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+    code, stdout, _ = run_quiet(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
     return stdout.strip() if code == 0 else None
-
-
-def mem_available_kib():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1])
-    return None
 
 
 def gpu_memory():
     if not shutil.which("nvidia-smi"):
         return None
-    code, stdout, _ = _run(["nvidia-smi", "--query-gpu=memory.used,memory.total",
+    code, stdout, _ = run_quiet(["nvidia-smi", "--query-gpu=memory.used,memory.total",
                             "--format=csv,noheader,nounits"])
     return stdout.strip() if code == 0 else None
 
@@ -111,7 +95,7 @@ def main():
         "containers": containers(req.get("containers", [])),
         "image_id": image_id(req["image"]) if req.get("image") else None,
         "tripped": trip(state),
-        "mem_available_kib": mem_available_kib(),
+        "mem_available_kib": memory_facts()["available_bytes"] // 1024,
         "gpu_memory": gpu_memory(),
         "files": files,
     }))
