@@ -1,7 +1,7 @@
 """Checkpoint verification speed, each figure a ratio against a baseline measured in the same run.
 
 1. verify: the original procedure (`cat` the parts of shards 5 and 6 into place, then
-   `sha256sum -c sha256-manifest.txt`) against `python3 -m dsv41.checkpoint verify` from the same parts,
+   `sha256sum -c sha256-manifest.txt`) against `python3 -m dsv41.node.checkpoint verify` from the same parts,
    warm cache (target >= 2.5x on 2 cores); also GB/s and the fraction of the hash-bound limit
    bytes / (cores x single-core sha256 speed).
 2. one shard: reassemble+verify from parts against `cat parts > shard && sha256sum shard` (target <= 0.5x
@@ -53,7 +53,7 @@ def warm(paths):
 
 
 def verify_cli(d, receipt, *extra):
-    subprocess.run([PY, "-m", "dsv41.checkpoint", "verify", d, "--receipt", receipt, "--plan", PLAN,
+    subprocess.run([PY, "-m", "dsv41.node.checkpoint", "verify", d, "--receipt", receipt, "--plan", PLAN,
                     "--quiet", *extra], check=True, env=ENV)
 
 
@@ -111,7 +111,7 @@ def bench_verify(work, shard):
                        before=reset5)
 
     def ours5():
-        from dsv41.checkpoint import Checkpoint
+        from dsv41.node.checkpoint import Checkpoint
         Checkpoint(d, receipt, keep_parts=True, quiet=True).verify(only={name}, strict=False)
         assert os.path.exists(s5)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 LIB = str(Path(__file__).resolve().parents[1] / "lib")
 sys.path.insert(0, LIB)
-from dsv41 import memguard  # noqa: E402
+from dsv41.node import memguard  # noqa: E402
 
 GIB = 1 << 30
 TRIALS = int(os.environ.get("BENCH_TRIALS", "10"))
@@ -55,7 +55,7 @@ time.sleep(60)
 # The baseline: what the original guard did, once a second.
 BASELINE = r"""
 import sys, time
-from dsv41.memguard import MemInfo, scan, kill_all
+from dsv41.node.memguard import MemInfo, scan, kill_all
 floor, mem = int(sys.argv[1]), MemInfo()
 print("ready", flush=True)
 while True:
@@ -72,7 +72,7 @@ def children(pid):
 
 def start_watcher(kind, floor, state):
     """(unshare Popen, host pid of the watcher = PID 1 of its namespace)."""
-    cmd = ([sys.executable, "-m", "dsv41.memguard", "--floor-gib", repr(floor / GIB),
+    cmd = ([sys.executable, "-m", "dsv41.node.memguard", "--floor-gib", repr(floor / GIB),
             "--state-dir", state] if kind == "memguard" else
            [sys.executable, "-c", BASELINE, str(floor)])
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}

@@ -265,9 +265,9 @@ def standin():
 
 
 def run_cli(module, *args, env=None, timeout=300):
-    """Run `python -m dsv41.<module>` the way a user does; returns CompletedProcess (text)."""
+    """Run `python -m dsv41.client.<module>` the way a user does; returns CompletedProcess (text)."""
     e = dict(os.environ)
     e.pop("DSV41_API_KEY", None)
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", f"dsv41.{module}", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", f"dsv41.client.{module}", *args], capture_output=True, text=True,
                           env=e, timeout=timeout)

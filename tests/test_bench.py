@@ -1,9 +1,9 @@
-"""dsv41.bench: timing accuracy against a stand-in of known timing, failures, and real servers."""
+"""dsv41.client.bench: timing accuracy against a stand-in of known timing, failures, and real servers."""
 import json
 
 import pytest
 
-from dsv41.bench import run_bench
+from dsv41.client.bench import run_bench
 from servers import free_port, llama, run_cli, standin, tfserve  # noqa: F401  (fixtures)
 
 

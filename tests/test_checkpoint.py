@@ -1,4 +1,4 @@
-"""The node-side verifier (dsv41.checkpoint) on small generated checkpoints in the published layout.
+"""The node-side verifier (dsv41.node.checkpoint) on small generated checkpoints in the published layout.
 The command line is run with the system python3 and only lib/ on the path, as on a worker."""
 import hashlib
 import json
@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from dsv41 import checkpoint
-from dsv41.config import load_config
+from dsv41.head import verify
+from dsv41.node import checkpoint
+from dsv41.head.config import load_config
 from dsv41.errors import UserError
 from fixture_checkpoint import make_checkpoint, shard_name
 
@@ -31,7 +32,7 @@ def CK(d, receipt, **kw):
 
 
 def run(d, receipt, *args, command="verify"):
-    argv = [PY, "-m", "dsv41.checkpoint", command, str(d), "--receipt", str(receipt),
+    argv = [PY, "-m", "dsv41.node.checkpoint", command, str(d), "--receipt", str(receipt),
             "--plan", "J268-ho-v31-K5n.json", *args]
     return subprocess.run(argv, capture_output=True, text=True, env={"PATH": os.environ["PATH"],
                                                                        "PYTHONPATH": LIB})
@@ -150,7 +151,7 @@ def test_killed_during_verify_subprocess_then_rerun(tmp_path):
     d = tmp_path / "m"
     facts = make_checkpoint(str(d), shard_bytes=40_000_000, parts=3)
     receipt = tmp_path / "r.json"
-    p = subprocess.Popen([PY, "-m", "dsv41.checkpoint", "verify", str(d), "--receipt", str(receipt)],
+    p = subprocess.Popen([PY, "-m", "dsv41.node.checkpoint", "verify", str(d), "--receipt", str(receipt)],
                          env={"PATH": os.environ["PATH"], "PYTHONPATH": LIB}, stderr=subprocess.DEVNULL)
     stale = d / f".{S5}{checkpoint.TMP_SUFFIX}"
     deadline = time.monotonic() + 20
@@ -178,13 +179,13 @@ def test_keep_parts(ck, monkeypatch):
 def test_keep_parts_from_config(ck, tmp_path):
     d, _, _ = ck
     cfg = load_config({"MODEL_DIR": str(d), "STATE_DIR": str(tmp_path / "st"), "KEEP_PARTS": "1"})
-    rec = checkpoint.verify(cfg)
+    rec = verify.verify(cfg)
     assert (d / f"{S5}.part00").exists() and S5 in rec["files"]
-    assert os.path.exists(checkpoint.receipt_path(cfg.state_dir))
-    assert checkpoint.fresh_locally(cfg)
+    assert os.path.exists(os.path.join(cfg.state_dir, 'checkpoint-receipt.json'))
+    assert verify.is_fresh(cfg)
     (d / "exl3" / "qn" / "L09.part.safetensors").write_bytes(b"new")
-    assert not checkpoint.fresh_locally(cfg)
-    assert checkpoint.verify(cfg)["exl3_files"] == 10
+    assert not verify.is_fresh(cfg)
+    assert verify.verify(cfg)["exl3_files"] == 10
 
 
 def test_damaged_whole_shard_is_left_in_place(ck):

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from dsv41 import commands as c
-from dsv41.config import load_config
+from dsv41.head import commands as c
+from dsv41.head.config import load_config
 from dsv41.errors import UserError
 
 # ---- spec/serving-config.md, copied as written (placeholders in angle brackets) -------------------
@@ -205,7 +205,7 @@ def test_small_builders():
     assert c.docker_image_id("x") == ["docker", "image", "inspect", "--format", "{{.Id}}", "x"]
     assert c.docker_rm("dsv41-r1") == ["docker", "rm", "-f", "dsv41-r1"]
     assert c.docker_stop("dsv41-r0") == ["docker", "stop", "-t", str(c.STOP_GRACE_S), "dsv41-r0"]
-    assert c.systemctl("is-active", c.unit_name(1)) == ["systemctl", "is-active", "dsv41-r1.service"]
+    assert c.systemctl("is-active", "dsv41-r1.service") == ["systemctl", "is-active", "dsv41-r1.service"]
     assert c.journalctl("dsv41-r0.service", lines=40) == [
         "journalctl", "-u", "dsv41-r0.service", "--no-pager", "-o", "cat", "-n", "40"]
     assert c.journalctl("u", follow=True)[-1] == "-f"

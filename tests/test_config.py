@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dsv41.config import ConfigError, capture_sizes, load_config
+from dsv41.head.config import ConfigError, capture_sizes, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOIT = [sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py")]
@@ -128,11 +128,11 @@ def test_hf_token_is_never_shown(tmp_path):
 
 
 def test_second_concurrent_run_fails_at_once(tmp_path):
-    from dsv41.doit_setup import take_run_lock
+    from dsv41.head.doit_setup import take_run_lock
     state = tmp_path / "state"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys,time; sys.path.insert(0, %r);"
-         "from dsv41.doit_setup import take_run_lock; take_run_lock(%r); print('held', flush=True);"
+         "from dsv41.head.doit_setup import take_run_lock; take_run_lock(%r); print('held', flush=True);"
          "time.sleep(30)" % (os.path.join(ROOT, "lib"), str(state))],
         stdout=subprocess.PIPE, text=True)
     try:

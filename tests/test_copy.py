@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dsv41 import checkpoint, transfer
-from dsv41.config import load_config
+from dsv41.head import copy as head_copy, verify
+from dsv41.node import checkpoint
+from dsv41.head.config import load_config
 from dsv41.errors import UserError
 from fixture_checkpoint import make_checkpoint, shard_name
 from sshd import free_port, need_sshd, start_sshd, stop_sshd
@@ -36,21 +37,21 @@ def setup(worker_sshd, tmp_path, monkeypatch):
     cfg = load_config({"HOME": str(head_home), "MODEL_DIR": str(model), "STATE_DIR": f"~/st-{tmp_path.name}",
                        "WORKER": worker_sshd.target, "SSH_OPTS": worker_sshd.ssh_opts,
                        "WORKER_MODEL_DIR": str(wmodel)})
-    wreceipt = worker_sshd.home / f"st-{tmp_path.name}" / checkpoint.RECEIPT_NAME
+    wreceipt = worker_sshd.home / f"st-{tmp_path.name}" / "checkpoint-receipt.json"
     yield SimpleNamespace(cfg=cfg, model=model, wmodel=wmodel, wreceipt=wreceipt, facts=facts)
     shutil.rmtree(wmodel.parent, ignore_errors=True)
     shutil.rmtree(wreceipt.parent, ignore_errors=True)
 
 
-def no_transfer(monkeypatch):
-    monkeypatch.setattr(transfer, "_rsync", lambda *a: pytest.fail("rsync ran"))
-    monkeypatch.setattr(transfer, "_remote_verify", lambda *a: pytest.fail("verified again"))
+def no_copy(monkeypatch):
+    monkeypatch.setattr(head_copy, "_rsync", lambda *a: pytest.fail("rsync ran"))
+    monkeypatch.setattr(head_copy, "_remote_verify", lambda *a: pytest.fail("verified again"))
 
 
 def test_copy_verifies_on_the_worker_and_second_copy_is_a_noop(setup, monkeypatch):
     s = setup
-    assert not transfer.fresh_on_workers(s.cfg)
-    transfer.copy(s.cfg)
+    assert not head_copy.fresh_on_workers(s.cfg)
+    head_copy.copy(s.cfg)
     for name, sha in s.facts["shards"].items():
         assert (s.wmodel / name).exists()
     assert not list(s.wmodel.glob("*.part0*")) and not (s.wmodel / ".cache").exists()
@@ -58,38 +59,38 @@ def test_copy_verifies_on_the_worker_and_second_copy_is_a_noop(setup, monkeypatc
     wrec = json.loads(s.wreceipt.read_text())
     assert {k: v["sha256"] for k, v in wrec["files"].items()} == s.facts["shards"]
     assert wrec["exl3_files"] == 9 and wrec["model_dir"] == str(s.wmodel)
-    assert transfer.fresh_on_workers(s.cfg)
-    no_transfer(monkeypatch)
-    transfer.copy(s.cfg)
+    assert head_copy.fresh_on_workers(s.cfg)
+    no_copy(monkeypatch)
+    head_copy.copy(s.cfg)
 
 
 def test_interrupted_copy_resumes_from_the_partial(setup):
     s = setup
-    checkpoint.verify(s.cfg)
+    verify.verify(s.cfg)
     name = shard_name(2)
     # what a killed rsync leaves: the first part of a file in the partial dir, nothing at the final name
     partial = s.wmodel / checkpoint.PARTIAL_DIR / name
     partial.parent.mkdir(parents=True)
     partial.write_bytes((s.model / name).read_bytes()[:700_000])
-    transfer.copy(s.cfg)
+    head_copy.copy(s.cfg)
     assert (s.wmodel / name).read_bytes() == (s.model / name).read_bytes()
     assert not partial.exists()
-    assert transfer.fresh_on_workers(s.cfg)
+    assert head_copy.fresh_on_workers(s.cfg)
 
 
 def test_changed_file_on_the_worker_is_sent_again(setup):
     s = setup
-    transfer.copy(s.cfg)
+    head_copy.copy(s.cfg)
     f = s.wmodel / shard_name(3)
     f.write_bytes(b"x" * f.stat().st_size)
-    assert not transfer.fresh_on_workers(s.cfg)
-    transfer.copy(s.cfg)
+    assert not head_copy.fresh_on_workers(s.cfg)
+    head_copy.copy(s.cfg)
     assert f.read_bytes() == (s.model / shard_name(3)).read_bytes()
 
 
 def test_damaged_copy_fails_one_line_then_is_resent(setup):
     s = setup
-    transfer.copy(s.cfg)
+    head_copy.copy(s.cfg)
     f = s.wmodel / shard_name(4)
     st = f.stat()
     data = bytearray(f.read_bytes())
@@ -98,38 +99,38 @@ def test_damaged_copy_fails_one_line_then_is_resent(setup):
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))   # same size and mtime: rsync alone would skip it
     s.wreceipt.unlink()
     with pytest.raises(UserError) as e:
-        transfer.copy(s.cfg)
+        head_copy.copy(s.cfg)
     msg = str(e.value)
     assert "\n" not in msg and shard_name(4) in msg and s.facts["shards"][shard_name(4)] in msg
-    transfer.copy(s.cfg)
+    head_copy.copy(s.cfg)
     assert f.read_bytes() == (s.model / shard_name(4)).read_bytes()
-    assert transfer.fresh_on_workers(s.cfg)
+    assert head_copy.fresh_on_workers(s.cfg)
 
 
 def test_worker_with_its_own_verified_download_is_skipped(setup, monkeypatch):
     s = setup
-    checkpoint.verify(s.cfg)
+    verify.verify(s.cfg)
     # the worker got the model another way (its own `doit download`): other mtimes, same content
     shutil.copytree(s.model, s.wmodel)
-    subprocess.run(["/usr/bin/python3", "-m", "dsv41.checkpoint", "verify", str(s.wmodel), "--receipt",
+    subprocess.run(["/usr/bin/python3", "-m", "dsv41.node.checkpoint", "verify", str(s.wmodel), "--receipt",
                     str(s.wreceipt), "--plan", s.cfg.plan_name], check=True,
-                   env={"PATH": os.environ["PATH"], "PYTHONPATH": transfer.ck.__file__.rsplit("/dsv41/", 1)[0]})
-    no_transfer(monkeypatch)
-    transfer.copy(s.cfg)
-    assert transfer.fresh_on_workers(s.cfg)
+                   env={"PATH": os.environ["PATH"], "PYTHONPATH": head_copy.ck.__file__.rsplit("/dsv41/", 1)[0]})
+    no_copy(monkeypatch)
+    head_copy.copy(s.cfg)
+    assert head_copy.fresh_on_workers(s.cfg)
 
 
 def test_unreachable_worker(setup, tmp_path):
     s = setup
     cfg = load_config({"HOME": os.environ["HOME"], "MODEL_DIR": str(s.model), "STATE_DIR": str(tmp_path / "st"),
                        "WORKER": "root@127.0.0.1", "SSH_OPTS": f"-p {free_port()} -o ConnectTimeout=2"})
-    assert not transfer.fresh_on_workers(cfg)
+    assert not head_copy.fresh_on_workers(cfg)
     with pytest.raises(UserError) as e:
-        transfer.copy(cfg)
+        head_copy.copy(cfg)
     assert "\n" not in str(e.value) and "127.0.0.1" in str(e.value)
 
 
 def test_copy_needs_a_worker(setup, tmp_path):
     cfg = load_config({"MODEL_DIR": str(setup.model), "STATE_DIR": str(tmp_path / "st")})
     with pytest.raises(UserError, match="WORKER"):
-        transfer.copy(cfg)
+        head_copy.copy(cfg)

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from dsv41 import checkpoint
+from dsv41.node import checkpoint
 from fixture_checkpoint import make_checkpoint, shard_name
 from hubstub import HubStub
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S5, S6 = shard_name(5), shard_name(6)
-DOWNLOAD = ("from dsv41.config import load_config; from dsv41.checkpoint import download; "
+DOWNLOAD = ("from dsv41.head.config import load_config; from dsv41.head.download import download; "
             "from dsv41.errors import cli; cli(lambda: download(load_config()))()")
 
 
@@ -36,7 +36,7 @@ def download(env, **kw):
 
 
 def receipt(tmp_path):
-    return json.loads((tmp_path / "state" / checkpoint.RECEIPT_NAME).read_text())
+    return json.loads((tmp_path / "state" / "checkpoint-receipt.json").read_text())
 
 
 def test_download_reassembles_verifies_and_second_run_fetches_nothing(repo, tmp_path):
@@ -62,7 +62,7 @@ def test_parts_not_refetched_when_shards_are_there_without_receipt(repo, tmp_pat
     with HubStub(src) as hub:
         env = env_for(hub, tmp_path)
         assert download(env).returncode == 0
-        (tmp_path / "state" / checkpoint.RECEIPT_NAME).unlink()
+        (tmp_path / "state" / "checkpoint-receipt.json").unlink()
         hub.log.clear()
         r = download(env)
         assert r.returncode == 0, r.stderr
@@ -153,15 +153,15 @@ def test_hub_unreachable(tmp_path):
 
 def test_not_enough_space_says_how_much_is_missing(repo, tmp_path, monkeypatch):
     src, _ = repo
-    from dsv41 import transfer
-    from dsv41.config import load_config
+    from dsv41.head import download
+    from dsv41.head.config import load_config
     from dsv41.errors import UserError
     with HubStub(src) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
         monkeypatch.setattr(checkpoint, "free_bytes", lambda p: 1_000_000)
         cfg = load_config({"MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s")})
         with pytest.raises(UserError) as e:
-            transfer.download(cfg)
+            download.download(cfg)
         # 4 whole shards + 6 parts + banks to fetch, plus shards 5 and 6 to rebuild
         assert str(e.value).startswith(f"MODEL_DIR {tmp_path / 'm'} needs 16.0 MB free (12.0 MB to download "
                                        "+ 4.0 MB to reassemble shards) but has 1.0 MB: free 15.0 MB more")

@@ -1,6 +1,6 @@
 """Fabric detection against fake sysfs trees whose netdevs are REAL veth interfaces inside a network
-namespace this test creates (addresses come from the real `ip -j -4 addr` there), and resolve_fabric
-over overrides. The sysfs trees are stand-ins: this machine has no RDMA devices."""
+namespace this test creates (addresses come from the real `ip -j -4 addr` there), and the head's
+resolution over overrides. The sysfs trees are stand-ins: this machine has no RDMA devices."""
 import ipaddress
 import itertools
 import json
@@ -10,14 +10,19 @@ import subprocess
 
 import pytest
 
-from dsv41 import fabric
-from dsv41.config import load_config
+from dsv41.head import fabric as head_fabric
+from dsv41.node import fabric
+from dsv41.head.config import load_config
 from dsv41.errors import UserError
 
 LIB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"  # the node's system python
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 _seq = itertools.count()
+
+
+def resolve(cfg, facts):
+    return head_fabric.resolve(cfg, head_fabric.decide_all(cfg, facts))
 
 
 def mapped(ip):
@@ -97,7 +102,7 @@ def ns():
 
 
 def detect(ns, sysfs, peer=None, json_out=True):
-    argv = [PY, "-m", "dsv41.fabric", "detect", "--sysfs", str(sysfs)]
+    argv = [PY, "-m", "dsv41.node.fabric", "detect", "--sysfs", str(sysfs)]
     argv += ["--peer", peer] if peer else []
     argv += ["--json"] if json_out else []
     r = ns.run(argv)
@@ -187,14 +192,14 @@ def test_no_infiniband_class_in_a_fake_tree(ns, tmp_path):
 def test_no_rdma_on_this_machine_for_real():
     if os.path.exists("/sys/class/infiniband"):
         pytest.skip("this machine has RDMA devices")
-    r = subprocess.run([PY, "-m", "dsv41.fabric", "detect", "--json"], capture_output=True, text=True,
+    r = subprocess.run([PY, "-m", "dsv41.node.fabric", "detect", "--json"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": LIB})
     assert r.returncode == 2 and r.stdout == ""
     assert "no RDMA devices (/sys/class/infiniband is missing)" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_peer_is_one_line():
-    r = subprocess.run([PY, "-m", "dsv41.fabric", "detect", "--peer", "10.0.0"], capture_output=True,
+    r = subprocess.run([PY, "-m", "dsv41.node.fabric", "detect", "--peer", "10.0.0"], capture_output=True,
                        text=True, env={**os.environ, "PYTHONPATH": LIB})
     assert r.returncode == 2 and r.stderr == "dsv41: --peer '10.0.0' is not an IPv4 address\n"
 
@@ -202,7 +207,7 @@ def test_bad_peer_is_one_line():
 # ---- overrides over detected facts (pure) ---------------------------------------------------------
 
 def facts(addrs, devices):
-    """Node facts as dsv41.facts reports them (fabric section only)."""
+    """Node facts as dsv41.node.facts reports them (fabric section only)."""
     return {"fabric": {"present": True, "addrs": [
         {"ifname": i, "ip": a.split("/")[0], "prefixlen": int(a.split("/")[1]), "mtu": 9000, "operstate": "UP"}
         for i, a in addrs], "devices": [
@@ -224,37 +229,37 @@ def cfg_with(**env):
 
 
 def test_resolve_detects_worker_port_on_the_heads_subnet():
-    out = fabric.resolve_fabric(cfg_with(), {0: HEAD, 1: WORKER})
-    assert out == {0: fabric.Fabric("198.51.100.11", "enp1s0f1np1", ("rocep1s0f1",), 3),
-                   1: fabric.Fabric("198.51.100.13", "enp1s0f1np1", ("rocep1s0f1",), 4)}
+    out = resolve(cfg_with(), {0: HEAD, 1: WORKER})
+    assert out == {0: head_fabric.Fabric("198.51.100.11", "enp1s0f1np1", ("rocep1s0f1",), 3),
+                   1: head_fabric.Fabric("198.51.100.13", "enp1s0f1np1", ("rocep1s0f1",), 4)}
 
 
 def test_overrides_win_over_detection():
     cfg = cfg_with(WORKER_IFNAME="enp1s0f0np0", HEAD_HCAS="mlx5_9", NCCL_IB_GID_INDEX="7")
-    out = fabric.resolve_fabric(cfg, {0: HEAD, 1: WORKER})
-    assert out[0] == fabric.Fabric("198.51.100.11", "enp1s0f1np1", ("mlx5_9",), 7)
-    assert out[1] == fabric.Fabric("198.51.100.140", "enp1s0f0np0", ("rocep1s0f0",), 7)
-    assert fabric.resolve_fabric(cfg_with(R1_GID_INDEX="2"), {0: HEAD, 1: WORKER})[1].gid_index == 2
+    out = resolve(cfg, {0: HEAD, 1: WORKER})
+    assert out[0] == head_fabric.Fabric("198.51.100.11", "enp1s0f1np1", ("mlx5_9",), 7)
+    assert out[1] == head_fabric.Fabric("198.51.100.140", "enp1s0f0np0", ("rocep1s0f0",), 7)
+    assert resolve(cfg_with(R1_GID_INDEX="2"), {0: HEAD, 1: WORKER})[1].gid_index == 2
 
 
 def test_undetectable_value_raises_one_line_naming_the_variable():
     bare = {"fabric": {"present": False, "devices": [], "addrs": HEAD["fabric"]["addrs"]}}
     with pytest.raises(UserError) as err:
-        fabric.resolve_fabric(cfg_with(), {0: HEAD, 1: bare})
+        resolve(cfg_with(), {0: HEAD, 1: bare})
     msg = str(err.value)
     assert msg.startswith("worker1: ") and "\n" not in msg
     assert "no RDMA devices" in msg and "WORKER_IP/WORKER_IFNAME/WORKER_HCAS" in msg and "R1_IP" in msg
     with pytest.raises(UserError, match="worker1: no fabric facts .*cannot reach"):
-        fabric.resolve_fabric(cfg_with(), {0: HEAD, 1: {"error": "cannot reach worker1"}})
+        resolve(cfg_with(), {0: HEAD, 1: {"error": "cannot reach worker1"}})
 
 
 def test_full_overrides_need_no_node():
     env = dict(HEAD_IP="198.51.100.11", HEAD_IFNAME="fab0", HEAD_HCAS="a,b", WORKER_IP="198.51.100.13",
                WORKER_IFNAME="fab1", WORKER_HCAS="c", NCCL_IB_GID_INDEX="3")
-    want = {0: fabric.Fabric("198.51.100.11", "fab0", ("a", "b"), 3),
-            1: fabric.Fabric("198.51.100.13", "fab1", ("c",), 3)}
-    assert fabric.fabric_from_overrides(cfg_with(**env)) == want
-    assert fabric.resolve_fabric(cfg_with(**env), {}) == want
+    want = {0: head_fabric.Fabric("198.51.100.11", "fab0", ("a", "b"), 3),
+            1: head_fabric.Fabric("198.51.100.13", "fab1", ("c",), 3)}
+    assert head_fabric.from_overrides(cfg_with(**env)) == want
+    assert resolve(cfg_with(**env), {}) == want
     env.pop("NCCL_IB_GID_INDEX")
-    assert fabric.fabric_from_overrides(cfg_with(**env)) is None
-    assert fabric.fabric_from_overrides(cfg_with(**env, R0_GID_INDEX="1", R1_GID_INDEX="2"))[1].gid_index == 2
+    assert head_fabric.from_overrides(cfg_with(**env)) is None
+    assert head_fabric.from_overrides(cfg_with(**env, R0_GID_INDEX="1", R1_GID_INDEX="2"))[1].gid_index == 2

@@ -1,4 +1,4 @@
-"""`python3 -m dsv41.facts` run for real: on this machine, and inside network namespaces joined by a
+"""`python3 -m dsv41.node.facts` run for real: on this machine, and inside network namespaces joined by a
 veth "fabric" (real don't-fragment pings, real MTUs, real ethtool). The sysfs trees are stand-ins."""
 import json
 import os
@@ -12,7 +12,7 @@ from test_fabric import LIB, PY, Netns, make_sysfs, need_netns, roce_gids
 
 
 def run_facts(*args, ns=None):
-    argv = [PY, "-m", "dsv41.facts", *map(str, args)]
+    argv = [PY, "-m", "dsv41.node.facts", *map(str, args)]
     if ns:
         r = ns.run(argv)
     else:
@@ -55,7 +55,7 @@ def test_model_bytes_count_what_is_there(tmp_path):
 
 
 def test_bad_ports_is_one_line():
-    r = subprocess.run([PY, "-m", "dsv41.facts", "--ports", "80,http"], capture_output=True, text=True,
+    r = subprocess.run([PY, "-m", "dsv41.node.facts", "--ports", "80,http"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": LIB})
     assert r.returncode == 2 and r.stderr == "dsv41: --ports '80,http': expected a comma list of port numbers\n"
 

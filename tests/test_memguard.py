@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41 import memguard
+from dsv41.node import memguard
 
 LIB = str(Path(memguard.__file__).resolve().parents[1])
 REPO = Path(LIB).parent
@@ -123,7 +123,7 @@ class Node:
             self.env["PATH"] = path
         self.proc = subprocess.Popen(
             [shutil.which("unshare"), "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-m",
-             "dsv41.memguard", "--floor-gib", str(floor_gib), "--mode", mode,
+             "dsv41.node.memguard", "--floor-gib", str(floor_gib), "--mode", mode,
              "--state-dir", str(self.state), *extra],
             env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.standins = []
@@ -326,7 +326,7 @@ def test_polls_fast_only_near_the_floor():
     (["--state-dir", "/proc/version/x"], {}, "cannot write"),
 ])
 def test_bad_input_is_one_line(args, env, needle):
-    res = subprocess.run([sys.executable, "-m", "dsv41.memguard", *args],
+    res = subprocess.run([sys.executable, "-m", "dsv41.node.memguard", *args],
                          env={**os.environ, "PYTHONPATH": LIB, **env},
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2
@@ -335,31 +335,28 @@ def test_bad_input_is_one_line(args, env, needle):
 
 
 def test_unit_template_verifies(tmp_path):
-    jinja2 = pytest.importorskip("jinja2")
+    from dsv41.head import commands, units
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze not installed (apt-get install systemd)")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(REPO / "units"),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    text = env.get_template("dsv41-memguard.service.j2").render(
-        python="/usr/bin/python3", pythonpath="/opt/dsv41 lib", state_dir='/home/u/.dsv41 "x"%h')
+    env = units.environment()
+    text = env.get_template("dsv41-memguard.service.j2").render(memguard=commands.memguard_argv('/home/u/.dsv41 "x"%h'))
     unit = tmp_path / "dsv41-memguard.service"
     unit.write_text(text)
     res = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stderr == "", res.stderr
     for line in ("Type=exec", "Restart=always", "RestartSec=1", "OOMScoreAdjust=-1000",
-                 'Environment="PYTHONPATH=/opt/dsv41 lib"',
-                 'ExecStart="/usr/bin/python3" -m dsv41.memguard --settings '
-                 '"/home/u/.dsv41 \\"x\\"%%h/memguard.json" --state-dir "/home/u/.dsv41 \\"x\\"%%h"',
+                 """ExecStart=/usr/bin/env 'PYTHONPATH=/home/u/.dsv41 "x"%%h/lib' python3 -m dsv41.node.memguard """
+                 """--settings '/home/u/.dsv41 "x"%%h/memguard.json' --state-dir '/home/u/.dsv41 "x"%%h'""",
                  "ExecReload=/bin/kill -HUP $MAINPID"):
         assert line in text.splitlines()
-    with pytest.raises(jinja2.UndefinedError):
-        env.get_template("dsv41-memguard.service.j2").render(python="/usr/bin/python3")
+    with pytest.raises(Exception, match="memguard"):
+        env.get_template("dsv41-memguard.service.j2").render()
 
 
 def test_logs_top_memory_holders_when_low(tmp_path):
     # Here MemAvailable is far above 10 GiB: raise the threshold so the low-memory report runs now.
-    code = "from dsv41 import memguard as m; m.TOP_BELOW_GIB = 1 << 20; m.main()"
+    code = "from dsv41.node import memguard as m; m.TOP_BELOW_GIB = 1 << 20; m.main()"
     guard = subprocess.Popen([sys.executable, "-c", code, "--floor-gib", "0.5", "--state-dir", str(tmp_path)],
                              env={**os.environ, "PYTHONPATH": LIB}, stdout=subprocess.PIPE, text=True)
     try:

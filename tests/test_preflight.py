@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from dsv41 import fabric, preflight
-from dsv41.config import load_config
+from dsv41.head import fabric as head_fabric, fabric_bench, preflight
+from dsv41.head.config import load_config
 from dsv41.errors import UserError
 from sshd import loopback_sshd  # noqa: F401  (fixture)
 from test_fabric import V1, facts as fabric_facts, mapped, roce_gids
@@ -18,7 +18,7 @@ GIB = 1024 ** 3
 
 
 def node_facts(ip, gids=None, mtu=9000):
-    """What `dsv41.facts` reports for a healthy Spark (a stand-in: no Spark here)."""
+    """What `dsv41.node.facts` reports for a healthy Spark (a stand-in: no Spark here)."""
     f = fabric_facts([("enp1s0f1np1", f"{ip}/24")],
                      [("rocep1s0f1", "ACTIVE", ["enp1s0f1np1"], gids or roce_gids(ip))])
     now = time.time()
@@ -67,7 +67,7 @@ def test_all_good_is_all_pass(cfg):
     res = run(cfg, good())
     assert [c for c in res if c.status != "PASS"] == []
     names = {c.name for c in res}
-    assert names == set(preflight.CHECK_NAMES)
+    assert names == set(preflight.CHECKS)
     assert len(get(res, "ping")) == 2 and len(get(res, "ports")) == 2
 
 
@@ -232,11 +232,6 @@ def test_skip_setting(cfg):
     with pytest.raises(UserError, match="SKIP_CHECKS: unknown check 'gpu': expected names from reachable"):
         preflight.skip_set(load_config({"SKIP_CHECKS": "gpu"}))
 
-    class NoSetting:  # a Config without the skip_checks setting: the environment decides
-        pass
-    assert preflight.skip_set(NoSetting(), {"DSV41_SKIP_CHECKS": "kernel,rdma"}) == {"kernel", "rdma"}
-    assert preflight.skip_set(NoSetting(), {}) == set()
-
 
 def test_rdma(cfg):
     over = load_config({"WORKER": "u@198.51.100.13", "WORKER_HCAS": "rocep1s0f1,mlx5_9"})
@@ -258,19 +253,22 @@ def test_rdma(cfg):
     assert "no RDMA devices" in get(res, "rdma")[0].detail
 
 
-def test_report_lines_json_and_exit_code(cfg, capsys, monkeypatch):
-    monkeypatch.delenv("DSV41_SKIP_CHECKS", raising=False)
-    assert preflight.run_preflight(cfg, facts=good()) == 0
+def report(cfg, facts, as_json=False):
+    return preflight.report(cfg, preflight.Gathered(facts, head_fabric.decide_all(cfg, facts)), as_json)
+
+
+def test_report_lines_json_and_exit_code(cfg, capsys):
+    assert report(cfg, good()) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("PASS  reachable") and out[-1].endswith("0 failed")
     f = good()
     f[1]["kernel"]["release"] = "7.0.0-1019-nvidia"
-    assert preflight.run_preflight(cfg, as_json=True, facts=copy.deepcopy(f)) == 1
+    assert report(cfg, copy.deepcopy(f), as_json=True) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False
     [c] = [c for c in doc["checks"] if c["status"] == "FAIL"]
     assert c["name"] == "kernel" and c["node"] == "worker1" and "kho=off" in c["fix"]
-    assert preflight.run_preflight(cfg, facts=f) == 1
+    assert report(cfg, f) == 1
     assert [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FAIL")] == [
         "FAIL  kernel           worker1: 7.0.0-1019-nvidia without kho=off: NCCL memory registration "
         "(ibv_reg_mr) fails with ENOMEM -- fix: add kho=off to GRUB_CMDLINE_LINUX in /etc/default/grub, "
@@ -281,12 +279,12 @@ def test_ib_write_bw_output_and_missing_tool(cfg):
     # stand-in: the result table ib_write_bw --report_gbits prints (no RDMA here to produce one)
     text = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
             " 65536      1071060          0.00               112.31             0.214213\n")
-    assert fabric.parse_ib_write_bw(text) == 112.31
-    assert fabric.parse_ib_write_bw("Couldn't connect to 198.51.100.13:18515") is None
+    assert fabric_bench.parse_ib_write_bw(text) == 112.31
+    assert fabric_bench.parse_ib_write_bw("Couldn't connect to 198.51.100.13:18515") is None
     if shutil.which("ib_write_bw"):
         pytest.skip("ib_write_bw is installed here")
     with pytest.raises(UserError, match="ib_write_bw is not installed on the head: .*apt-get install perftest"):
-        fabric.fabric_bench(cfg)
+        fabric_bench.fabric_bench(cfg)
 
 
 # ---- gathering for real ----------------------------------------------------------------------------
@@ -297,7 +295,7 @@ def test_gather_facts_head_and_worker_over_ssh(loopback_sshd, tmp_path, capsys):
                        "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "models" / "M"),
                        "HEAD_IP": "127.0.0.1", "HEAD_IFNAME": "lo", "WORKER_IP": "127.0.0.1",
                        "WORKER_IFNAME": "lo"})
-    facts = preflight.gather_facts(cfg)
+    facts = preflight.gather(cfg).facts
     assert capsys.readouterr().err.splitlines() == ["facts: head", f"facts: worker1 ({loopback_sshd.target})"]
     assert set(facts) == {0, 1} and "error" not in facts[0] and "error" not in facts[1], facts
     assert facts[0]["ports"] == {"8000": False, "29655": False} and facts[1]["ports"] == {}
@@ -316,6 +314,6 @@ def test_gather_facts_head_and_worker_over_ssh(loopback_sshd, tmp_path, capsys):
 def test_unreachable_worker_is_a_fail_line(tmp_path, capsys):
     cfg = load_config({"WORKER": "root@127.0.0.1", "STATE_DIR": str(tmp_path / "s"),
                        "SSH_OPTS": "-p 1 -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"})
-    assert preflight.run_preflight(cfg) == 1
+    assert preflight.task(cfg) is False
     out = capsys.readouterr().out
     assert "FAIL  reachable        worker1: cannot reach worker1 (root@127.0.0.1)" in out

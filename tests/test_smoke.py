@@ -1,4 +1,4 @@
-"""dsv41.smoke against real OpenAI-compatible servers (llama-cpp-python, transformers serve)."""
+"""dsv41.client.smoke against real OpenAI-compatible servers (llama-cpp-python, transformers serve)."""
 import json
 import re
 import struct
@@ -7,10 +7,10 @@ import zlib
 import pytest
 import requests
 
-from dsv41.api import load_key, normalize_base
+from dsv41.client.api import load_key, normalize_base
 from dsv41.errors import UserError
-from dsv41.smoke import TEXT_PROMPT, red_blue_png
-from dsv41.smoke import run_smoke
+from dsv41.client.smoke import TEXT_PROMPT, red_blue_png
+from dsv41.client.smoke import run_smoke
 from servers import free_port, llama, run_cli, standin, tfserve  # noqa: F401  (fixtures)
 
 LINE = re.compile(r"^(text|tools|vision|reasoning|stream)\s+(PASS|FAIL|SKIP) (.+)$")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv41 import commands as c
-from dsv41 import units
-from dsv41.config import load_config
+from dsv41.head import commands as c
+from dsv41.head import units
+from dsv41.head.config import load_config
 from dsv41.errors import UserError
 from test_commands import HEAD, WORKER, spec_args, spec_env, values_for
 
@@ -351,7 +351,7 @@ def test_unit_lifecycle_settings(two):
         assert execs(text, "ExecStartPre") == [
             ("-", ["docker", "rm", "-f", f"dsv41-r{rank}"]),
             ("-", ["rm", "-f", f"{st}/run/dsv41-r{rank}.cid"]),
-            ("", ["mkdir", "-p", f"{st}/run"])]
+            ("", ["mkdir", "-p", f"{st}/run", f"{st}/cache/b12x", f"{st}/cache/b12x-roce"])]
         [(prefix, stop)] = execs(text, "ExecStop")
         assert stop[:3] == ["docker", "stop", "-t"] and stop[4] == f"dsv41-r{rank}"
         assert int(svc["TimeoutStopSec"]) > int(stop[3])
@@ -382,13 +382,13 @@ def test_model_dir_with_spaces_quote_percent_reaches_the_argv_exactly(two):
 
 def verify_root(base):
     """A root for `systemd-analyze verify --root`: the host's unit dir plus stand-in executables
-    (docker, rm, mkdir, python3, kill: only their presence is checked)."""
+    (docker, rm, mkdir, env, kill: only their presence is checked)."""
     root = base / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     (root / "usr/bin").mkdir()
     (root / "bin").symlink_to("usr/bin")  # merged /usr, as on Debian 12 and DGX OS
-    for exe in ("docker", "rm", "mkdir", "python3", "kill"):
+    for exe in ("docker", "rm", "mkdir", "env", "kill"):
         p = root / "usr/bin" / exe
         p.write_text("#!/bin/sh\n")
         p.chmod(0o755)

@@ -3,7 +3,6 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import requests
@@ -41,6 +40,17 @@ def normalize_base(url):
     return url if url.endswith("/v1") else url + "/v1"
 
 
+def read_key_file(path):
+    """The key in a key file, or None when the file is missing or empty (the one reader of key files)."""
+    try:
+        with open(os.path.expanduser(path)) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise UserError(f"cannot read API key file {path}: {err.strerror}") from None
+
+
 def load_key(key_file=None, env=None):
     """DSV41_API_KEY, else the key file (default ~/.dsv41-two-sparks/api_key); None when neither exists.
 
@@ -49,18 +59,12 @@ def load_key(key_file=None, env=None):
     key = (env.get("DSV41_API_KEY") or "").strip()
     if key:
         return key
-    path = Path(os.path.expanduser(key_file or DEFAULT_KEY_FILE))
-    try:
-        key = path.read_text().strip()
-    except FileNotFoundError:
-        if key_file:
-            raise UserError(f"API key file {path} not found: set DSV41_API_KEY or pass --key-file") from None
-        return None
-    except OSError as err:
-        raise UserError(f"cannot read API key file {path}: {err.strerror}") from None
+    key = read_key_file(key_file or DEFAULT_KEY_FILE)
     if not key and key_file:
-        raise UserError(f"API key file {path} is empty: set DSV41_API_KEY or pass --key-file")
-    return key or None
+        what = "is empty" if os.path.exists(os.path.expanduser(key_file)) else "not found"
+        raise UserError(f"API key file {key_file} {what}: set DSV41_API_KEY or pass --key-file (on the head, "
+                        "`doit launch` creates the key)")
+    return key
 
 
 @dataclass
@@ -167,6 +171,23 @@ class Client:
     def models(self):
         data = self.get_json("/models").get("data") or []
         return [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
+
+    def health(self):
+        """HTTP status of the server's /health (beside /v1), or None when it does not answer."""
+        try:
+            return requests.get(self.base[: -len("/v1")] + "/health", timeout=(CONNECT_TIMEOUT, 5)).status_code
+        except requests.RequestException:
+            return None
+
+    def generates(self, model):
+        """Ready to serve: /v1/models answers and a one-token completion comes back. Never raises."""
+        try:
+            if model not in self.models():
+                return False
+            r = self.post_json("/completions", {"model": model, "prompt": "Hello", "max_tokens": 1})
+            return bool(r.get("choices"))
+        except (UserError, requests.RequestException, ValueError):
+            return False
 
     def first_model(self):
         ids = self.models()

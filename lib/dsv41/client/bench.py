@@ -18,10 +18,10 @@ from pathlib import Path
 
 import requests
 
-from dsv41.api import ApiError, Client, load_key
+from dsv41.client.api import ApiError, Client, load_key
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
-from dsv41.smoke import png
+from dsv41.client.smoke import png
 
 # Published two-Spark figures (mission.md, "Reported results").
 PUBLISHED = {
@@ -428,7 +428,7 @@ def chart_png(result):
 
 
 def parse(args_list):
-    p = argparse.ArgumentParser(prog="python -m dsv41.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dsv41.client.bench", description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="API base URL, with or without /v1")
     p.add_argument("--out", required=True, help="results JSON (a .md table and --chart .png go beside it)")
     p.add_argument("--label", help="name of this run in the results")

@@ -1,6 +1,6 @@
 """Smoke test of a running OpenAI-compatible API: text, tools, vision, reasoning, stream.
 
-python -m dsv41.smoke URL [--model M] [--key-file F] [--tool-choice auto|named] [--json]
+python -m dsv41.client.smoke URL [--model M] [--key-file F] [--tool-choice auto|named] [--json]
 No request carries an output cap: every answer ends naturally."""
 import argparse
 import base64
@@ -9,7 +9,7 @@ import struct
 import sys
 import zlib
 
-from dsv41.api import Client, ApiError, load_key
+from dsv41.client.api import Client, ApiError, load_key
 from dsv41.errors import UserError, cli, one_line
 
 CHECKS = ("text", "tools", "vision", "reasoning", "stream")
@@ -177,7 +177,7 @@ def _run(url, key, model, as_json, tool_choice, out):
 
 @cli
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dsv41.smoke", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dsv41.client.smoke", description=__doc__.splitlines()[0])
     p.add_argument("url", help="API base URL, with or without /v1")
     p.add_argument("--model", help="model name (default: the first id from /v1/models)")
     p.add_argument("--key-file", help="API key file when DSV41_API_KEY is unset (default ~/.dsv41-two-sparks/api_key)")

@@ -2,16 +2,17 @@
 Nothing here executes anything; nodes.Node.run() does.
 
 `fabric` is one node's resolved fabric facts and `paths` one node's paths: objects or dicts with
-ip, ifname, hcas, gid_index / model_dir, state_dir, python, pythonpath."""
+ip, ifname, hcas, gid_index / model_dir, state_dir."""
 import json
 from collections.abc import Mapping
 
+from dsv41 import names
 from dsv41.errors import UserError
 
 DOCKER = "docker"
 SYSTEMCTL = "systemctl"
 JOURNALCTL = "journalctl"
-MEMGUARD_UNIT = "dsv41-memguard.service"
+RANK_DIRS = (names.RUN, f"{names.CACHE}/b12x", f"{names.CACHE}/b12x-roce")   # made before a rank starts
 STOP_GRACE_S = 30                  # docker stop -t; the unit's TimeoutStopSec is above it
 DEFAULT_GID_INDEX = 3              # the measured value, used only when neither detected nor set
 LIMIT_MM = '{"image":1}'
@@ -26,27 +27,29 @@ def fact(obj, name, default=None):
     return getattr(obj, name, default)
 
 
-def container_name(rank):
-    return f"dsv41-r{rank}"
-
-
-def unit_name(rank):
-    return f"dsv41-r{rank}.service"
-
-
 # ---- per-node state paths --------------------------------------------------------------------------
 
 def cidfile(state_dir, rank):
-    return f"{state_dir}/run/dsv41-r{rank}.cid"
+    return names.state_path(state_dir, names.cidfile(rank))
 
 
 def api_env_file(state_dir):
     """Root-only (0600) `VLLM_API_KEY=<key>` file handed to the head container with --env-file."""
-    return f"{state_dir}/api_key.env"
+    return names.state_path(state_dir, names.KEY_ENV)
 
 
 def tripped_marker(state_dir):
-    return f"{state_dir}/memguard.tripped"
+    return names.state_path(state_dir, names.TRIP_MARKER)
+
+
+def node_python(state_dir):
+    """argv prefix running a module of the code shipped into a node's state dir with its python3."""
+    return ["/usr/bin/env", f"PYTHONPATH={names.state_path(state_dir, names.LIB)}", "python3", "-m"]
+
+
+def memguard_argv(state_dir):
+    return node_python(state_dir) + ["dsv41.node.memguard", "--settings",
+                                     names.state_path(state_dir, names.GUARD_SETTINGS), "--state-dir", state_dir]
 
 
 # ---- the container ---------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ def _need(fabric, name, rank):
 
 
 def container_env(cfg, fabric, rank=None):
-    """The container's environment, in the measured order. The API key is not here (--env-file)."""
+    """The container's environment, in the measured order. The API key is not here."""
     r = "?" if rank is None else rank
     ifname = _need(fabric, "ifname", r)
     hcas = _need(fabric, "hcas", r)
@@ -160,18 +163,18 @@ def fabric_for(cfg, spec, fabric, master_addr=None):
 def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
     """docker run's argv in groups (one option with its value each), for readable unit files."""
     own, heads = fabric_for(cfg, spec, fabric, master_addr)
-    state, rank, name = fact(paths, "state_dir"), spec.rank, container_name(spec.rank)
+    state, rank, name = fact(paths, "state_dir"), spec.rank, names.rank_name(spec.rank)
     groups = [
         [DOCKER, "run"], ["--rm"], ["--name", name], ["--cidfile", cidfile(state, rank)],
         ["--pull", "never"], ["--init"], *([["--gpus", cfg.gpus]] if cfg.gpus else []), ["--network", "host"],
         ["--ipc", "host"], *([["--privileged"]] if cfg.privileged else []), ["--ulimit", f"memlock={cfg.memlock}"], ["--shm-size", "32g"],
         ["--mount", mount(fact(paths, "model_dir"), "/model", readonly=True)],
-        ["--mount", mount(f"{state}/plans", "/plans", readonly=True)],
-        ["--mount", mount(f"{state}/cache", "/cache")],
+        ["--mount", mount(names.state_path(state, names.PLANS), "/plans", readonly=True)],
+        ["--mount", mount(names.state_path(state, names.CACHE), "/cache")],
     ]
     if rank == 0:
         groups.append(["--env-file", api_env_file(state)])
-    groups.append(["-e", f"DSV41_RANK={rank}"])
+    groups.append(["-e", f"{names.RANK_ENV}={rank}"])
     groups += [["-e", f"{k}={v}"] for k, v in container_env(cfg, own, rank)]
     groups.append([cfg.image])
     for word in vllm_args(cfg, rank, heads):
@@ -204,15 +207,6 @@ def docker_pull(image):
 def docker_image_id(image):
     """Prints the local image ID (sha256:...); non-zero exit when the image is not there."""
     return [DOCKER, "image", "inspect", "--format", "{{.Id}}", image]
-
-
-def docker_ps(prefix="dsv41-r"):
-    """Names and states of this project's containers, one `name state` per line."""
-    return [DOCKER, "ps", "-a", "--filter", f"name=^{prefix}", "--format", "{{.Names}} {{.State}}"]
-
-
-def docker_logs(name, lines=40):
-    return [DOCKER, "logs", "--tail", str(lines), name]
 
 
 def systemctl(*args):

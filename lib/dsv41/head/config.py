@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dsv41.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONF_DIR = ROOT / "conf"
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
@@ -42,8 +42,8 @@ class NodeSpec:
     gid_index: int | None = None
 
     @property
-    def unit(self):
-        return f"dsv41-r{self.rank}"
+    def label(self):
+        return self.name if self.target is None else f"{self.name} ({self.target})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,5 +438,16 @@ def describe(cfg):
     return rows
 
 
-def to_json(cfg):
-    return json.dumps({k: v for k, v, _ in describe(cfg)}, indent=2)
+def show(cfg, json=False):
+    """doit config: every effective setting with where it came from."""
+    rows = describe(cfg)
+    if json:
+        print(_json.dumps({k: {"value": v, "source": s} for k, v, s in rows}, indent=2))
+        return
+    width = max(len(k) for k, _, _ in rows)
+    vwidth = min(60, max(len(v) for _, v, _ in rows))
+    for k, v, s in rows:
+        print(f"{k:<{width}}  {v:<{vwidth}}  ({s})")
+
+
+_json = json

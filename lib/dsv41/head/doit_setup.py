@@ -66,7 +66,7 @@ def take_run_lock(state_dir):
     _lock_fd = fd
 
 
-def action(func, *, lock_dir=None):
+def action(func, *, name=None, lock_dir=None):
     """Wrap a task function: a UserError fails the task with its one line, not a traceback.
     With lock_dir the action first takes the run lock (mutating tasks)."""
 
@@ -90,4 +90,6 @@ def action(func, *, lock_dir=None):
             return fail
         return result if isinstance(result, dict) else None
 
+    if name:
+        run.__name__ = name
     return run

@@ -3,14 +3,14 @@ every node must hold the same image ID (a node that pulled another build is caug
 import json
 import os
 
-from dsv41 import commands
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
+from dsv41.head import commands
+from dsv41.head.cluster import Cluster
 
 
 def pull(cfg):
     """doit image."""
-    from dsv41.lifecycle import Cluster
     cl = Cluster(cfg)
     ensure(cl, cl.probe_all())
 

@@ -1,5 +1,6 @@
-"""Node: run an argv on the head (locally) or on a worker over ssh. The one place that starts node
-processes. ssh is always BatchMode with a connect timeout and one multiplexed master per node
+"""Node: run an argv on the head (locally) or on a worker over ssh, read and write files there, and ship
+the node code. Commands on nodes go through Node.run (copy's rsync and fabric-bench's server start
+their processes from Node's argv). ssh is always BatchMode with a connect timeout and one multiplexed master per node
 (ControlMaster/ControlPersist, socket under the state dir); remote commands are one shlex.join'ed
 string, so spaces, quotes, `$` and backticks arrive literally."""
 import dataclasses
@@ -10,11 +11,14 @@ import tempfile
 
 import sh
 
+from dsv41 import names
+from dsv41.head import commands
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
 CONNECT_TIMEOUT = 10
 PERSIST_S = 120
+FACTS_TIMEOUT_S = 180
 
 # Atomic write on a node: temp file in the same dir, fsync, chmod, rename. Data comes on stdin.
 _WRITE_PY = (
@@ -140,6 +144,10 @@ class Node:
                           else self.run(["printenv", "HOME"]).stdout.strip())
         return self._home
 
+    def assume_home(self, home):
+        """Use this home without asking the node (rendering with every value given)."""
+        self._home = home
+
     def write_file(self, path, data, mode=0o644):
         if isinstance(data, str):
             data = data.encode()
@@ -194,16 +202,18 @@ def _short(argv, limit=120):
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-LIB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# What a node gets: the node package and the shared standard-library modules it imports.
+SHIPPED = ("dsv41/__init__.py", "dsv41/errors.py", "dsv41/files.py", "dsv41/names.py", "dsv41/node/")
 
 
 def ship_code(node, state_dir):
-    """Copy the dsv41 package to <state_dir>/lib on a node, the head included (the services run it
-    from there: workers may have no internet or venv, and the checkout may move); returns the argv
-    prefix that runs one of its modules with the node's python3."""
-    dest = f"{state_dir}/lib/"
+    """Copy the node code to <state_dir>/lib on a node, the head included (services run it from there:
+    workers may have no internet or venv, and the checkout may move); returns node_python's prefix."""
+    dest = f"{state_dir}/{names.LIB}/"
     node.run(["mkdir", "-p", dest])
     ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
-    Node("head").run(["rsync", "-a", "--delete", "--include=*/", "--include=*.py", "--exclude=*",
-                      *ssh, f"{LIB_DIR}/dsv41", node.rsync_target(dest)])
-    return ["env", f"PYTHONPATH={state_dir}/lib", "python3", "-m"]
+    includes = [f"--include={p}" if not p.endswith("/") else f"--include={p}***" for p in SHIPPED]
+    Node("head").run(["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/",
+                      "--include=dsv41/", *includes, "--exclude=*", *ssh, f"{LIB_DIR}/dsv41", node.rsync_target(dest)])
+    return commands.node_python(state_dir)

@@ -1,22 +1,22 @@
-"""Preflight: gather facts from every node (one `python3 -m dsv41.facts` per node), then judge them
-with pure checks. Changes nothing. Each check: PASS, WARN or FAIL, with the fix."""
+"""Preflight: gather facts from every node (one `python3 -m dsv41.node.facts` per node), decide the
+fabric once, then judge with pure checks. Changes nothing. Each check is one function below,
+registered by @check in the order it prints; it yields PASS, WARN or FAIL lines, each with the fix."""
 import ipaddress
 import json
-import os
 import sys
 import time
 from typing import NamedTuple
 
-from dsv41 import fabric, nodes
 from dsv41.errors import UserError, one_line
+from dsv41.head import fabric, nodes
+from dsv41.names import rank_name
+from dsv41.node.fabric import ROCE_V2, explain, summary
 
 GIB = 1024 ** 3
 MIN_SPEED_MBPS = 200_000
 MAX_SKEW_S = 2.0
 # (kernel release prefix, boot option that avoids the problem, the problem)
 KNOWN_BAD_KERNELS = (("7.0.0-1019", "kho=off", "NCCL memory registration (ibv_reg_mr) fails with ENOMEM"),)
-CHECK_NAMES = ("reachable", "fabric", "rdma", "subnet", "gid-type", "mtu", "ping", "link-speed", "docker",
-               "nvidia-runtime", "disk", "memory", "ports", "stale-containers", "kernel", "clock", "tools")
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
 
@@ -33,22 +33,74 @@ class Check(NamedTuple):
         return f"{self.status}  {self.name:<16} {where}{self.detail}{fix}"
 
 
-# ---- settings ------------------------------------------------------------------------------------
+class Gathered(NamedTuple):
+    """What one preflight run learned: {rank: facts} and the fabric decision made from them."""
+    facts: dict
+    decided: dict
 
-def skip_set(cfg, env=None):
-    """Checks to relax (FAIL/WARN -> WARN "skipped on request"): the skip_checks setting
-    (SKIP_CHECKS), or DSV41_SKIP_CHECKS where the Config has no such setting."""
-    raw, var = getattr(cfg, "skip_checks", None), "SKIP_CHECKS"
-    if raw is None:
-        raw, var = (os.environ if env is None else env).get("DSV41_SKIP_CHECKS", ""), "DSV41_SKIP_CHECKS"
-    names = {str(x).strip() for x in (raw.split(",") if isinstance(raw, str) else raw) if str(x).strip()}
-    bad = sorted(names - set(CHECK_NAMES))
+
+CHECKS = {}   # name -> (function, per_node), in the order they print
+
+
+def check(name, per_node=False):
+    """Register a check. A cluster check is called as fn(ctx); a per-node check as fn(ctx, spec,
+    facts) for every node that answered. Either yields (status, detail[, fix[, node]]) tuples."""
+    def register(fn):
+        CHECKS[name] = (fn, per_node)
+        return fn
+    return register
+
+
+class Context:
+    """The facts every check reads: the configured nodes, the nodes that answered, the fabric decision
+    and the nodes whose fabric is settled."""
+
+    def __init__(self, cfg, facts, decided):
+        self.cfg, self.all_facts, self.decided = cfg, facts, decided
+        self.specs = {s.rank: s for s in cfg.nodes}
+        self.ok = {r: f for r, f in facts.items() if f is not None and "error" not in f}
+        self.fab = {r: decided[r] for r in self.ok if not fabric_problem(self, r)}
+
+    def name(self, rank):
+        return self.specs[rank].name
+
+    @property
+    def workers(self):
+        return [r for r in sorted(self.fab) if r != 0]
+
+
+def skip_set(cfg):
+    """Checks SKIP_CHECKS relaxes (FAIL/WARN -> WARN "skipped on request")."""
+    names = set(cfg.skip_checks)
+    bad = sorted(names - set(CHECKS))
     if bad:
-        raise UserError(f"{var}: unknown check {bad[0]!r}: expected names from {', '.join(CHECK_NAMES)}")
+        raise UserError(f"SKIP_CHECKS: unknown check {bad[0]!r}: expected names from {', '.join(CHECKS)}")
     return names
 
 
-# ---- the checks (pure) ---------------------------------------------------------------------------
+def checks(cfg, facts, skip=(), decided=None):
+    """Every registered check over {rank: facts}; `decided` is the fabric decision (made here when the
+    caller has none)."""
+    ctx = Context(cfg, facts, decided if decided is not None else fabric.decide_all(cfg, _answered(facts)))
+    out = []
+    for name, (fn, per_node) in CHECKS.items():
+        if per_node:
+            for r, f in ctx.ok.items():
+                out += [_result(name, res, ctx.name(r)) for res in fn(ctx, ctx.specs[r], f)]
+        else:
+            out += [_result(name, res) for res in fn(ctx)]
+    return [c._replace(status=WARN, detail=f"skipped on request ({c.status}: {c.detail})")
+            if c.name in skip and c.status != PASS else c for c in out]
+
+
+def _result(name, res, node=""):
+    status, detail, fix, where = (*res, "", "")[:4]
+    return Check(name, status, detail, fix, where or node)
+
+
+def _answered(facts):
+    return {r: f for r, f in facts.items() if f is not None and "error" not in f}
+
 
 def _gib(n):
     return f"{n / GIB:.0f} GiB" if n >= 10 * GIB else f"{n / GIB:.1f} GiB"
@@ -57,271 +109,327 @@ def _gib(n):
 def _running_ranks(f):
     active = (f.get("units") or {}).get("active") or {}
     return sorted(u[:-8] for u, st in active.items()
-                  if u.startswith("dsv41-r") and st in ("active", "activating", "reloading"))
+                  if u.startswith(rank_name("")) and st in ("active", "activating", "reloading"))
 
 
 def _net(ip, prefixlen):
     return ipaddress.IPv4Interface(f"{ip}/{prefixlen}").network
 
 
-def checks(cfg, facts_by_rank, skip=()):
-    out = []
-    add = lambda *a, **k: out.append(Check(*a, **k))
-    specs = {s.rank: s for s in cfg.nodes}
-    ok = {}
-    for s in cfg.nodes:
-        f = facts_by_rank.get(s.rank)
+# ---- the checks ------------------------------------------------------------------------------------
+
+@check("reachable")
+def reachable(ctx):
+    for s in ctx.cfg.nodes:
+        f = ctx.all_facts.get(s.rank)
         if f is None:
-            add("reachable", FAIL, "no facts gathered", "run `doit preflight` again", s.name)
+            yield FAIL, "no facts gathered", "run `doit preflight` again", s.name
         elif "error" in f:
-            add("reachable", FAIL, one_line(f["error"]), f.get("fix", ""), s.name)
+            yield FAIL, one_line(f["error"]), f.get("fix", ""), s.name
         else:
-            add("reachable", PASS, f"answered ({f.get('hostname', '?')})", node=s.name)
-            ok[s.rank] = f
+            yield PASS, f"answered ({f.get('hostname', '?')})", "", s.name
 
-    # fabric: overrides over detected facts, the head first (the workers' peer)
-    decided = fabric.decide_all(cfg, ok)
-    fab = {}
-    for r, f in ok.items():
-        s, d = specs[r], decided[r]
-        addrs = f.get("fabric", {}).get("addrs", [])
-        have = ", ".join(f"{a['ifname']}={a['ip']}" for a in addrs) or "none"
-        if s.ip and not any(a["ip"] == s.ip for a in addrs):
-            add("fabric", FAIL, f"the override address {s.ip} is not on this node (it has {have})",
-                f"set R{r}_IP to this node's fabric address", s.name)
-        elif s.ifname and not any(a["ifname"] == s.ifname for a in addrs):
-            add("fabric", FAIL, f"the override interface {s.ifname} has no IPv4 address here (addresses: {have})",
-                f"set R{r}_IFNAME to this node's fabric interface", s.name)
-        elif d["missing"]:
-            peer = fabric.peer_of(cfg, r, {k: v["ip"] for k, v in decided.items() if v["ip"]})
-            add("fabric", FAIL, fabric.explain(d["facts"], d, peer, who="detection", hint=False),
-                f"set {fabric.variables(r)}", s.name)
+
+def fabric_problem(ctx, r):
+    """(detail, fix) when node r's fabric is not settled: an override not on the node, or nothing
+    detected; None when it is."""
+    s, d = ctx.specs[r], ctx.decided[r]
+    addrs = ctx.ok[r].get("fabric", {}).get("addrs", [])
+    have = ", ".join(f"{a['ifname']}={a['ip']}" for a in addrs) or "none"
+    if s.ip and not any(a["ip"] == s.ip for a in addrs):
+        return (f"the override address {s.ip} is not on this node (it has {have})",
+                f"set R{r}_IP to this node's fabric address")
+    if s.ifname and not any(a["ifname"] == s.ifname for a in addrs):
+        return (f"the override interface {s.ifname} has no IPv4 address here (addresses: {have})",
+                f"set R{r}_IFNAME to this node's fabric interface")
+    if d["missing"]:
+        peer = fabric.peer_of(ctx.cfg, r, {k: v["ip"] for k, v in ctx.decided.items() if v["ip"]})
+        return explain(d["facts"], d, peer, who="detection", hint=False), f"set {fabric.variables(r)}"
+    return None
+
+
+@check("fabric", per_node=True)
+def fabric_settled(ctx, s, f):
+    problem = fabric_problem(ctx, s.rank)
+    if problem:
+        yield FAIL, *problem
+    else:
+        d = ctx.fab[s.rank]
+        yield PASS, (f"{d['ifname']} {d['ip']}/{d['prefixlen'] or '?'}, HCAs {','.join(d['hcas'])}, "
+                     f"GID index {d['gid_index']} ({d['gid_type'] or 'type unknown'})")
+
+
+@check("rdma", per_node=True)
+def rdma(ctx, s, f):
+    """Every HCA in use exists here with port 1 ACTIVE."""
+    if s.rank not in ctx.fab:
+        return
+    d = ctx.fab[s.rank]
+    raw = d["facts"]
+    states = {x["name"]: x.get("state") for x in raw.get("devices", [])}
+    bad = [f"{h} {states.get(h.split(':')[0]) or 'not found'}" for h in d["hcas"]
+           if states.get(h.split(":")[0]) != "ACTIVE"]
+    if not raw.get("present"):
+        yield (FAIL, "no RDMA devices (/sys/class/infiniband is missing)",
+               "check the QSFP cable and the ConnectX driver: `rdma link` must show an ACTIVE port")
+    elif bad:
+        yield (FAIL, f"HCAs not ACTIVE: {', '.join(bad)} ({summary(raw)})",
+               f"set R{s.rank}_HCAS to ACTIVE devices on the fabric (see `rdma link`)")
+    else:
+        yield PASS, f"{','.join(d['hcas'])} ACTIVE"
+
+
+@check("subnet")
+def subnet(ctx):
+    if 0 not in ctx.fab or not ctx.workers:
+        return
+    fab, head, bad = ctx.fab, ctx.fab[0], []
+    for r in ctx.workers:
+        w = fab[r]
+        nets = [_net(x["ip"], x["prefixlen"]) for x in (head, w) if x["prefixlen"] is not None]
+        if not nets:
+            bad.append(f"{ctx.name(r)}: prefix unknown")
+        elif not all(ipaddress.IPv4Address(y["ip"]) in n for n in nets for y in (head, w)):
+            bad.append(f"{ctx.name(r)} {w['ip']}/{w['prefixlen']}")
+    desc = ", ".join(f"{ctx.name(r)} {fab[r]['ip']}/{fab[r]['prefixlen']}" for r in sorted(fab))
+    if bad:
+        yield (FAIL, f"fabric addresses not on one subnet: {desc}",
+               "give every node's QSFP port an address on one subnet, or set R<N>_IP to the address on "
+               "the shared subnet")
+    else:
+        yield PASS, f"one subnet: {desc}"
+
+
+@check("gid-type")
+def gid_type(ctx):
+    if 0 not in ctx.fab or not ctx.workers:
+        return
+    types = {r: ctx.fab[r]["gid_type"] for r in sorted(ctx.fab)}
+    desc = ", ".join(f"{ctx.name(r)} index {ctx.fab[r]['gid_index']} {types[r] or 'type unknown'}"
+                     for r in types)
+    known = {t for t in types.values() if t}
+    if len(known) > 1:
+        yield (FAIL, f"GID types differ: {desc}",
+               "set R<N>_GID_INDEX (or NCCL_IB_GID_INDEX) to a RoCE v2 entry of the fabric address on "
+               "every node (see /sys/class/infiniband/<hca>/ports/1/gid_attrs/types)")
+    elif known != {ROCE_V2} or None in types.values():
+        yield (WARN, f"not all RoCE v2 or unknown: {desc}",
+               "point R<N>_GID_INDEX at the RoCE v2 GID of the fabric address")
+    else:
+        yield PASS, f"same on all nodes: {desc}"
+
+
+def _mtu(ctx, r):
+    return (ctx.ok[r].get("mtus") or {}).get(ctx.fab[r]["ifname"]) or ctx.fab[r]["mtu"]
+
+
+@check("mtu")
+def mtu(ctx):
+    if 0 not in ctx.fab:
+        return
+    fab = ctx.fab
+    for r in ctx.workers:
+        m0, mr = _mtu(ctx, 0), _mtu(ctx, r)
+        pair = f"{ctx.name(0)} {fab[0]['ifname']} {m0}, {ctx.name(r)} {fab[r]['ifname']} {mr}"
+        if not m0 or not mr:
+            yield WARN, f"MTU unknown: {pair}", "check `ip link` on both nodes"
+        elif m0 != mr:
+            low = 0 if m0 < mr else r
+            yield (FAIL, f"MTU differs: {pair}",
+                   f"set the same MTU on both ends (on {ctx.name(low)}: sudo ip link set dev "
+                   f"{fab[low]['ifname']} mtu {max(m0, mr)}, and persist it)")
         else:
-            fab[r] = d
-            add("fabric", PASS, f"{d['ifname']} {d['ip']}/{d['prefixlen'] or '?'}, HCAs "
-                f"{','.join(d['hcas'])}, GID index {d['gid_index']} ({d['gid_type'] or 'type unknown'})",
-                node=s.name)
+            yield PASS, f"equal: {pair}"
 
-    # rdma: every HCA in use exists here with port 1 ACTIVE
-    for r, d in fab.items():
-        f = d["facts"]
-        states = {x["name"]: x.get("state") for x in f.get("devices", [])}
-        bad = [f"{h} {states.get(h.split(':')[0]) or 'not found'}" for h in d["hcas"]
-               if states.get(h.split(":")[0]) != "ACTIVE"]
-        if not f.get("present"):
-            add("rdma", FAIL, "no RDMA devices (/sys/class/infiniband is missing)",
-                "check the QSFP cable and the ConnectX driver: `rdma link` must show an ACTIVE port",
-                specs[r].name)
-        elif bad:
-            add("rdma", FAIL, f"HCAs not ACTIVE: {', '.join(bad)} ({fabric.summary(f)})",
-                f"set R{r}_HCAS to ACTIVE devices on the fabric (see `rdma link`)", specs[r].name)
-        else:
-            add("rdma", PASS, f"{','.join(d['hcas'])} ACTIVE", node=specs[r].name)
 
-    head = fab.get(0)
-    workers = [r for r in sorted(fab) if r != 0]
-    if head and workers:
-        # subnet
-        bad = []
-        for r in workers:
-            w = fab[r]
-            nets = [_net(x["ip"], x["prefixlen"]) for x in (head, w) if x["prefixlen"] is not None]
-            if not nets:
-                bad.append(f"{specs[r].name}: prefix unknown")
-            elif not all(ipaddress.IPv4Address(y["ip"]) in n for n in nets for y in (head, w)):
-                bad.append(f"{specs[r].name} {w['ip']}/{w['prefixlen']}")
-        desc = ", ".join(f"{specs[r].name} {fab[r]['ip']}/{fab[r]['prefixlen']}" for r in sorted(fab))
-        if bad:
-            add("subnet", FAIL, f"fabric addresses not on one subnet: {desc}",
-                "give every node's QSFP port an address on one subnet, or set R<N>_IP to the "
-                "address on the shared subnet")
-        else:
-            add("subnet", PASS, f"one subnet: {desc}")
-
-        # GID type
-        types = {r: fab[r]["gid_type"] for r in sorted(fab)}
-        desc = ", ".join(f"{specs[r].name} index {fab[r]['gid_index']} {types[r] or 'type unknown'}"
-                         for r in types)
-        known = {t for t in types.values() if t}
-        if len(known) > 1:
-            add("gid-type", FAIL, f"GID types differ: {desc}",
-                "set R<N>_GID_INDEX (or NCCL_IB_GID_INDEX) to a RoCE v2 entry of the fabric address on "
-                "every node (see /sys/class/infiniband/<hca>/ports/1/gid_attrs/types)")
-        elif known != {fabric.ROCE_V2} or None in types.values():
-            add("gid-type", WARN, f"not all RoCE v2 or unknown: {desc}",
-                "point R<N>_GID_INDEX at the RoCE v2 GID of the fabric address")
-        else:
-            add("gid-type", PASS, f"same on all nodes: {desc}")
-
-        # MTU and don't-fragment pings
-        mtu = {r: (ok[r].get("mtus") or {}).get(fab[r]["ifname"]) or fab[r]["mtu"] for r in fab}
-        for r in workers:
-            pair = f"{specs[0].name} {fab[0]['ifname']} {mtu[0]}, {specs[r].name} {fab[r]['ifname']} {mtu[r]}"
-            if not mtu[0] or not mtu[r]:
-                add("mtu", WARN, f"MTU unknown: {pair}", "check `ip link` on both nodes")
-            elif mtu[0] != mtu[r]:
-                low = specs[0] if mtu[0] < mtu[r] else specs[r]
-                add("mtu", FAIL, f"MTU differs: {pair}",
-                    f"set the same MTU on both ends (on {low.name}: sudo ip link set dev "
-                    f"{fab[low.rank]['ifname']} mtu {max(mtu[0], mtu[r])}, and persist it)")
+@check("ping")
+def ping(ctx):
+    """Don't-fragment pings of the full MTU, both ways between the head and each worker."""
+    if 0 not in ctx.fab:
+        return
+    for r in ctx.workers:
+        for a, b in ((0, r), (r, 0)):
+            p = next((p for p in ctx.ok[a].get("pings", []) if p.get("peer") == ctx.fab[b]["ip"]), None)
+            label = f"{ctx.name(a)} -> {ctx.name(b)} {ctx.fab[b]['ip']}"
+            if p is None:
+                yield WARN, f"{label}: not run", "run `doit preflight` again"
+            elif p.get("ok"):
+                yield PASS, f"{label}: {p['size']} bytes, don't fragment"
             else:
-                add("mtu", PASS, f"equal: {pair}")
-            for a, b in ((0, r), (r, 0)):
-                p = next((p for p in ok[a].get("pings", []) if p.get("peer") == fab[b]["ip"]), None)
-                label = f"{specs[a].name} -> {specs[b].name} {fab[b]['ip']}"
-                if p is None:
-                    add("ping", WARN, f"{label}: not run", "run `doit preflight` again")
-                elif p.get("ok"):
-                    add("ping", PASS, f"{label}: {p['size']} bytes, don't fragment")
-                else:
-                    add("ping", FAIL, f"{label}: {p.get('size')} bytes don't fragment failed: {p.get('error')}",
-                        f"check MTU on both ends, cable and addresses: {p.get('command') or 'ping -M do'}")
+                yield (FAIL, f"{label}: {p.get('size')} bytes don't fragment failed: {p.get('error')}",
+                       f"check MTU on both ends, cable and addresses: {p.get('command') or 'ping -M do'}")
 
-    for r, f in ok.items():
-        s = specs[r]
-        n = s.name
-        # link speed (WARN only)
-        if r in fab:
-            sp = (f.get("speeds") or {}).get(fab[r]["ifname"]) or {}
-            mbps = sp.get("mbps")
-            if mbps is None:
-                add("link-speed", WARN, f"{fab[r]['ifname']}: speed unknown ({sp.get('raw') or sp.get('error')})",
-                    f"check the link: ethtool {fab[r]['ifname']}", n)
-            elif mbps < MIN_SPEED_MBPS:
-                add("link-speed", WARN, f"{fab[r]['ifname']}: {mbps} Mb/s, under {MIN_SPEED_MBPS} Mb/s",
-                    "reseat the QSFP cable or reboot to renegotiate; expect 200000Mb/s in `ethtool`", n)
-            else:
-                add("link-speed", PASS, f"{fab[r]['ifname']}: {mbps} Mb/s", node=n)
 
-        # docker and the NVIDIA runtime
-        dk = f.get("docker") or {}
-        if dk.get("ok"):
-            add("docker", PASS, "answering", node=n)
-            gpu = (f.get("tools") or {}).get("nvidia-smi")
-            if "nvidia" in dk.get("runtimes", []) and gpu:
-                add("nvidia-runtime", PASS, f"runtimes {','.join(dk['runtimes'])}; nvidia-smi present", node=n)
-            else:
-                missing = [] if "nvidia" in dk.get("runtimes", []) else [
-                    f"no nvidia runtime (runtimes: {','.join(dk.get('runtimes', [])) or 'none'})"]
-                missing += [] if gpu else ["nvidia-smi not found"]
-                add("nvidia-runtime", FAIL, "; ".join(missing),
-                    "install nvidia-container-toolkit, then sudo nvidia-ctk runtime configure "
-                    "--runtime=docker && sudo systemctl restart docker", n)
+@check("link-speed", per_node=True)
+def link_speed(ctx, s, f):
+    """WARN only: a degraded link still works, slowly."""
+    if s.rank not in ctx.fab:
+        return
+    ifname = ctx.fab[s.rank]["ifname"]
+    sp = (f.get("speeds") or {}).get(ifname) or {}
+    mbps = sp.get("mbps")
+    if mbps is None:
+        yield WARN, f"{ifname}: speed unknown ({sp.get('raw') or sp.get('error')})", f"check the link: ethtool {ifname}"
+    elif mbps < MIN_SPEED_MBPS:
+        yield (WARN, f"{ifname}: {mbps} Mb/s, under {MIN_SPEED_MBPS} Mb/s",
+               "reseat the QSFP cable or reboot to renegotiate; expect 200000Mb/s in `ethtool`")
+    else:
+        yield PASS, f"{ifname}: {mbps} Mb/s"
+
+
+DOCKER_FIXES = {
+    "missing": "install Docker (DGX OS ships it): sudo apt-get install docker.io",
+    "permission": "add the user to the docker group: sudo usermod -aG docker $USER, then log in again",
+    "daemon": "start Docker: sudo systemctl enable --now docker",
+    "timeout": "dockerd does not answer: sudo systemctl restart docker",
+}
+
+
+@check("docker", per_node=True)
+def docker(ctx, s, f):
+    dk = f.get("docker") or {}
+    if dk.get("ok"):
+        yield PASS, "answering"
+    else:
+        yield (FAIL, dk.get("error") or "docker facts missing",
+               DOCKER_FIXES.get(dk.get("kind"), "check `docker info` on this node"))
+
+
+@check("nvidia-runtime", per_node=True)
+def nvidia_runtime(ctx, s, f):
+    dk = f.get("docker") or {}
+    if not dk.get("ok"):
+        return
+    runtimes = dk.get("runtimes", [])
+    gpu = (f.get("tools") or {}).get("nvidia-smi")
+    if "nvidia" in runtimes and gpu:
+        yield PASS, f"runtimes {','.join(runtimes)}; nvidia-smi present"
+        return
+    missing = [] if "nvidia" in runtimes else [f"no nvidia runtime (runtimes: {','.join(runtimes) or 'none'})"]
+    missing += [] if gpu else ["nvidia-smi not found"]
+    yield (FAIL, "; ".join(missing), "install nvidia-container-toolkit, then sudo nvidia-ctk runtime "
+           "configure --runtime=docker && sudo systemctl restart docker")
+
+
+@check("disk", per_node=True)
+def disk(ctx, s, f):
+    dsk = f.get("disk")
+    if not dsk:
+        return
+    if "error" in dsk:
+        yield FAIL, dsk["error"], "check the model dir path"
+        return
+    want = (ctx.cfg.free_gib_head if s.rank == 0 else ctx.cfg.free_gib_worker) * GIB
+    need = max(0, want - dsk["model_bytes"])
+    desc = (f"{_gib(dsk['free_bytes'])} free at {dsk['checked']} for {dsk['model_dir']} "
+            f"(needs {_gib(need)}; {_gib(dsk['model_bytes'])} of the model present)")
+    if dsk["free_bytes"] < need:
+        var = "MODEL_DIR" if s.rank == 0 else f"R{s.rank}_MODEL_DIR"
+        yield FAIL, desc, f"free space there or point {var} at a bigger disk"
+    else:
+        yield PASS, desc
+
+
+@check("memory", per_node=True)
+def memory(ctx, s, f):
+    mem = f.get("memory") or {}
+    running = _running_ranks(f)
+    if running:
+        yield PASS, f"{','.join(running)} running here; available memory not checked"
+    elif mem.get("available_bytes") is None or not mem.get("total_bytes"):
+        yield WARN, f"MemAvailable unknown ({mem.get('error', 'no /proc/meminfo')})", ""
+    else:
+        need = ctx.cfg.gpu_util * mem["total_bytes"]
+        desc = (f"{_gib(mem['available_bytes'])} available of {_gib(mem['total_bytes'])}, "
+                f"needs {_gib(need)} (GPU_UTIL {ctx.cfg.gpu_util:g})")
+        if mem["available_bytes"] < need:
+            yield (FAIL, desc, "stop other GPU processes and containers (docker ps), drop the page cache "
+                   "(sync; echo 3 | sudo tee /proc/sys/vm/drop_caches) or lower GPU_UTIL")
         else:
-            kind = dk.get("kind")
-            fix = {"missing": "install Docker (DGX OS ships it): sudo apt-get install docker.io",
-                   "permission": "add the user to the docker group: sudo usermod -aG docker $USER, "
-                                 "then log in again",
-                   "daemon": "start Docker: sudo systemctl enable --now docker",
-                   "timeout": "dockerd does not answer: sudo systemctl restart docker"}.get(
-                kind, "check `docker info` on this node")
-            add("docker", FAIL, dk.get("error") or "docker facts missing", fix, n)
+            yield PASS, desc
 
-        # disk
-        dsk = f.get("disk")
-        if dsk and "error" not in dsk:
-            want = (cfg.free_gib_head if r == 0 else cfg.free_gib_worker) * GIB
-            need = max(0, want - dsk["model_bytes"])
-            desc = (f"{_gib(dsk['free_bytes'])} free at {dsk['checked']} for {dsk['model_dir']} "
-                    f"(needs {_gib(need)}; {_gib(dsk['model_bytes'])} of the model present)")
-            if dsk["free_bytes"] < need:
-                add("disk", FAIL, desc, f"free space there or point {'MODEL_DIR' if r == 0 else f'R{r}_MODEL_DIR'}"
-                    " at a bigger disk", n)
-            else:
-                add("disk", PASS, desc, node=n)
-        elif dsk:
-            add("disk", FAIL, dsk["error"], "check the model dir path", n)
 
-        # memory
-        mem = f.get("memory") or {}
-        running = _running_ranks(f)
-        if running:
-            add("memory", PASS, f"{','.join(running)} running here; available memory not checked", node=n)
-        elif mem.get("available_bytes") is None or not mem.get("total_bytes"):
-            add("memory", WARN, f"MemAvailable unknown ({mem.get('error', 'no /proc/meminfo')})", "", n)
+@check("ports", per_node=True)
+def ports(ctx, s, f):
+    """The head's API and rendezvous ports are free, or held by our own running rank 0."""
+    if s.rank != 0:
+        return
+    used = f.get("ports") or {}
+    for port, var in ((ctx.cfg.port, "PORT"), (ctx.cfg.mport, "MPORT")):
+        if used.get(str(port)) is None:
+            yield WARN, f"{var} {port}: not checked", ""
+        elif not used[str(port)]:
+            yield PASS, f"{var} {port} free"
+        elif rank_name(0) in _running_ranks(f):
+            yield PASS, f"{var} {port} in use by the running {rank_name(0)}"
         else:
-            need = cfg.gpu_util * mem["total_bytes"]
-            desc = (f"{_gib(mem['available_bytes'])} available of {_gib(mem['total_bytes'])}, "
-                    f"needs {_gib(need)} (GPU_UTIL {cfg.gpu_util:g})")
-            if mem["available_bytes"] < need:
-                add("memory", FAIL, desc, "stop other GPU processes and containers (docker ps), drop the "
-                    "page cache (sync; echo 3 | sudo tee /proc/sys/vm/drop_caches) or lower GPU_UTIL", n)
-            else:
-                add("memory", PASS, desc, node=n)
+            yield (FAIL, f"{var} {port} is in use", f"stop what listens there (sudo ss -ltnp 'sport = "
+                   f":{port}') or set {var} to a free port")
 
-        # ports (head)
-        if r == 0:
-            used = f.get("ports") or {}
-            for port, var in ((cfg.port, "PORT"), (cfg.mport, "MPORT")):
-                if used.get(str(port)) is None:
-                    add("ports", WARN, f"{var} {port}: not checked", "", n)
-                elif not used[str(port)]:
-                    add("ports", PASS, f"{var} {port} free", node=n)
-                elif "dsv41-r0" in running:
-                    add("ports", PASS, f"{var} {port} in use by the running dsv41-r0", node=n)
-                else:
-                    add("ports", FAIL, f"{var} {port} is in use", f"stop what listens there "
-                        f"(sudo ss -ltnp 'sport = :{port}') or set {var} to a free port", n)
 
-        # stale containers
-        active = (f.get("units") or {}).get("active") or {}
-        stale = [c for c in dk.get("containers", [])
-                 if not (c.get("state") == "running" and active.get(c["name"] + ".service") == "active")]
-        if not dk.get("ok"):
-            pass
-        elif not stale:
-            add("stale-containers", PASS, "no dsv41-r* container outside its unit", node=n)
-        else:
-            desc = ", ".join(f"{c['name']} ({c['state']}, unit {active.get(c['name'] + '.service', 'unknown')})"
-                             for c in stale)
-            fix = "docker rm -f " + " ".join(c["name"] for c in stale)
-            if any(c.get("state") == "running" for c in stale):
-                add("stale-containers", FAIL, f"running outside their units: {desc}", fix, n)
-            else:
-                add("stale-containers", WARN, f"left over (removed at start): {desc}", fix, n)
+@check("stale-containers", per_node=True)
+def stale_containers(ctx, s, f):
+    """A dsv41-r* container outside its running unit races the next rendezvous."""
+    dk = f.get("docker") or {}
+    if not dk.get("ok"):
+        return
+    active = (f.get("units") or {}).get("active") or {}
+    stale = [c for c in dk.get("containers", [])
+             if not (c.get("state") == "running" and active.get(c["name"] + ".service") == "active")]
+    if not stale:
+        yield PASS, f"no {rank_name('')}* container outside its unit"
+        return
+    desc = ", ".join(f"{c['name']} ({c['state']}, unit {active.get(c['name'] + '.service', 'unknown')})"
+                     for c in stale)
+    fix = "docker rm -f " + " ".join(c["name"] for c in stale)
+    if any(c.get("state") == "running" for c in stale):
+        yield FAIL, f"running outside their units: {desc}", fix
+    else:
+        yield WARN, f"left over (removed at start): {desc}", fix
 
-        # kernel
-        k = f.get("kernel") or {}
-        rel, cmdline = k.get("release", ""), (k.get("cmdline") or "").split()
-        hit = next((b for b in KNOWN_BAD_KERNELS if rel.startswith(b[0]) and b[1] not in cmdline), None)
-        if hit:
-            add("kernel", FAIL, f"{rel} without {hit[1]}: {hit[2]}",
-                f"add {hit[1]} to GRUB_CMDLINE_LINUX in /etc/default/grub, sudo update-grub, reboot "
-                "(or boot another kernel)", n)
-        else:
-            add("kernel", PASS, f"{rel or 'unknown'} not on the known-bad list", node=n)
 
-        # clock (workers; head timestamps around the call)
-        if r != 0 and all(isinstance(f.get(x), (int, float)) for x in ("time", "_t0", "_t1")):
-            t, t0, t1 = f["time"], f["_t0"], f["_t1"]
-            skew = 0.0 if t0 <= t <= t1 else min(abs(t - t0), abs(t - t1))
-            if skew > MAX_SKEW_S:
-                add("clock", WARN, f"{skew:.1f} s off the head's clock",
-                    "enable time sync on every node: sudo timedatectl set-ntp true", n)
-            else:
-                add("clock", PASS, f"within {MAX_SKEW_S:g} s of the head ({skew:.1f} s)", node=n)
+@check("kernel", per_node=True)
+def kernel(ctx, s, f):
+    k = f.get("kernel") or {}
+    rel, cmdline = k.get("release", ""), (k.get("cmdline") or "").split()
+    hit = next((b for b in KNOWN_BAD_KERNELS if rel.startswith(b[0]) and b[1] not in cmdline), None)
+    if hit:
+        yield (FAIL, f"{rel} without {hit[1]}: {hit[2]}", f"add {hit[1]} to GRUB_CMDLINE_LINUX in "
+               "/etc/default/grub, sudo update-grub, reboot (or boot another kernel)")
+    else:
+        yield PASS, f"{rel or 'unknown'} not on the known-bad list"
 
-        # tools
-        tools = f.get("tools") or {}
-        miss = [t for t in ("rsync", "curl") if tools.get(t) is False]
-        if miss:
-            add("tools", FAIL, f"missing: {', '.join(miss)}", f"sudo apt-get install {' '.join(miss)}", n)
-        else:
-            add("tools", PASS, "python3, rsync, curl present", node=n)
 
-    return [c._replace(status=WARN, detail=f"skipped on request ({c.status}: {c.detail})")
-            if c.name in skip and c.status != PASS else c for c in out]
+@check("clock", per_node=True)
+def clock(ctx, s, f):
+    """Workers against the head's clock, read just before and after their facts call."""
+    if s.rank == 0 or not all(isinstance(f.get(x), (int, float)) for x in ("time", "_t0", "_t1")):
+        return
+    t, t0, t1 = f["time"], f["_t0"], f["_t1"]
+    skew = 0.0 if t0 <= t <= t1 else min(abs(t - t0), abs(t - t1))
+    if skew > MAX_SKEW_S:
+        yield WARN, f"{skew:.1f} s off the head's clock", "enable time sync on every node: sudo timedatectl set-ntp true"
+    else:
+        yield PASS, f"within {MAX_SKEW_S:g} s of the head ({skew:.1f} s)"
+
+
+@check("tools", per_node=True)
+def tools(ctx, s, f):
+    have = f.get("tools") or {}
+    miss = [t for t in ("rsync", "curl") if have.get(t) is False]
+    if miss:
+        yield FAIL, f"missing: {', '.join(miss)}", f"sudo apt-get install {' '.join(miss)}"
+    else:
+        yield PASS, "python3, rsync, curl present"
 
 
 # ---- gathering (one facts call per node) ----------------------------------------------------------
 
 def _facts_call(cfg, spec, node, args):
     try:
-        home = node.home()
-        prefix = nodes.ship_code(node, cfg.state_dir_on(spec, home))
-        argv = prefix + ["dsv41.facts", *args]
+        argv = nodes.ship_code(node, cfg.state_dir_on(spec, node.home())) + ["dsv41.node.facts", *args]
         t0 = time.time()
-        r = node.run(argv, timeout=180)
+        r = node.run(argv, timeout=nodes.FACTS_TIMEOUT_S)
         t1 = time.time()
     except UserError as err:
         return {"error": str(err)}
@@ -338,10 +446,9 @@ def _override_args(spec):
     return (["--ip", spec.ip] if spec.ip else []) + (["--ifname", spec.ifname] if spec.ifname else [])
 
 
-def gather_facts(cfg, progress=None):
-    """{rank: facts dict} (or {"error": ...} for a node that cannot be reached). One facts call per
-    node; pings are folded in when the peer's address is known beforehand, else the head pings in a
-    second call."""
+def gather(cfg, progress=None):
+    """Gathered({rank: facts or {"error": ...}}, the fabric decision). One facts call per node; pings
+    are folded in when the peer's address is known beforehand, else the head pings in a second call."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     ns = {s.rank: nodes.Node.from_spec(s, cfg) for s in cfg.nodes}
     known = {s.rank: s.ip or fabric.target_ip(s) for s in cfg.workers}
@@ -354,9 +461,7 @@ def gather_facts(cfg, progress=None):
     args += ["--ping", ",".join(pinged)] if pinged else []
     say(f"facts: {ns[0].label}")
     out[0] = _facts_call(cfg, head, ns[0], args)
-    head_ip = None
-    if "error" not in out[0]:
-        head_ip = fabric.decide_all(cfg, {0: out[0]})[0]["ip"]
+    head_ip = fabric.decide_all(cfg, {0: out[0]})[0]["ip"] if "error" not in out[0] else None
     for s in cfg.workers:
         n = ns[s.rank]
         say(f"facts: {n.label}")
@@ -368,24 +473,21 @@ def gather_facts(cfg, progress=None):
         args = ["--model-dir", model_dir, *_override_args(s)]
         args += ["--peer", head_ip, "--ping", head_ip] if head_ip else []
         out[s.rank] = _facts_call(cfg, s, n, args)
-    # second head call: ping workers whose fabric address became known only now
-    decided = fabric.decide_all(cfg, {r: f for r, f in out.items() if "error" not in f})
-    late = [decided[r]["ip"] for r in known if r in decided and decided[r]["ip"]
-            and decided[r]["ip"] not in pinged]
-    if late and "error" not in out[0] and decided.get(0, {}).get("ifname"):
+    decided = fabric.decide_all(cfg, _answered(out))
+    # a second head call pings the workers whose fabric address became known only now
+    late = [decided[r]["ip"] for r in known if decided[r]["ip"] and decided[r]["ip"] not in pinged]
+    if late and "error" not in out[0] and decided[0]["ifname"]:
         say(f"ping: {ns[0].label} -> {', '.join(late)}")
         extra = _facts_call(cfg, head, ns[0], ["--ping-only", "--ping", ",".join(late),
                                                "--ifname", decided[0]["ifname"]])
         out[0]["pings"] = out[0].get("pings", []) + extra.get("pings", [])
-    return out
+    return Gathered(out, decided)
 
 
-def run_preflight(cfg, as_json=False, facts=None, progress=None, brief=False):
+def report(cfg, gathered, as_json=False, brief=False):
     """Print one line per check (or JSON); returns the exit code: 1 on any FAIL, else 0.
     brief (launch): only FAIL lines and warnings not skipped on request, then the summary."""
-    skip = skip_set(cfg)
-    facts = gather_facts(cfg, progress) if facts is None else facts
-    results = checks(cfg, facts, skip)
+    results = checks(cfg, gathered.facts, skip_set(cfg), gathered.decided)
     failed = any(c.status == FAIL for c in results)
     if as_json:
         print(json.dumps({"ok": not failed, "checks": [c._asdict() for c in results]}, indent=2))
@@ -400,13 +502,15 @@ def run_preflight(cfg, as_json=False, facts=None, progress=None, brief=False):
 
 def task(cfg, json=False):
     """`doit preflight [--json]`: False (the task fails) on any FAIL."""
-    return run_preflight(cfg, as_json=json) == 0
+    skip_set(cfg)
+    return report(cfg, gather(cfg), as_json=json) == 0
 
 
-def preflight_for_launch(cfg):
-    """The first step of `doit launch`: print the checks, stop on any FAIL, return the facts."""
-    facts = gather_facts(cfg)
-    if run_preflight(cfg, facts=facts, brief=True):
+def for_launch(cfg):
+    """The first step of `doit launch`: print the problems, stop on any FAIL, return what was gathered."""
+    skip_set(cfg)
+    gathered = gather(cfg)
+    if report(cfg, gathered, brief=True):
         raise UserError("preflight failed: fix the FAIL lines above, then launch again "
                         "(SKIP_CHECKS=name,... turns a check that cannot pass into a warning)")
-    return facts
+    return gathered

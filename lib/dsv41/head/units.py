@@ -11,10 +11,11 @@ import re
 
 import jinja2
 
-from dsv41 import commands as c
-from dsv41.config import ROOT
+from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
+from dsv41.head import commands as c
+from dsv41.head.config import ROOT
 
 UNITS_DIR = ROOT / "units"
 RANK_TEMPLATE = "dsv41-rank.service.j2"
@@ -75,20 +76,19 @@ def environment(templates_dir=None):
 
 def rank_vars(cfg, spec, fabric, paths, master_addr=None):
     state, rank = c.fact(paths, "state_dir"), spec.rank
-    name = c.container_name(rank)
+    name = names.rank_name(rank)
     return {
         "rank": rank, "role": "head" if rank == 0 else "worker", "nnodes": cfg.nnodes, "name": name,
-        "memguard": c.MEMGUARD_UNIT, "tripped": c.tripped_marker(state),
+        "memguard": names.MEMGUARD_UNIT, "tripped": c.tripped_marker(state),
         "docker_rm": c.docker_rm(name), "rm_cidfile": c.rm_f(c.cidfile(state, rank)),
-        "mkdir_run": c.mkdir(f"{state}/run"),
+        "mkdir_state": c.mkdir(*(names.state_path(state, d) for d in c.RANK_DIRS)),
         "docker_run": c.docker_run_groups(cfg, spec, fabric, paths, master_addr),
         "docker_stop": c.docker_stop(name), "stop_timeout_s": c.STOP_GRACE_S + 30,
     }
 
 
 def memguard_vars(cfg, paths):
-    return {"python": c.fact(paths, "python"), "pythonpath": c.fact(paths, "pythonpath"),
-            "state_dir": c.fact(paths, "state_dir")}
+    return {"memguard": c.memguard_argv(c.fact(paths, "state_dir"))}
 
 
 def _render(env, name, values):
@@ -105,11 +105,11 @@ def render_units(cfg, spec, fabric, paths, master_addr=None, templates_dir=None)
 
     fabric: this node's resolved fabric facts (ip, ifname, hcas, gid_index), or {rank: facts} with
     the head's; the rendezvous address is the head's ip (master_addr, else cfg's R0_IP for a worker).
-    paths: this node's model_dir, state_dir, python, pythonpath."""
+    paths: this node's model_dir and state_dir."""
     env = environment(templates_dir)
     return {
-        c.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths)),
-        c.unit_name(spec.rank): _render(env, RANK_TEMPLATE,
+        names.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths)),
+        names.rank_unit(spec.rank): _render(env, RANK_TEMPLATE,
                                         rank_vars(cfg, spec, fabric, paths, master_addr)),
     }
 

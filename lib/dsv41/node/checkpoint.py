@@ -2,9 +2,8 @@
 keep a receipt (path, size, mtime, sha256) so a later run re-hashes only what changed.
 
 Standard library only: this module is shipped to every node and run there as
-  python3 -m dsv41.checkpoint verify|check MODEL_DIR --receipt FILE [--keep-parts] [--plan NAME] [--json]
+  python3 -m dsv41.node.checkpoint verify|check MODEL_DIR --receipt FILE [--keep-parts] [--plan NAME] [--json]
 `check` compares the receipt with a stat of the files (exit 0: fresh, 1: not fresh); `verify` does the work.
-download() and copy() (head side, in dsv41.transfer) are re-exported here for dodo.py.
 """
 import argparse
 import concurrent.futures as cf
@@ -26,40 +25,9 @@ REQUIRED = ("config.json", "model.safetensors.index.json")
 PART_RE = re.compile(r"^(?P<base>.+)\.part(?P<n>\d{2,})$")
 TMP_SUFFIX = ".dsv41-tmp"
 PARTIAL_DIR = ".dsv41-partial"          # rsync's partial dir on receiving nodes
-RECEIPT_NAME = "checkpoint-receipt.json"
 RECEIPT_VERSION = 1
 CHUNK = 8 << 20
 WINDOW = 64 << 20                       # write-back / page-cache drop granularity
-
-
-def receipt_path(state_dir):
-    return os.path.join(state_dir, RECEIPT_NAME)
-
-
-# ---- head-side entry points (dodo.py); imported lazily so this module stays stdlib-only ----------
-
-def download(cfg):
-    from dsv41 import transfer
-    return transfer.download(cfg)
-
-
-def copy(cfg):
-    from dsv41 import transfer
-    return transfer.copy(cfg)
-
-
-def fresh_on_workers(cfg):
-    from dsv41 import transfer
-    return transfer.fresh_on_workers(cfg)
-
-
-def verify(cfg):
-    """Verify the checkpoint on the machine running doit; returns the receipt."""
-    return Checkpoint(cfg.model_dir, receipt_path(cfg.state_dir), cfg.keep_parts, cfg.plan_name).verify()
-
-
-def fresh_locally(cfg):
-    return Checkpoint(cfg.model_dir, receipt_path(cfg.state_dir), plan=cfg.plan_name).check()[0]
 
 
 # ---- files ----------------------------------------------------------------------------------------
@@ -522,7 +490,7 @@ def free_bytes(path):
 
 @cli
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m dsv41.checkpoint",
+    ap = argparse.ArgumentParser(prog="python3 -m dsv41.node.checkpoint",
                                  description="Verify or check a checkpoint against its receipt.")
     ap.add_argument("command", choices=("verify", "check"))
     ap.add_argument("model_dir")

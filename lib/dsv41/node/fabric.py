@@ -1,9 +1,9 @@
 """Fabric detection: which RoCE port, interface, IPv4 address, HCAs and GID index a node uses.
 
-Runs on a node with the standard library only (`python3 -m dsv41.fabric detect`). `scan()` reads the
+Runs on a node with the standard library only (`python3 -m dsv41.node.fabric detect`). `scan()` reads the
 raw facts (sysfs RDMA devices, `ip -j -4 addr`); `choose()` is the pure decision over them, so the head
-can re-decide from a node's facts once the peer's address is known. Overrides (R<N>_IP, _IFNAME, _HCAS,
-_GID_INDEX, NCCL_IB_GID_INDEX) win over detection in `resolve_fabric()`.
+can re-decide from a node's facts once the peer's address is known. Overrides win over detection on
+the head (dsv41.head.fabric).
 """
 import argparse
 import ipaddress
@@ -12,22 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from typing import NamedTuple
 
 from dsv41.errors import UserError, cli, one_line
 
 ROCE_V2 = "RoCE v2"
-EXPECTED_WRITE_GBPS = 112.0        # ib_write_bw on one HCA (field notes)
-NCCL_FLOOR_GBPS = 175.0            # NCCL bus bandwidth between two Sparks, all HCAs
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-class Fabric(NamedTuple):
-    ip: str
-    ifname: str
-    hcas: tuple
-    gid_index: int
 
 
 class NotDetected(UserError):
@@ -199,12 +188,6 @@ def choose(facts, peer=None, ip=None, ifname=None, hcas=None, gid_index=None):
     return out
 
 
-def variables(rank):
-    prefix = {0: "HEAD_", 1: "WORKER_"}.get(rank)
-    names = lambda p: "/".join(p + k for k in ("IP", "IFNAME", "HCAS", "GID_INDEX"))
-    return f"{names(prefix)} (or {names(f'R{rank}_')})" if prefix else names(f"R{rank}_")
-
-
 WORDS = {"ifname": "interface", "ip": "address", "hcas": "HCAs", "gid_index": "RoCE v2 GID index"}
 
 
@@ -229,148 +212,11 @@ def detect(sysfs="/sys", peer=None):
     return decided
 
 
-# ---- head side: overrides over detected facts ------------------------------------------------------
-
-def _gid_override(cfg, spec):
-    return spec.gid_index if spec.gid_index is not None else cfg.nccl_ib_gid_index
-
-
-def fabric_from_overrides(cfg):
-    """{rank: Fabric} when every per-node value is given by override (no node needs contacting)."""
-    out = {}
-    for s in cfg.nodes:
-        gid = _gid_override(cfg, s)
-        if not (s.ip and s.ifname and s.hcas and gid is not None):
-            return None
-        out[s.rank] = Fabric(s.ip, s.ifname, tuple(s.hcas), gid)
-    return out
-
-
-def target_ip(spec):
-    """The IPv4 literal in an ssh target (WORKER=user@<fabric address>), else None."""
-    host = (spec.target or "").split("@")[-1]
-    try:
-        return str(ipaddress.IPv4Address(host))
-    except ValueError:
-        return None
-
-
-def peer_of(cfg, rank, known_ips):
-    """The peer whose subnet a node's fabric must be on: the head for workers, rank 1 for the head."""
-    other = 1 if rank == 0 else 0
-    if other >= len(cfg.nodes):
-        return None
-    return known_ips.get(other) or cfg.nodes[other].ip or target_ip(cfg.nodes[other])
-
-
-def decide_all(cfg, facts_by_rank):
-    """{rank: decided dict} for every node with facts, overrides applied. Head first, so the workers'
-    peer is the head's resolved address."""
-    out, ips = {}, {}
-    for s in cfg.nodes:
-        node_facts = facts_by_rank.get(s.rank)
-        f = (node_facts or {}).get("fabric")
-        if f is None or "error" in f:
-            why = (f or {}).get("error") or (node_facts or {}).get("error") or "no facts gathered"
-            f = {"present": False, "devices": [], "addrs": [], **(f or {}), "error": why}
-        d = choose(f, peer=peer_of(cfg, s.rank, ips), ip=s.ip, ifname=s.ifname, hcas=s.hcas,
-                   gid_index=_gid_override(cfg, s))
-        out[s.rank] = {**d, "facts": f}
-        if d["ip"]:
-            ips[s.rank] = d["ip"]
-    return out
-
-
-def resolve_fabric(cfg, facts_by_rank):
-    """{rank: Fabric}; overrides win; UserError naming the node and the variable when a value is
-    neither given nor detectable."""
-    quick = fabric_from_overrides(cfg)
-    if quick:
-        return quick
-    out = {}
-    decided = decide_all(cfg, facts_by_rank)
-    for s in cfg.nodes:
-        d = decided[s.rank]
-        f = d["facts"]
-        if d["missing"]:
-            if "error" in f:
-                raise UserError(f"{s.name}: no fabric facts ({f['error']}); set {variables(s.rank)}")
-            raise UserError(explain(f, d, peer_of(cfg, s.rank, {r: x["ip"] for r, x in decided.items()}),
-                                    who=s.name, vars_hint=variables(s.rank)))
-        out[s.rank] = Fabric(d["ip"], d["ifname"], tuple(d["hcas"]), int(d["gid_index"]))
-    return out
-
-
-# ---- fabric-bench (head side) --------------------------------------------------------------------
-
-def parse_ib_write_bw(text):
-    """BW average in Gb/s from `ib_write_bw --report_gbits` output, or None."""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if "BW average" in line:
-            for data in lines[i + 1:]:
-                cols = data.split()
-                if len(cols) >= 4 and cols[0].isdigit():
-                    try:
-                        return float(cols[3])
-                    except ValueError:
-                        return None
-    return None
-
-
-def fabric_bench(cfg, seconds=10, progress=None):
-    """ib_write_bw from the head to the first worker over one HCA; returns a dict with gbps,
-    expected_gbps and status (PASS/WARN)."""
-    from dsv41 import nodes, preflight
-    say = progress or print
-    if not shutil.which("ib_write_bw"):
-        raise UserError("ib_write_bw is not installed on the head: sudo apt-get install perftest "
-                        "(on every node)")
-    w = cfg.require_workers()[0]
-    facts = preflight.gather_facts(cfg, progress)
-    for r in (0, w.rank):
-        if "error" in facts[r]:
-            raise UserError(facts[r]["error"])
-    if not facts[w.rank].get("tools", {}).get("ib_write_bw"):
-        raise UserError(f"ib_write_bw is not installed on {w.name}: sudo apt-get install perftest there")
-    fab = resolve_fabric(cfg, facts)
-    h, wk = fab[0], fab[w.rank]
-    hca_h, hca_w = h.hcas[0].split(":")[0], wk.hcas[0].split(":")[0]
-    base = ["ib_write_bw", "-F", "--report_gbits", "-D", str(seconds)]
-    server = nodes.Node.from_spec(w, cfg).argv_for(
-        ["timeout", str(seconds + 60), *base, "-d", hca_w, "-x", str(wk.gid_index)])
-    say(f"fabric-bench: {seconds} s ib_write_bw {cfg.head.name} {hca_h} -> {w.name} {hca_w} ({wk.ip})")
-    srv = subprocess.Popen(server, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(2)
-        r = nodes.Node("head").run([*base, "-d", hca_h, "-x", str(h.gid_index), wk.ip],
-                                   check=False, timeout=seconds + 60)
-    finally:
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-    gbps = parse_ib_write_bw(r.stdout)
-    if gbps is None:
-        raise UserError(f"ib_write_bw gave no result (exit {r.code}): {one_line(r.stderr[-300:] or r.stdout[-300:])}")
-    status = "PASS" if gbps >= 0.8 * EXPECTED_WRITE_GBPS else "WARN"
-    say(f"{status}  fabric-bench     {gbps:.1f} Gb/s on one HCA (expected about {EXPECTED_WRITE_GBPS:g} Gb/s; "
-        f"NCCL bus bandwidth floor {NCCL_FLOOR_GBPS:g} Gb/s uses every HCA)"
-        + ("" if status == "PASS" else " -- fix: check `ethtool` speed, reseat the QSFP cable"))
-    return {"gbps": gbps, "expected_gbps": EXPECTED_WRITE_GBPS, "status": status}
-
-
-def bench_task(cfg):
-    """`doit fabric-bench`."""
-    fabric_bench(cfg)
-
-
 # ---- command line ----------------------------------------------------------------------------------
 
 @cli
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dsv41.fabric")
+    p = argparse.ArgumentParser(prog="python3 -m dsv41.node.fabric")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("detect", help="detect this node's fabric interface, address, HCAs, GID index")
     d.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")

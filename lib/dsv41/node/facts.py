@@ -1,7 +1,7 @@
 """Everything the head needs to know about one node, gathered in one process and printed as JSON.
 
 Runs on a node with the standard library only:
-    python3 -m dsv41.facts [--sysfs DIR] [--model-dir D] [--peer IP] [--ports 8000,29655]
+    python3 -m dsv41.node.facts [--sysfs DIR] [--model-dir D] [--peer IP] [--ports 8000,29655]
                            [--ping IP,...] [--ifname IF] [--ip IP] [--ping-only]
 Nothing is changed; each section that cannot be read carries an "error" instead of stopping the rest.
 """
@@ -15,12 +15,11 @@ import subprocess
 import sys
 import time
 
-from dsv41 import fabric
 from dsv41.errors import UserError, cli, one_line
+from dsv41.names import MEMGUARD_UNIT, RANK_NAME_RE, RANK_PREFIX, UNIT_DIR
+from dsv41.node import fabric
 
-UNIT_DIR = "/etc/systemd/system"
 TOOLS = ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi", "ib_write_bw", "systemctl")
-CONTAINER_RE = re.compile(r"^dsv41-r\d+$")
 
 
 def run_quiet(argv, timeout=20):
@@ -82,10 +81,10 @@ def docker_facts():
                 "daemon" if "cannot connect" in low or "daemon running" in low else "other")
         return {"ok": False, "kind": kind, "error": one_line(err[-400:]) or f"exit {code}",
                 "runtimes": [], "containers": []}
-    code, out, err = run_quiet(["docker", "ps", "-a", "--filter", "name=dsv41-r",
+    code, out, err = run_quiet(["docker", "ps", "-a", "--filter", f"name={RANK_PREFIX}",
                            "--format", "{{.Names}}\t{{.State}}\t{{.ID}}"])
     res["containers"] = [dict(zip(("name", "state", "id"), line.split("\t")))
-                         for line in out.splitlines() if CONTAINER_RE.match(line.split("\t")[0])]
+                         for line in out.splitlines() if RANK_NAME_RE.match(line.split("\t")[0])]
     return res
 
 
@@ -137,7 +136,7 @@ def listening_ports():
 def unit_facts(unit_dir, names):
     files = sorted(n for n in os.listdir(unit_dir) if n.startswith("dsv41-") and n.endswith(".service")) \
         if os.path.isdir(unit_dir) else []
-    units = sorted(set(files) | {n + ".service" for n in names} | {"dsv41-memguard.service"})
+    units = sorted(set(files) | {n + ".service" for n in names} | {MEMGUARD_UNIT})
     active = {}
     if shutil.which("systemctl"):
         code, out, _ = run_quiet(["systemctl", "is-active", *units], timeout=10)
@@ -211,7 +210,7 @@ def _csv(text):
 
 @cli
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m dsv41.facts", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python3 -m dsv41.node.facts", description=__doc__.splitlines()[0])
     p.add_argument("--sysfs", default="/sys")
     p.add_argument("--model-dir")
     p.add_argument("--peer", help="peer fabric address: detect the port on its subnet")

@@ -3,7 +3,7 @@ node's dsv41-r* rank containers (directly, not through dockerd), stop their unit
 leave a trip marker that blocks their restart.
 
 Runs on the node with the system python3, standard library only:
-    python3 -m dsv41.memguard --floor-gib 1 --mode enforce --state-dir ~/.dsv41-two-sparks
+    python3 -m dsv41.node.memguard --floor-gib 1 --mode enforce --state-dir ~/.dsv41-two-sparks
 
 Marker `$STATE_DIR/memguard.tripped` (JSON): time (of the reading), killed_at, host, mode,
 mem_available_gib, floor_gib (and _bytes), killed [{pid, rank, comm, rss_gib, how, result}], units,
@@ -24,12 +24,10 @@ import time
 
 from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic
+from dsv41.names import CIDFILE_RE, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, TRIP_MARKER, rank_unit
 
 GIB = 1 << 30
-MARKER = "memguard.tripped"
-RANK_ENV = b"DSV41_RANK="
-UNIT_RE = re.compile(r"\bdsv41-r(\d+)\.service\b")
-CIDFILE_RE = re.compile(r"^dsv41-r(\d+)\.cid$")
+RANK_ENV_B = f"{RANK_ENV}=".encode()
 CID_RE = re.compile(r"^[0-9a-f]{12,64}$")
 
 SLOW_S, FAST_S, MIN_S = 1.0, 0.1, 0.01  # poll period: far from the floor, near it, at the floor
@@ -54,10 +52,10 @@ def gib(nbytes):
 # --- the trip marker (also used by the launcher and status) -------------------------------------
 
 def trip_path(state_dir):
-    return os.path.join(os.path.expanduser(str(state_dir)), MARKER)
+    return os.path.join(os.path.expanduser(str(state_dir)), TRIP_MARKER)
 
 
-def parse_trip(raw, where=MARKER):
+def parse_trip(raw, where=TRIP_MARKER):
     """A trip marker's bytes (e.g. read from a worker with Node.read_file) as a dict; a marker that
     cannot be parsed still counts as a trip: {"error": ...}."""
     try:
@@ -118,7 +116,7 @@ def _read(path, limit=-1):
 
 def rank_cids(state_dir):
     """{container id: rank} from the cidfiles in $STATE_DIR/run (docker run --cidfile)."""
-    run = os.path.join(state_dir, "run")
+    run = os.path.join(state_dir, RUN)
     cids = {}
     try:
         names = os.listdir(run)
@@ -156,9 +154,9 @@ def scan(cids, want_ranks=True):
                 ranks[pid] = (cids[hit], "cgroup")
                 continue
         env = _read(f"/proc/{pid}/environ")
-        i = env.find(RANK_ENV)
+        i = env.find(RANK_ENV_B)
         if i == 0 or (i > 0 and env[i - 1] == 0):
-            value = env[i + len(RANK_ENV):].split(b"\0", 1)[0]
+            value = env[i + len(RANK_ENV_B):].split(b"\0", 1)[0]
             ranks[pid] = (int(value) if value.isdigit() else None, "env")
     return ranks, sizes
 
@@ -436,8 +434,8 @@ class Guard:
         t0 = time.monotonic()
         cids = rank_cids(self.state_dir)
         ranks, sizes = scan(cids)
-        units = {f"dsv41-r{r}.service" for r, _ in ranks.values() if r is not None}
-        units |= {f"dsv41-r{r}.service" for r in cids.values()}
+        units = {rank_unit(r) for r, _ in ranks.values() if r is not None}
+        units |= {rank_unit(r) for r in cids.values()}
         rss = dict((pid, size) for size, pid in sizes)
         marker = {
             "time": now_iso(), "host": socket.gethostname(), "mode": self.mode,
@@ -450,8 +448,8 @@ class Guard:
         shown = math.floor(avail / GIB * 1000) / 1000  # rounded down: never shown equal to the floor
         head = f"MemAvailable {shown:.3f} GiB < floor {self.floor / GIB:.3f} GiB"
         if self.mode != "enforce":
-            listed = systemctl(["list-units", "dsv41-r*", "--all", "--plain", "--no-legend"], self.log)
-            units |= {m.group(0) for m in UNIT_RE.finditer(listed or "")}
+            listed = systemctl(["list-units", f"{RANK_PREFIX}*", "--all", "--plain", "--no-legend"], self.log)
+            units |= {m.group(0) for m in RANK_UNIT_RE.finditer(listed or "")}
             self.log(f"TRIP (observe): {head}: would kill {self.describe(marker['killed'])} and stop "
                      f"{', '.join(sorted(units)) or 'no units'}; top: {fmt_top(marker['top'])}")
             return
@@ -471,8 +469,8 @@ class Guard:
             k["result"] = results.get(k["pid"], "?")
         self.log(f"TRIP: {head}: killed {self.describe(marker['killed'])} ({ms:.0f} ms after the reading); "
                  f"top: {fmt_top(marker['top'])}")
-        listed = systemctl(["list-units", "dsv41-r*", "--all", "--plain", "--no-legend"], self.log)
-        units |= {m.group(0) for m in UNIT_RE.finditer(listed or "")}
+        listed = systemctl(["list-units", f"{RANK_PREFIX}*", "--all", "--plain", "--no-legend"], self.log)
+        units |= {m.group(0) for m in RANK_UNIT_RE.finditer(listed or "")}
         marker["units"] = sorted(units)
         for unit in marker["units"]:
             if systemctl(["stop", "--no-block", unit], self.log) is not None:
@@ -517,7 +515,7 @@ def parse_args(argv=None, env=None):
         raise UserError(f"memory guard mode {args.mode!r} is unknown: use enforce or observe")
     args.floor = int(floor * GIB)
     args.state_dir = os.path.abspath(os.path.expanduser(args.state_dir))
-    args.log = os.path.abspath(os.path.expanduser(args.log or os.path.join(args.state_dir, "memguard.log")))
+    args.log = os.path.abspath(os.path.expanduser(args.log or os.path.join(args.state_dir, GUARD_LOG)))
     return args
 
 

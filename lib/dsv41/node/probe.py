@@ -1,6 +1,6 @@
 """Node side: the deployment state of one node in one process, as JSON (stdlib only).
 
-`python3 -m dsv41.probe '<json request>'` with {"state_dir", "units": [...], "image",
+`python3 -m dsv41.node.probe '<json request>'` with {"state_dir", "units": [...], "image",
 "containers": [...]} prints: installed unit files (text and sha256), systemd states, containers,
 the image ID, the trip marker, MemAvailable, GPU memory, state file hashes. Launch, plan and status
 read a node through this one call."""
@@ -11,7 +11,8 @@ import shutil
 import sys
 import time
 
-from dsv41.facts import UNIT_DIR, memory_facts, run_quiet
+from dsv41.names import TRIP_MARKER, UNIT_DIR, state_path
+from dsv41.node.facts import memory_facts, run_quiet
 
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState",
         "ActiveEnterTimestamp", "InactiveEnterTimestamp", "ConditionResult")
@@ -75,7 +76,7 @@ def gpu_memory():
 
 
 def trip(state_dir):
-    path = os.path.join(state_dir, "memguard.tripped")
+    path = state_path(state_dir, TRIP_MARKER)
     try:
         with open(path) as f:
             return json.load(f)

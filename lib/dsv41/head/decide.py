@@ -1,0 +1,110 @@
+"""The decision: from every node's facts (dsv41.node.probe) and the desired state (dsv41.head.desired)
+to the steps that bring one to the other. Pure: no I/O, so `doit plan` and `doit launch` take the
+same decision, and tests can state it as tables."""
+import enum
+import hashlib
+from typing import NamedTuple
+
+from dsv41 import names
+
+STALE_MARGIN_S = 5   # a worker up this much less time than the head restarted on its own (RestartSec=30)
+
+
+class Kind(enum.Enum):
+    WRITE = "write"                  # a state file (guard settings, plan copy, key env file)
+    INSTALL = "install"              # a unit file into /etc/systemd/system
+    START_GUARD = "start-guard"
+    RESTART_GUARD = "restart-guard"
+    RELOAD_GUARD = "reload-guard"
+    RESTART_RANKS = "restart-ranks"  # head rank stopped first, workers started before the head
+
+
+class Step(NamedTuple):
+    kind: Kind
+    node: str        # a node name, or "all"
+    target: str      # the file or unit it acts on ("" for the ranks)
+    reason: str
+
+    def line(self):
+        return f"{self.kind.value} on {self.node}: {self.reason}"
+
+
+def sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def unit_age(facts, unit):
+    """Seconds the unit has been active by its node's own clock, or None when it is not active."""
+    u = facts.get("units", {}).get(unit, {})
+    since = u.get("ActiveEnterTimestamp", "")
+    if u.get("ActiveState") != "active" or not since.startswith("@") or "time" not in facts:
+        return None
+    return facts["time"] - float(since[1:])
+
+
+def stale_workers(specs, facts):
+    """A worker rank that (re)started after the head's rank cannot rejoin its rendezvous: the ranks
+    must restart together. One line per such worker. Ages are measured on each node's own clock, so
+    clock skew between nodes cannot fake a restart. specs: the NodeSpecs, head first."""
+    head = specs[0]
+    head_age = unit_age(facts.get(head.name, {}), names.rank_unit(0))
+    out = []
+    for s in specs[1:]:
+        f = facts.get(s.name, {})
+        age = unit_age(f, names.rank_unit(s.rank))
+        if head_age is not None and age is not None and age < head_age - STALE_MARGIN_S:
+            u = f["units"][names.rank_unit(s.rank)]
+            out.append(f"{names.rank_unit(s.rank)} on {s.label} restarted after the head's rank "
+                       f"(NRestarts={u.get('NRestarts', '?')}): the ranks must restart together")
+    return out
+
+
+def changed_units(specs, desired, facts):
+    """[(node name, unit, installed text or None, desired text)] for units whose content differs."""
+    out = []
+    for s in specs:
+        for name, text in desired.units[s.name].items():
+            have = facts[s.name]["units"].get(name, {})
+            if have.get("text") != text:
+                out.append((s.name, name, have.get("text"), text))
+    return out
+
+
+def decide(specs, desired, facts):
+    """The steps, in the order launch applies them."""
+    steps = []
+    rank_reasons = list(stale_workers(specs, facts))
+    changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, facts)}
+    for s in specs:
+        f = facts[s.name]
+        for rel, (text, _) in desired.files[s.name].items():
+            if text is None or f["files"].get(rel) != sha(text):
+                steps.append(Step(Kind.WRITE, s.name, rel, f"{rel} differs"))
+                if rel != names.GUARD_SETTINGS:   # the ranks read the plan and the key only at start
+                    rank_reasons.append(f"{rel} changed on {s.name}")
+    for node, unit in sorted(changed):
+        steps.append(Step(Kind.INSTALL, node, unit, f"{unit} differs from the rendered unit"))
+    for s in specs:
+        f = facts[s.name]
+        guard = f["units"].get(names.MEMGUARD_UNIT, {})
+        guard_changed = (s.name, names.MEMGUARD_UNIT) in changed
+        if guard_changed and guard.get("ActiveState") == "active":
+            steps.append(Step(Kind.RESTART_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard unit changed"))
+            rank_reasons.append("the memory guard unit changed (ranks are bound to it)")
+        elif guard.get("ActiveState") != "active" or guard_changed:
+            steps.append(Step(Kind.START_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard not running"))
+        elif f["files"].get(names.GUARD_SETTINGS) != sha(desired.files[s.name][names.GUARD_SETTINGS][0]):
+            steps.append(Step(Kind.RELOAD_GUARD, s.name, names.MEMGUARD_UNIT,
+                              "MEMGUARD_GIB or MEMGUARD_MODE changed"))
+        unit = names.rank_unit(s.rank)
+        u = f["units"].get(unit, {})
+        container = f["containers"].get(names.rank_name(s.rank))
+        if (s.name, unit) in changed:
+            rank_reasons.append(f"{unit} changed")
+        elif u.get("ActiveState") != "active":
+            rank_reasons.append(f"{unit} is {u.get('ActiveState', 'not installed')}")
+        elif container and f["image_id"] and container["image"] != f["image_id"]:
+            rank_reasons.append(f"{unit} runs an older image")
+    if rank_reasons:
+        steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
+    return steps

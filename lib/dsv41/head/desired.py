@@ -1,0 +1,85 @@
+"""The desired state of every node, computed on the head: rendered units and the state files (the
+guard's settings, the EXL3 plan copy, the head's API key env file). Also the API key itself and
+`doit render`."""
+import json
+import os
+import secrets
+from typing import NamedTuple
+
+from dsv41 import names
+from dsv41.client.api import read_key_file
+from dsv41.errors import UserError
+from dsv41.files import write_atomic
+from dsv41.head import fabric, preflight, units
+from dsv41.head.cluster import Cluster
+
+
+class Desired(NamedTuple):
+    units: dict     # {node name: {unit file name: text}}
+    files: dict     # {node name: {path under the state dir: (text or None, mode)}}; None: not known yet
+
+
+def guard_settings(cfg):
+    """The memory guard's floor and mode: a file the guard re-reads on `systemctl reload`, so a new
+    MEMGUARD_GIB changes neither its unit nor the ranks."""
+    return json.dumps({"floor_gib": cfg.memguard_gib, "mode": cfg.memguard_mode}) + "\n"
+
+
+def read_key(cfg):
+    return read_key_file(cfg.api_key_file)
+
+
+def read_or_create_key(cfg):
+    key = read_key(cfg)
+    if key:
+        return key
+    key = secrets.token_urlsafe(32)
+    write_atomic(cfg.api_key_file, (key + "\n").encode(), 0o600)
+    print(f"[head] created the API key in {cfg.api_key_file} (mode 0600)")
+    return key
+
+
+def read_head_plan(cfg):
+    path = os.path.join(cfg.model_dir, "exl3", "plan", cfg.plan_name)
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        raise UserError(f"EXL3 plan {path} is missing: run `doit download` (or check PLAN_NAME)") from None
+
+
+def state_files(cfg, is_head, key, plan_text):
+    """{path under the state dir: (text, mode)} one node must hold (text None when the key is not
+    known yet, as in a dry run)."""
+    files = {names.GUARD_SETTINGS: (guard_settings(cfg), 0o644),
+             f"{names.PLANS}/{cfg.plan_name}": (units.rewrite_plan(plan_text), 0o644)}
+    if is_head:
+        files[names.KEY_ENV] = (f"VLLM_API_KEY={key}\n" if key else None, 0o600)
+    return files
+
+
+def desired(cl, fab, key, plan_text):
+    """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)."""
+    return Desired(
+        units={n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes},
+        files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text) for n in cl.nodes})
+
+
+def render(cfg):
+    """doit render: write every node's units under $STATE_DIR/units/r<N>/ (changed files only).
+    With every per-node fabric value given by override no node is contacted; a worker's home is
+    then assumed from its ssh user (/root or /home/<user>)."""
+    cl = Cluster(cfg)
+    fab = fabric.from_overrides(cfg)
+    offline = fab is not None
+    if not offline:
+        fab = fabric.resolve(cfg, preflight.gather(cfg).decided)
+    else:
+        for n in cl.workers:
+            user = n.target.split("@")[0] if "@" in n.target else os.environ.get("USER", "root")
+            n.assume_home("/root" if user == "root" else f"/home/{user}")
+    rendered = {cl.spec(n).rank: units.render_units(cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes}
+    out = os.path.join(cfg.state_dir, names.UNITS)
+    units.write_rendered(cfg, rendered, out)
+    note = " (no node contacted; workers' homes assumed from their ssh users)" if offline else ""
+    print(f"rendered units for {len(rendered)} nodes in {out}{note}")

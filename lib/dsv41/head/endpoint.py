@@ -1,0 +1,18 @@
+"""doit smoke and doit bench: the client tools pointed at this deployment's API with its key."""
+import os
+
+from dsv41.client.api import load_key
+from dsv41.client.bench import run_bench
+from dsv41.client.smoke import run_smoke
+
+
+def smoke(cfg, json=False):
+    return run_smoke(cfg.api_url, load_key(cfg.api_key_file), model=cfg.served_model_name, as_json=json) == 0
+
+
+def bench(cfg, args=()):
+    args = list(args)
+    if "--url" not in args:
+        args = ["--url", cfg.api_url] + args
+    os.environ.setdefault("DSV41_API_KEY", load_key(cfg.api_key_file) or "")
+    return run_bench(args) == 0

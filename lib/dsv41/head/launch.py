@@ -1,0 +1,147 @@
+"""doit launch: preflight, image, then facts -> decide -> apply, then wait until the API generates a
+token. Ranks start workers first and the head last, and stop head first (a stale rendezvous races)."""
+import os
+import sys
+import time
+
+from dsv41 import names
+from dsv41.client.api import Client
+from dsv41.errors import UserError
+from dsv41.head import commands, fabric, image, preflight, units
+from dsv41.head.cluster import Cluster, say
+from dsv41.head.decide import Kind, decide
+from dsv41.head.desired import desired, read_head_plan, read_or_create_key
+
+
+def launch(cfg):
+    t0 = time.monotonic()
+    cfg.require_workers()
+    cl = Cluster(cfg)
+    gathered = preflight.for_launch(cfg)
+    fab = fabric.resolve(cfg, gathered.decided)
+    facts = cl.probe_all()
+    refuse_if_tripped(cl, facts)
+    image.ensure(cl, facts)
+    want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
+    units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes},
+                         os.path.join(cfg.state_dir, names.UNITS))
+    steps = decide(cfg.nodes, want, facts)
+    apply(cl, want, steps)
+    wait_ready(cl, t0 if steps else None)
+
+
+def refuse_if_tripped(cl, facts):
+    tripped = [(n, facts[n.name]["tripped"]) for n in cl.nodes if facts[n.name]["tripped"]]
+    if tripped:
+        n, t = tripped[0]
+        raise UserError(
+            f"the memory guard on {n.label} tripped at {t.get('time', '?')} (MemAvailable "
+            f"{t.get('mem_available_gib', '?')} GiB under the floor {t.get('floor_gib', '?')} GiB); "
+            "lower KV_BYTES or GPU_UTIL first (raise MEMGUARD_GIB only after that), then run "
+            "`doit clear-trip` and launch again")
+
+
+def apply(cl, want, steps):
+    by_name = {n.name: n for n in cl.nodes}
+    for s in steps:
+        node = by_name.get(s.node)
+        if s.kind is Kind.WRITE:
+            state = cl.paths(node).state_dir
+            text, mode = want.files[node.name][s.target]
+            node.write_file(f"{state}/{s.target}", text, mode=mode)
+            say(node, f"wrote {state}/{s.target}" + (f" (mode {mode:o})" if mode != 0o644 else ""))
+        elif s.kind is Kind.INSTALL:
+            install_unit(cl, node, s.target, want.units[node.name][s.target])
+    for name in {s.node for s in steps if s.kind is Kind.INSTALL}:
+        by_name[name].run(cl.priv(by_name[name], commands.systemctl("daemon-reload")))
+    for s in steps:
+        if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
+            node, verb = by_name[s.node], s.kind.value.split("-")[0]
+            node.run(cl.priv(node, commands.systemctl(verb, names.MEMGUARD_UNIT)))
+            node.run(cl.priv(node, commands.systemctl("enable", "--quiet", names.MEMGUARD_UNIT)))
+            say(node, f"{verb}ed the memory guard")
+    for s in steps:
+        if s.kind is Kind.RESTART_RANKS:
+            print(f"(re)starting the ranks: {s.reason}")
+            restart_ranks(cl)
+
+
+def install_unit(cl, node, name, text):
+    """Write /etc/systemd/system/<name> atomically; through sudo -n when the node's user is not root."""
+    path = f"{names.UNIT_DIR}/{name}"
+    if cl.uid(node) == 0:
+        node.write_file(path, text)
+    else:
+        tmp = f"{cl.paths(node).state_dir}/{names.RUN}/.{name}.tmp"
+        node.write_file(tmp, text)
+        node.run(["sudo", "-n", "install", "-m", "0644", tmp, path])
+    say(node, f"installed {path}")
+
+
+def stop_ranks(cl):
+    for node in [cl.head] + cl.workers:
+        node.run(cl.priv(node, commands.systemctl("stop", cl.rank_unit(node))), check=False)
+
+
+def restart_ranks(cl):
+    """Stop every rank (head first), then start the workers' ranks, then the head's."""
+    stop_ranks(cl)
+    for node in cl.workers + [cl.head]:
+        unit = cl.rank_unit(node)
+        node.run(cl.priv(node, commands.systemctl("reset-failed", unit)), check=False)
+        node.run(cl.priv(node, commands.systemctl("start", unit)))
+        say(node, f"started {unit}")
+
+
+def wait_ready(cl, t0):
+    """Ready: /v1/models answers 200 with the key and one token is generated, while every rank
+    unit stays active. A failed rank stops the wait at once with its journal."""
+    cfg = cl.cfg
+    client = Client(cfg.api_url, read_or_create_key(cfg), read_timeout=60)
+    started = time.monotonic()
+    deadline = started + cfg.start_timeout_s
+    last_note = 0.0
+    while True:
+        problem = ranks_down(cl)
+        if problem:
+            show_rank_logs(cl)
+            raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
+        if client.generates(cfg.served_model_name):
+            break
+        now = time.monotonic()
+        if now > deadline:
+            show_rank_logs(cl)
+            raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
+                            "(START_TIMEOUT_MIN); the ranks' journals are above")
+        if now - last_note >= (5 if sys.stderr.isatty() else 30):
+            print(f"waiting for the API at {client.base}: {fmt_elapsed(now - started)} elapsed "
+                  f"(first start takes about 12 min)", flush=True)
+            last_note = now
+        time.sleep(2)
+    took = f"; start-up took {fmt_elapsed(time.monotonic() - t0)}" if t0 else "; nothing changed"
+    print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}{took}")
+
+
+def fmt_elapsed(s):
+    return f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def ranks_down(cl):
+    """None when every rank unit is active, else a sentence naming the first that is not."""
+    for node in cl.nodes:
+        unit = cl.rank_unit(node)
+        r = node.run(commands.systemctl("show", "-p", "ActiveState,SubState,Result", unit), check=False)
+        props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+        if (props.get("ActiveState") not in ("active", "activating", "reloading")
+                or props.get("SubState") == "auto-restart"):  # its container exited
+            return (f"rank {unit} on {node.label} is {props.get('ActiveState', 'unknown')} "
+                    f"({props.get('Result', '?')})")
+    return None
+
+
+def show_rank_logs(cl, lines=40):
+    for node in cl.nodes:
+        unit = cl.rank_unit(node)
+        r = node.run(commands.journalctl(unit, lines=lines), check=False)
+        print(f"---- last {lines} lines of {unit} on {node.label} ----")
+        print(r.stdout.rstrip() or r.stderr.rstrip() or "(empty)")

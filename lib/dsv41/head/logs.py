@@ -1,0 +1,48 @@
+"""doit logs r0|r1|...|memguard [-f] [-n N] [--node NAME]: a unit's journal on its node."""
+from dsv41 import names
+from dsv41.errors import UserError
+from dsv41.head import commands
+from dsv41.head.cluster import Cluster
+
+
+def _log_args(words, follow, lines, node):
+    """doit stops parsing options at the first positional word: take -f/-n/--node from anywhere."""
+    targets, words = [], list(words)
+    while words:
+        w = words.pop(0)
+        if w in ("-f", "--follow"):
+            follow = True
+        elif w in ("-n", "--lines", "--node") and words:
+            value = words.pop(0)
+            if w == "--node":
+                node = value
+            elif value.isdigit():
+                lines = int(value)
+            else:
+                raise UserError(f"-n {value!r} is not a number of lines")
+        else:
+            targets.append(w)
+    return targets, follow, lines, node
+
+
+def logs(cfg, units=(), follow=False, lines=100, node=""):
+    cl = Cluster(cfg)
+    targets, follow, lines, node = _log_args(units, follow, lines, node)
+    ranks = {f"r{cl.spec(n).rank}": n for n in cl.nodes}
+    for t in targets or ["r0"]:
+        if t == "memguard":
+            picks = [n for n in cl.nodes if not node or n.name == node]
+            if not picks:
+                raise UserError(f"--node {node!r} is not a node: choose from "
+                                + ", ".join(n.name for n in cl.nodes))
+            for n in picks:
+                print(f"---- {names.MEMGUARD_UNIT} on {n.label} ----", flush=True)
+                n.run(commands.journalctl(names.MEMGUARD_UNIT, follow=follow and len(picks) == 1,
+                                          lines=lines), fg=True)
+            continue
+        if t not in ranks:
+            raise UserError(f"no unit {t!r}: choose from {', '.join(ranks)} or memguard")
+        n = ranks[t]
+        unit = cl.rank_unit(n)
+        print(f"---- {unit} on {n.label} ----", flush=True)
+        n.run(commands.journalctl(unit, follow=follow, lines=lines), fg=True)

@@ -1,0 +1,11 @@
+"""doit pi: register this deployment's API with the Pi coding agent on this machine (pi/install.sh)."""
+import os
+import subprocess
+
+from dsv41.head.config import ROOT
+
+
+def install(cfg):
+    env = {**os.environ, "MAX_LEN": str(cfg.max_len)}
+    url = os.environ.get("DSV41_BASE_URL") or cfg.api_url
+    return subprocess.run(["bash", str(ROOT / "pi" / "install.sh"), url], env=env).returncode == 0

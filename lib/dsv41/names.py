@@ -1,0 +1,61 @@
+"""Every name and path dsv41 uses on a node, defined once. Standard library only: shipped to nodes.
+
+On every node, $STATE_DIR holds:
+    lib/                 the shipped package (node code runs from here)
+    memguard.json        the memory guard's floor and mode (re-read on `systemctl reload`)
+    memguard.tripped     the trip marker: while it exists no rank unit starts
+    memguard.log         the guard's log (also in the journal)
+    checkpoint-receipt.json  what was verified in the model dir (size, mtime, sha256)
+    plans/<plan>         the EXL3 plan with bank paths rewritten for the container (/plans)
+    cache/               kernel and compile caches (/cache in the container)
+    run/                 cidfiles of the rank containers
+    api_key.env          rank 0 only: VLLM_API_KEY=<key>, 0600, the container's --env-file
+and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db, doit.lock,
+ssh/ (ssh master sockets), watchdog.json, watchdog.gaveup, incidents.jsonl.
+"""
+import os
+import re
+
+UNIT_DIR = "/etc/systemd/system"
+MEMGUARD_UNIT = "dsv41-memguard.service"
+WATCHDOG_UNIT = "dsv41-watchdog.service"
+RANK_PREFIX = "dsv41-r"
+RANK_NAME_RE = re.compile(r"^dsv41-r(\d+)$")
+RANK_UNIT_RE = re.compile(r"\bdsv41-r(\d+)\.service\b")
+RANK_ENV = "DSV41_RANK"               # set in every rank container: the guard finds rank processes by it
+
+LIB = "lib"
+GUARD_SETTINGS = "memguard.json"
+TRIP_MARKER = "memguard.tripped"
+GUARD_LOG = "memguard.log"
+RECEIPT = "checkpoint-receipt.json"
+PLANS = "plans"
+CACHE = "cache"
+RUN = "run"
+KEY_ENV = "api_key.env"               # rank 0's container gets the key from this root-only env file
+KEY = "api_key"                       # the head's key file (API_KEY_FILE may move it)
+UNITS = "units"
+WATCHDOG_SETTINGS = "watchdog.json"
+WATCHDOG_GAVEUP = "watchdog.gaveup"
+INCIDENTS = "incidents.jsonl"
+
+
+def rank_name(rank):
+    """Container name, and the stem of the rank's unit."""
+    return f"{RANK_PREFIX}{rank}"
+
+
+def rank_unit(rank):
+    return f"{RANK_PREFIX}{rank}.service"
+
+
+def cidfile(rank):
+    return f"{RUN}/{rank_name(rank)}.cid"
+
+
+CIDFILE_RE = re.compile(r"^dsv41-r(\d+)\.cid$")
+
+
+def state_path(state_dir, name):
+    """A file of the state layout above, under one node's state dir."""
+    return os.path.join(state_dir, name)

@@ -1,0 +1,209 @@
+"""The launch decision as a pure function: tables of node facts and desired state in, steps out. Also
+the desired state itself, `doit render` without any node, and the Cluster's privilege rule."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dsv41.errors import UserError
+from dsv41.head import fabric, image
+from dsv41.head.cluster import Cluster
+from dsv41.head.config import load_config
+from dsv41.head.decide import Kind, decide, sha, stale_workers
+from dsv41.head.desired import desired, guard_settings
+from dsv41.head.logs import _log_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OVERRIDES = {"WORKER": "bob@10.10.10.11", "HEAD_IP": "10.10.10.13", "HEAD_IFNAME": "enp1s0f1np1",
+             "HEAD_HCAS": "rocep1s0f1", "HEAD_GID_INDEX": "3", "WORKER_IP": "10.10.10.11",
+             "WORKER_IFNAME": "enp1s0f1np1", "WORKER_HCAS": "rocep1s0f1", "WORKER_GID_INDEX": "3"}
+PLAN = '{"qdir": "qn:q31:q31s", "k": 1}'
+KEY = "k" * 43
+
+
+def cluster(tmp_path, **env):
+    cfg = load_config({**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "model"),
+                       "API_KEY_FILE": str(tmp_path / "key"), **env})
+    cl = Cluster(cfg)
+    for n in cl.nodes:
+        n.assume_home("/home/bob" if not n.is_local else os.path.expanduser("~"))
+    return cl
+
+
+def want(cl, key=KEY, plan=PLAN):
+    return desired(cl, fabric.from_overrides(cl.cfg), key, plan)
+
+
+def running(cl, w, since=None, image_id="sha256:abc", clock=None):
+    """Probe facts of nodes where the desired state `w` is installed, active and current (what
+    dsv41.node.probe reports; no nodes here)."""
+    facts = {}
+    for n in cl.nodes:
+        ts = (since or {}).get(n.name, 1000) + (clock or {}).get(n.name, 0)
+        facts[n.name] = {
+            "uid": 0, "image_id": image_id, "time": 5000.0 + (clock or {}).get(n.name, 0), "tripped": None,
+            "mem_available_kib": 1 << 20,
+            "units": {name: {"installed": True, "text": text, "ActiveState": "active", "SubState": "running",
+                             "ActiveEnterTimestamp": f"@{ts}", "NRestarts": "0"}
+                      for name, text in w.units[n.name].items()},
+            "containers": {f"dsv41-r{cl.spec(n).rank}": {"state": {"Status": "running"}, "image": image_id}},
+            "files": {rel: sha(text) for rel, (text, _) in w.files[n.name].items()},
+        }
+    return facts
+
+
+def steps_of(steps):
+    return [(s.kind, s.node) for s in steps]
+
+
+def guard_stopped(f):
+    f["worker1"]["units"]["dsv41-memguard.service"]["ActiveState"] = "inactive"
+
+
+def rank_failed(f):
+    f["worker1"]["units"]["dsv41-r1.service"]["ActiveState"] = "failed"
+
+
+def new_image(f):
+    for node in f.values():
+        node["image_id"] = "sha256:new"
+
+
+def worker_restarted_alone(f):
+    f["worker1"]["units"]["dsv41-r1.service"].update(ActiveEnterTimestamp="@1100", NRestarts="1")
+
+
+def worker_clock_ahead(f):
+    # the worker started 0.5 s before the head, but its clock runs 30 s ahead
+    f["worker1"]["time"] += 30
+    f["worker1"]["units"]["dsv41-r1.service"]["ActiveEnterTimestamp"] = "@1029.5"
+
+
+def nothing_installed(f):
+    for node in f.values():
+        node["units"] = {name: {"installed": False, "text": None} for name in node["units"]}
+        node["files"] = {}
+        node["containers"] = {}
+
+
+R, W = Kind.RESTART_RANKS, Kind.WRITE
+TABLE = [
+    # (what happened, env for the new config, change to the facts, key, plan, expected steps, reason words)
+    ("nothing changed", {}, None, KEY, PLAN, [], ""),
+    ("a rank setting changed", {"KV_BYTES": "2600000000"}, None, KEY, PLAN,
+     [(Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (R, "all")],
+     "dsv41-r0.service changed; dsv41-r1.service changed"),
+    ("the guard floor changed", {"MEMGUARD_GIB": "2"}, None, KEY, PLAN,
+     [(W, "head"), (W, "worker1"), (Kind.RELOAD_GUARD, "head"), (Kind.RELOAD_GUARD, "worker1")], ""),
+    ("a new image", {}, new_image, KEY, PLAN, [(R, "all")], "runs an older image"),
+    ("a stopped guard and a failed rank", {}, lambda f: (guard_stopped(f), rank_failed(f)), KEY, PLAN,
+     [(Kind.START_GUARD, "worker1"), (R, "all")], "dsv41-r1.service is failed"),
+    ("a worker restarted on its own", {}, worker_restarted_alone, KEY, PLAN, [(R, "all")],
+     "dsv41-r1.service on worker1 (bob@10.10.10.11) restarted after the head's rank (NRestarts=1)"),
+    ("clock skew is not a restart", {}, worker_clock_ahead, KEY, PLAN, [], ""),
+    ("the EXL3 plan changed", {}, None, KEY, '{"qdir": "qn:q31", "k": 2}',
+     [(W, "head"), (W, "worker1"), (R, "all")],
+     "plans/J268-ho-v31-K5n.json changed on head; plans/J268-ho-v31-K5n.json changed on worker1"),
+    ("the key is not known yet (dry run)", {}, None, None, PLAN, [(W, "head"), (R, "all")], "api_key.env changed"),
+    ("nothing installed", {}, nothing_installed, KEY, PLAN,
+     [(W, "head"), (W, "head"), (W, "head"), (W, "worker1"), (W, "worker1"),
+      (Kind.INSTALL, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (Kind.INSTALL, "worker1"),
+      (Kind.START_GUARD, "head"), (Kind.START_GUARD, "worker1"), (R, "all")], "dsv41-r1.service changed"),
+]
+
+
+@pytest.mark.parametrize("what,env,change,key,plan,expected,why", TABLE, ids=[t[0] for t in TABLE])
+def test_decide(tmp_path, what, env, change, key, plan, expected, why):
+    cl = cluster(tmp_path)
+    facts = running(cl, want(cl))
+    if change:
+        change(facts)
+    new = cluster(tmp_path, **env)
+    steps = decide(new.cfg.nodes, want(new, key, plan), facts)
+    assert steps_of(steps) == expected
+    if why:
+        assert why in steps[-1].reason
+    assert all(s.reason for s in steps)        # every step says why
+
+
+def test_stale_workers_name_each_worker(tmp_path):
+    cl = cluster(tmp_path, WORKERS="bob@10.10.10.11,bob@10.10.10.12", R2_IP="10.10.10.12",
+                 R2_IFNAME="enp1s0f1np1", R2_HCAS="rocep1s0f1", R2_GID_INDEX="3")
+    facts = running(cl, want(cl))
+    worker_restarted_alone(facts)
+    [line] = stale_workers(cl.cfg.nodes, facts)
+    assert line.startswith("dsv41-r1.service on worker1 (bob@10.10.10.11) restarted after the head's rank")
+
+
+def test_plan_lines_name_kind_node_and_reason(tmp_path):
+    cl = cluster(tmp_path)
+    facts = running(cl, want(cl))
+    new = cluster(tmp_path, KV_BYTES="2500000000")
+    steps = decide(new.cfg.nodes, want(new), facts)
+    assert steps[-1].line() == "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed"
+    assert steps[0].line() == "install on head: dsv41-r0.service differs from the rendered unit"
+
+
+def test_desired_state_files(tmp_path):
+    cl = cluster(tmp_path, MEMGUARD_GIB="1.5", MEMGUARD_MODE="observe")
+    w = want(cl)
+    assert json.loads(guard_settings(cl.cfg)) == {"floor_gib": 1.5, "mode": "observe"}
+    head, worker = w.files["head"], w.files["worker1"]
+    assert head["api_key.env"] == (f"VLLM_API_KEY={KEY}\n", 0o600) and "api_key.env" not in worker
+    plan = json.loads(head["plans/J268-ho-v31-K5n.json"][0])
+    assert plan["qdir"] == "/model/exl3/qn:/model/exl3/q31:/model/exl3/q31s" and plan["k"] == 1
+    assert f"source={tmp_path}/model,target=/model,readonly" in w.units["worker1"]["dsv41-r1.service"]
+
+
+def test_doit_render_contacts_no_node_when_all_values_are_overrides(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text("#!/bin/sh\necho ssh must not run >&2\nexit 99\n")
+    (bindir / "ssh").chmod(0o755)
+    env = {**os.environ, **OVERRIDES, "STATE_DIR": str(tmp_path / "state"),
+           "PATH": f"{bindir}:{os.environ['PATH']}"}
+    r = subprocess.run([sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py"), "render"],
+                       env=env, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "no node contacted" in r.stdout
+    r1 = (tmp_path / "state/units/r1/dsv41-r1.service").read_text()
+    assert "--headless" in r1 and "/home/bob/models/DeepSeek-V4.1-Flash-Spark" in r1
+    assert (tmp_path / "state/units/r0/dsv41-memguard.service").exists()
+    assert "--master-addr 10.10.10.13" in (tmp_path / "state/units/r0/dsv41-r0.service").read_text()
+
+
+def test_log_arguments_after_the_unit_name_are_options():
+    assert _log_args(["r1", "-n", "20", "-f"], False, 100, "") == (["r1"], True, 20, "")
+    with pytest.raises(UserError, match="not a number"):
+        _log_args(["r1", "-n", "x"], False, 100, "")
+
+
+def test_nodes_holding_different_images_stop_the_launch(tmp_path):
+    cl = cluster(tmp_path)
+    facts = {"head": {"image_id": "sha256:" + "a" * 64}, "worker1": {"image_id": "sha256:" + "b" * 64}}
+    with pytest.raises(UserError, match="nodes hold different images") as e:
+        image.ensure(cl, facts)
+    assert "head sha256:aaaaaaaaaaaa" in str(e.value) and "docker rmi" in str(e.value)
+    assert not (tmp_path / "state" / "image.stamp").exists()
+    facts["worker1"]["image_id"] = facts["head"]["image_id"]
+    assert image.ensure(cl, facts) == {"head": "sha256:" + "a" * 64, "worker1": "sha256:" + "a" * 64}
+    stamp = json.loads((tmp_path / "state" / "image.stamp").read_text())
+    assert stamp["image"] == cl.cfg.image and set(stamp["ids"]) == {"head", "worker1"}
+
+
+def test_privileged_commands_use_sudo_only_for_a_non_root_user(tmp_path):
+    cl = cluster(tmp_path)
+    cl.facts = {"head": {"uid": 0}, "worker1": {"uid": 1000}}
+    cl._uid = {"head": 0, "worker1": 1000}
+    assert cl.priv(cl.head, ["systemctl", "start", "x"]) == ["systemctl", "start", "x"]
+    assert cl.priv(cl.workers[0], ["systemctl", "start", "x"]) == ["sudo", "-n", "systemctl", "start", "x"]
+
+
+def test_privileged_commands_never_assume_root(tmp_path):
+    cl = cluster(tmp_path)
+    asked = []
+    cl.workers[0].run = lambda argv, **kw: (asked.append(argv), type("R", (), {"stdout": "1000\n"}))[1]
+    assert cl.priv(cl.workers[0], ["systemctl", "stop", "x"]) == ["sudo", "-n", "systemctl", "stop", "x"]
+    assert asked == [["id", "-u"]]
