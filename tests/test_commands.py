@@ -189,12 +189,13 @@ def test_mount_values_quote_like_go_csv():
 
 def test_docker_run_argv_layout(cfg):
     spec = cfg.nodes[1]
-    paths = {"model_dir": "/m", "state_dir": "/s", "python": "/usr/bin/python3", "pythonpath": "/s/lib"}
+    paths = {"model_dir": "/m", "state_dir": "/s"}
     argv = c.docker_run_argv(cfg, spec, WORKER, paths, master_addr=HEAD["ip"])
     i = argv.index(cfg.image)
     assert argv[:2] == ["docker", "run"]
-    assert argv[i + 1:] == spec_args(values_for(WORKER), 1)
-    assert "--env-file" not in argv                                  # the key is for the head only
+    assert argv[argv.index("--entrypoint") + 1] == "vllm"
+    assert argv[i + 1:] == ["serve", *spec_args(values_for(WORKER), 1)]
+    assert not any("secrets" in a for a in argv)                    # the key is for the head only
     assert argv[argv.index("--cidfile") + 1] == "/s/run/dsv41-r1.cid"
     with pytest.raises(UserError, match="R0_IP"):
         c.docker_run_argv(cfg, spec, WORKER, paths)                   # worker without the head's ip

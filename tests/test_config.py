@@ -75,6 +75,12 @@ BAD = [
     ({"GRAPH_MODE": "FAST"}, "GRAPH_MODE"),
     ({"MPORT": "8000"}, "MPORT"),
     ({"MEMGUARD_GIB": "-1"}, "MEMGUARD_GIB"),
+    ({"MEMGUARD_GIB": "0"}, "MEMGUARD_GIB"),
+    ({"MEMGUARD_MODE": "kill"}, "MEMGUARD_MODE"),
+    ({"WORKER": "-V"}, "WORKER"),
+    ({"WORKER": "root@-oProxyCommand=x"}, "WORKER"),
+    ({"WORKERS": "u@a,-V"}, "WORKERS"),
+    ({"SSH_TIMEOUT_S": "0"}, "SSH_TIMEOUT_S"),
     ({"NSPEC": "x"}, "NSPEC"),
     ({"CAPS": "1,two"}, "CAPS"),
     ({"EXTRA": "--x 'unbalanced"}, "EXTRA"),
@@ -128,15 +134,16 @@ def test_hf_token_is_never_shown(tmp_path):
 
 
 def test_second_concurrent_run_fails_at_once(tmp_path):
-    from dsv41.head.doit_setup import take_run_lock
+    from dsv41.head import runlock
     state = tmp_path / "state"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys,time; sys.path.insert(0, %r);"
-         "from dsv41.head.doit_setup import take_run_lock; take_run_lock(%r); print('held', flush=True);"
+         "from dsv41.head import runlock; runlock.take(%r); print('held', flush=True);"
          "time.sleep(30)" % (os.path.join(ROOT, "lib"), str(state))],
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
+        assert runlock.holder(str(state)).startswith(f"pid {holder.pid}: ")
         r = doit(["clear-trip"], tmp_path)
         assert r.returncode != 0
         assert "another doit run holds" in r.stderr and f"pid {holder.pid}" in r.stderr
@@ -144,4 +151,23 @@ def test_second_concurrent_run_fails_at_once(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    assert take_run_lock  # the same function guards every mutating task
+    assert runlock.holder(str(state)) is None
+
+
+def test_the_guard_floor_has_one_rule():
+    """Config and the guard accept and reject the same floors, and say the range."""
+    from dsv41.node import memguard
+    for value in ("0", "0.05", "-1", "2000", "abc"):
+        with pytest.raises(ConfigError, match=r"MEMGUARD_GIB=.* expected the memory guard's floor in GiB, a number "
+                                              r"from 0\.1 to 1024"):
+            load_config({"MEMGUARD_GIB": value})
+        with pytest.raises(memguard.UserError):
+            memguard.parse_args(["--floor-gib", value], env={})
+    for value in ("0.1", "1", "1024"):
+        assert load_config({"MEMGUARD_GIB": value}).memguard_gib == float(value)
+        assert memguard.parse_args(["--floor-gib", value], env={}).floor == int(float(value) * memguard.GIB)
+
+
+def test_a_target_starting_with_a_dash_never_reaches_ssh():
+    with pytest.raises(ConfigError, match=r"WORKER='-V' is not valid: .*do not start with '-'"):
+        load_config({"WORKER": "-V"})

@@ -4,11 +4,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 
-from dsv41.head import copy as head_copy, verify
+from dsv41.head import copy as head_copy, runlock, verify
 from dsv41.node import checkpoint
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
@@ -134,3 +136,36 @@ def test_copy_needs_a_worker(setup, tmp_path):
     cfg = load_config({"MODEL_DIR": str(setup.model), "STATE_DIR": str(tmp_path / "st")})
     with pytest.raises(UserError, match="WORKER"):
         head_copy.copy(cfg)
+
+
+def test_killed_copy_leaves_no_rsync_behind_and_frees_the_run_lock(setup, tmp_path):
+    """kill -9 of doit mid-copy: its rsyncs end with it (they would race the next run) and the run
+    lock, which they hold too while they live, is free again."""
+    psutil = pytest.importorskip("psutil")
+    s = setup
+    slow = tmp_path / "slow-bin"
+    slow.mkdir()
+    (slow / "rsync").write_text(f'#!/bin/sh\nexec {shutil.which("rsync")} --bwlimit=300 "$@"\n')
+    (slow / "rsync").chmod(0o755)
+    env = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}", "HOME": str(s.model.parents[1]),
+           "MODEL_DIR": str(s.model), "STATE_DIR": f"~/st-{tmp_path.name}", "WORKER": s.cfg.workers[0].target,
+           "SSH_OPTS": " ".join(s.cfg.ssh_opts), "WORKER_MODEL_DIR": str(s.wmodel)}
+    code = ("import sys; sys.path.insert(0, %r); from dsv41.head import copy, runlock; "
+            "from dsv41.head.config import load_config; cfg = load_config(); runlock.take(cfg.state_dir); "
+            "copy.copy(cfg)" % os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
+    doit = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+    def senders():
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "--files-from" in " ".join(p.info["cmdline"] or []) and str(s.model) in " ".join(p.info["cmdline"])]
+    deadline = time.monotonic() + 60
+    while not senders():
+        assert doit.poll() is None and time.monotonic() < deadline, "the copy never started rsync"
+        time.sleep(0.1)
+    running = senders()
+    doit.kill()
+    doit.wait()
+    gone, alive = psutil.wait_procs(running, timeout=5)
+    assert not alive, [p.info["cmdline"] for p in alive]
+    assert runlock.holder(s.cfg.state_dir) is None

@@ -81,6 +81,18 @@ def worker_clock_ahead(f):
     f["worker1"]["units"]["dsv41-r1.service"]["ActiveEnterTimestamp"] = "@1029.5"
 
 
+def old_guard_unit(f):
+    f["head"]["units"]["dsv41-memguard.service"]["text"] += "# an older version\n"
+
+
+def model_replaced(f):
+    f["worker1"].update(model_dir="/home/bob/models/M", model_changed_at=1200.0)
+
+
+def model_older(f):
+    f["worker1"].update(model_dir="/home/bob/models/M", model_changed_at=900.0)
+
+
 def nothing_installed(f):
     for node in f.values():
         node["units"] = {name: {"installed": False, "text": None} for name in node["units"]}
@@ -95,6 +107,8 @@ TABLE = [
     ("a rank setting changed", {"KV_BYTES": "2600000000"}, None, KEY, PLAN,
      [(Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (R, "all")],
      "dsv41-r0.service changed; dsv41-r1.service changed"),
+    ("the guard unit changed: the guard restarts, the ranks keep running", {}, old_guard_unit, KEY, PLAN,
+     [(Kind.INSTALL, "head"), (Kind.RESTART_GUARD, "head")], "memory guard unit changed"),
     ("the guard floor changed", {"MEMGUARD_GIB": "2"}, None, KEY, PLAN,
      [(W, "head"), (W, "worker1"), (Kind.RELOAD_GUARD, "head"), (Kind.RELOAD_GUARD, "worker1")], ""),
     ("a new image", {}, new_image, KEY, PLAN, [(R, "all")], "runs an older image"),
@@ -103,10 +117,13 @@ TABLE = [
     ("a worker restarted on its own", {}, worker_restarted_alone, KEY, PLAN, [(R, "all")],
      "dsv41-r1.service on worker1 (bob@10.10.10.11) restarted after the head's rank (NRestarts=1)"),
     ("clock skew is not a restart", {}, worker_clock_ahead, KEY, PLAN, [], ""),
+    ("model files replaced under a running rank", {}, model_replaced, KEY, PLAN, [(R, "all")],
+     "model files in /home/bob/models/M on worker1 changed after dsv41-r1.service started"),
+    ("model files older than the rank", {}, model_older, KEY, PLAN, [], ""),
     ("the EXL3 plan changed", {}, None, KEY, '{"qdir": "qn:q31", "k": 2}',
      [(W, "head"), (W, "worker1"), (R, "all")],
      "plans/J268-ho-v31-K5n.json changed on head; plans/J268-ho-v31-K5n.json changed on worker1"),
-    ("the key is not known yet (dry run)", {}, None, None, PLAN, [(W, "head"), (R, "all")], "api_key.env changed"),
+    ("the key is not known yet (dry run)", {}, None, None, PLAN, [(W, "head"), (R, "all")], "secrets/api_key changed"),
     ("nothing installed", {}, nothing_installed, KEY, PLAN,
      [(W, "head"), (W, "head"), (W, "head"), (W, "worker1"), (W, "worker1"),
       (Kind.INSTALL, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (Kind.INSTALL, "worker1"),
@@ -151,7 +168,7 @@ def test_desired_state_files(tmp_path):
     w = want(cl)
     assert json.loads(guard_settings(cl.cfg)) == {"floor_gib": 1.5, "mode": "observe"}
     head, worker = w.files["head"], w.files["worker1"]
-    assert head["api_key.env"] == (f"VLLM_API_KEY={KEY}\n", 0o600) and "api_key.env" not in worker
+    assert head["secrets/api_key"] == (f"{KEY}\n", 0o600) and "secrets/api_key" not in worker
     plan = json.loads(head["plans/J268-ho-v31-K5n.json"][0])
     assert plan["qdir"] == "/model/exl3/qn:/model/exl3/q31:/model/exl3/q31s" and plan["k"] == 1
     assert f"source={tmp_path}/model,target=/model,readonly" in w.units["worker1"]["dsv41-r1.service"]

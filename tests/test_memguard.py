@@ -320,9 +320,11 @@ def test_polls_fast_only_near_the_floor():
 
 
 @pytest.mark.parametrize("args,env,needle", [
-    (["--floor-gib", "abc"], {}, "floor 'abc' is not a positive number"),
-    ([], {"MEMGUARD_GIB": "-1"}, "floor '-1' is not a positive number"),
-    (["--mode", "kill"], {}, "mode 'kill' is unknown"),
+    (["--floor-gib", "abc"], {}, "--floor-gib (MEMGUARD_GIB)='abc' is not valid: expected the memory guard's "
+                                 "floor in GiB, a number from 0.1 to 1024"),
+    ([], {"MEMGUARD_GIB": "-1"}, "(MEMGUARD_GIB)='-1' is not valid"),
+    ([], {"MEMGUARD_GIB": "0"}, "(MEMGUARD_GIB)='0' is not valid"),
+    (["--mode", "kill"], {}, "--mode (MEMGUARD_MODE)='kill' is not valid: expected enforce or observe"),
     (["--state-dir", "/proc/version/x"], {}, "cannot write"),
 ])
 def test_bad_input_is_one_line(args, env, needle):

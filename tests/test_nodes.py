@@ -22,7 +22,7 @@ def fake_ssh(tmp_path, monkeypatch):
     (bindir / "ssh").write_text(
         "#!/usr/bin/env python3\nimport json, os, sys\n"
         f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
-        "args = sys.argv[1:]\ni = args.index('--')\nos.execv('/bin/sh', ['sh', '-c', args[i + 1]])\n")
+        "args = sys.argv[1:]\ni = args.index('--')\nos.execv('/bin/sh', ['sh', '-c', args[i + 2]])\n")
     (bindir / "ssh").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     return log
@@ -40,7 +40,9 @@ def test_remote_command_is_quoted_so_arguments_arrive_literally(fake_ssh, tmp_pa
     argv = __import__("json").loads(fake_ssh.read_text().splitlines()[0])
     assert "BatchMode=yes" in argv and any(a.startswith("ConnectTimeout=") for a in argv)
     assert "ControlMaster=auto" in argv and any(a.startswith("ControlPersist=") for a in argv)
-    assert argv[argv.index("--") - 1] == "user@10.10.10.11" and "2222" in argv
+    # `--` ends ssh's options before the target: nothing in a target or command can become an option
+    assert argv[argv.index("--") + 1] == "user@10.10.10.11" and "2222" in argv
+    assert argv.index("-p") < argv.index("--")
 
 
 def test_failure_names_node_command_status_and_stderr(fake_ssh, tmp_path):

@@ -137,7 +137,8 @@ def execs(text, key):
 
 
 def container(text):
-    """(docker options argv, {env}, env order, image, vLLM args) from the unit's ExecStart."""
+    """(docker options argv, {env}, env order, image, vLLM args) from the unit's ExecStart; the
+    entrypoint's own words between the image and vLLM's first argument (/model) are left out."""
     [(prefix, argv)] = execs(text, "ExecStart")
     assert prefix == ""
     opts, env, order, i = [], {}, [], 2
@@ -153,7 +154,16 @@ def container(text):
         else:
             opts += argv[i:i + 2]
             i += 2
-    return argv[:2], opts, env, order, argv[i], argv[i + 1:]
+    rest = argv[i + 1:]
+    return argv[:2], opts, env, order, argv[i], rest[rest.index("/model"):]
+
+
+def entrypoint(text):
+    """(--entrypoint value, the words between the image and /model) from the unit's ExecStart."""
+    [(_, argv)] = execs(text, "ExecStart")
+    _, opts, _, _, image, _ = container(text)
+    rest = argv[argv.index(image) + 1:]
+    return opts[opts.index("--entrypoint") + 1], rest[:rest.index("/model")]
 
 
 # ---- the rules, and systemd agreeing with them ----------------------------------------------------
@@ -302,8 +312,12 @@ def test_rank0_and_worker_differ_only_where_the_spec_says(two):
                                             "--enable-force-include-usage"]
     assert a1[a1.index("--node-rank"):] == ["--node-rank", "1", "--headless"]
     assert a0[:a0.index("--node-rank")] == a1[:a1.index("--node-rank")]
-    assert o0[o0.index("--env-file") + 1] == f"{root}/node0/state dir 5%/api_key.env"
-    assert "--env-file" not in o1
+    # rank 0 reads the key from a mounted file into the server's environment; workers get no key
+    assert f"type=bind,source={root}/node0/state dir 5%/secrets/api_key,target=/run/secrets/dsv41_api_key,readonly" \
+        in [o0[i + 1] for i, o in enumerate(o0) if o == "--mount"]
+    assert entrypoint(r0) == ("/bin/sh", ["-c", c.KEY_WRAPPER, "dsv41-r0", "vllm", "serve"])
+    assert entrypoint(r1) == ("vllm", ["serve"])
+    assert "secrets" not in r1 and "--env-file" not in o0 + o1
     assert {k for k in e0 if e0[k] != e1[k]} == {
         "DSV41_RANK", "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA",
         "NCCL_IB_GID_INDEX"}
@@ -327,7 +341,8 @@ def test_container_options(two):
         quoted = md.replace('"', '""')
         assert mounts == [f'type=bind,"source={quoted}",target=/model,readonly',
                           f"type=bind,source={st}/plans,target=/plans,readonly",
-                          f"type=bind,source={st}/cache,target=/cache"]
+                          f"type=bind,source={st}/cache,target=/cache"] + (
+            [f"type=bind,source={st}/secrets/api_key,target=/run/secrets/dsv41_api_key,readonly"] if rank == 0 else [])
         assert env["DSV41_RANK"] == str(rank)
         assert image == "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:" \
                         "5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5"
@@ -339,16 +354,18 @@ def test_unit_lifecycle_settings(two):
         text = by_rank[rank][f"dsv41-r{rank}.service"]
         st = f"{root}/node{rank}/state dir 5%"
         unit = dict(settings(text, "Unit"))
-        for key in ("Requires", "BindsTo"):
-            assert unit[key] == "dsv41-memguard.service"        # no guard, no rank
+        # no guard, no rank: starting a rank starts the guard first and checks it runs; but a guard
+        # restart or crash must not stop a healthy rank, so nothing binds the rank to the guard
+        assert "Requires" not in unit and "BindsTo" not in unit and "PartOf" not in unit
         after = unit["After"].split()
         assert "dsv41-memguard.service" in after and "network-online.target" in after
-        assert "network-online.target" in unit["Wants"].split()
+        assert set(unit["Wants"].split()) == {"dsv41-memguard.service", "network-online.target"}
         assert sd_specifiers(unit["ConditionPathExists"]) == f"!{st}/memguard.tripped"
         assert int(unit["StartLimitBurst"]) <= 5 and int(unit["StartLimitIntervalSec"]) >= 300
         svc = dict(settings(text, "Service"))
         assert svc["Type"] == "exec" and svc["Restart"] == "on-failure"
         assert execs(text, "ExecStartPre") == [
+            ("", ["systemctl", "is-active", "--quiet", "dsv41-memguard.service"]),
             ("-", ["docker", "rm", "-f", f"dsv41-r{rank}"]),
             ("-", ["rm", "-f", f"{st}/run/dsv41-r{rank}.cid"]),
             ("", ["mkdir", "-p", f"{st}/run", f"{st}/cache/b12x", f"{st}/cache/b12x-roce"])]
@@ -364,8 +381,8 @@ def test_the_key_is_never_in_a_unit(tmp_path):
         for files in by_rank.values():
             for name, text in files.items():
                 assert KEY not in text
-                assert "--api-key" not in text and "VLLM_API_KEY" not in text, name
-                assert "Environment=" not in text or name == "dsv41-memguard.service"
+                assert "--api-key" not in text and "VLLM_API_KEY=" + KEY[:4] not in text, name
+                assert "--env-file" not in text and "Environment=" not in text, name
 
 
 def test_model_dir_with_spaces_quote_percent_reaches_the_argv_exactly(two):
@@ -382,13 +399,13 @@ def test_model_dir_with_spaces_quote_percent_reaches_the_argv_exactly(two):
 
 def verify_root(base):
     """A root for `systemd-analyze verify --root`: the host's unit dir plus stand-in executables
-    (docker, rm, mkdir, env, kill: only their presence is checked)."""
+    (docker, rm, mkdir, env, kill, systemctl: only their presence is checked)."""
     root = base / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     (root / "usr/bin").mkdir()
     (root / "bin").symlink_to("usr/bin")  # merged /usr, as on Debian 12 and DGX OS
-    for exe in ("docker", "rm", "mkdir", "env", "kill"):
+    for exe in ("docker", "rm", "mkdir", "env", "kill", "systemctl"):
         p = root / "usr/bin" / exe
         p.write_text("#!/bin/sh\n")
         p.chmod(0o755)
@@ -463,8 +480,6 @@ def test_docker_cli_receives_exactly_the_configured_container(tmp_path):
         for rank in (0, 1):
             paths = node_paths(tmp_path, rank)
             os.makedirs(f"{paths['state_dir']}/run", exist_ok=True)
-            if rank == 0:
-                Path(f"{paths['state_dir']}/api_key.env").write_text(f"VLLM_API_KEY={KEY}\n")
             [(_, argv)] = execs(by_rank[rank][f"dsv41-r{rank}.service"], "ExecStart")
             r = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=60,
                                env={"PATH": os.environ["PATH"], "DOCKER_HOST": f"unix://{sock}",
@@ -479,15 +494,19 @@ def test_docker_cli_receives_exactly_the_configured_container(tmp_path):
         st = paths["state_dir"]
         assert path.endswith(f"/containers/create?name=dsv41-r{rank}")
         assert req["Image"] == cfg.image
-        assert req["Cmd"] == spec_args(values_for(FABRICS[rank]), rank)
+        args = spec_args(values_for(FABRICS[rank]), rank)
+        if rank == 0:      # the key: read from the mounted file by the wrapper, never in the container's config
+            assert (req["Entrypoint"], req["Cmd"]) == (["/bin/sh"], ["-c", c.KEY_WRAPPER, "dsv41-r0", "vllm", "serve", *args])
+        else:
+            assert (req["Entrypoint"], req["Cmd"]) == (["vllm"], ["serve", *args])
         want_env = [f"{k}={str(FABRICS[rank]['gid_index']) if k == 'NCCL_IB_GID_INDEX' else v}"
                     for k, v in spec_env(values_for(FABRICS[rank]))]
-        assert sorted(req["Env"]) == sorted(([f"VLLM_API_KEY={KEY}"] if rank == 0 else []) + [
-            f"DSV41_RANK={rank}"] + want_env)                     # the CLI merges env in its own order
+        assert sorted(req["Env"]) == sorted([f"DSV41_RANK={rank}"] + want_env)  # the CLI merges env in its own order
         hc = req["HostConfig"]
         assert [(m["Source"], m["Target"], m.get("ReadOnly", False)) for m in hc["Mounts"]] == [
             (paths["model_dir"], "/model", True), (f"{st}/plans", "/plans", True),
-            (f"{st}/cache", "/cache", False)]
+            (f"{st}/cache", "/cache", False)] + ([(f"{st}/secrets/api_key", "/run/secrets/dsv41_api_key", True)]
+                                                 if rank == 0 else [])
         assert (hc["AutoRemove"], hc["Init"], hc["Privileged"], hc["NetworkMode"], hc["IpcMode"],
                 hc["ShmSize"], hc["ContainerIDFile"]) == (
             True, True, True, "host", "host", 32 << 30, f"{st}/run/dsv41-r{rank}.cid")

@@ -9,7 +9,7 @@ On every node, $STATE_DIR holds:
     plans/<plan>         the EXL3 plan with bank paths rewritten for the container (/plans)
     cache/               kernel and compile caches (/cache in the container)
     run/                 cidfiles of the rank containers
-    api_key.env          rank 0 only: VLLM_API_KEY=<key>, 0600, the container's --env-file
+    secrets/api_key      rank 0 only: the API key, 0600, mounted read-only into its container
 and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db, doit.lock,
 ssh/ (ssh master sockets), watchdog.json, watchdog.gaveup, incidents.jsonl.
 """
@@ -32,12 +32,14 @@ RECEIPT = "checkpoint-receipt.json"
 PLANS = "plans"
 CACHE = "cache"
 RUN = "run"
-KEY_ENV = "api_key.env"               # rank 0's container gets the key from this root-only env file
+SECRET_KEY = "secrets/api_key"        # rank 0 only: the key, 0600, mounted read-only into its container
+KEY_ENV = "api_key.env"               # where earlier versions kept the key for --env-file (removed)
 KEY = "api_key"                       # the head's key file (API_KEY_FILE may move it)
 UNITS = "units"
 WATCHDOG_SETTINGS = "watchdog.json"
 WATCHDOG_GAVEUP = "watchdog.gaveup"
 INCIDENTS = "incidents.jsonl"
+CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key
 
 
 def rank_name(rank):

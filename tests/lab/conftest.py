@@ -8,12 +8,20 @@
     lab.engine_ref   "198.51.100.11:5000/lab/engine@sha256:..." (the stand-in serving image)
     lab.ip           {"head": "198.51.100.11", "worker": "198.51.100.13"}
     lab.venv         "/opt/dsv41-venv" on head (doit, sh, requests, huggingface_hub, psutil, jinja2)
+    lab.doit(args, env=None, check=True) -> CompletedProcess of `doit ARGS` on the head (lab profile)
+    lab.units(node, units, props) -> {unit: {prop: value}} from `systemctl show` on the node
+    lab.link(node, up) / lab.freeze(node, frozen)  faults from the host: the node's fabric link down,
+        or every process of the node frozen (its cgroup), as a hung or cut-off Spark would be
 A lab this fixture brought up is taken down at the end of the session unless LAB_KEEP=1.
+
+The `launched` fixture (session) makes a fixture checkpoint on the head, then verify, copy and launch
+from nothing; tests that break the cluster put it back before they end.
 """
 import os
 import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +62,32 @@ class Lab:
     def is_up(self):
         return all(self.on(n, "true", check=False, timeout=10).returncode == 0 for n in self.ip)
 
+    def doit(self, args, env=None, check=True, timeout=900):
+        env = {"DSV41_PROFILE": "lab", **(env or {})}
+        cmd = (f"cd {shlex.quote(self.repo)} && env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} "
+               f"PYTHONPATH={shlex.quote(self.repo + '/lib')} {self.venv}/bin/doit {args}")
+        r = self.on("head", cmd, check=False, timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"doit {args} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        return r
+
+    VETH = {"head": "veth-h", "worker": "veth-w"}
+
+    def link(self, node, up):
+        subprocess.run(["ip", "-n", node, "link", "set", self.VETH[node], "up" if up else "down"], check=True)
+        deadline = time.monotonic() + 20
+        while up and self.on(node, "true", check=False, timeout=10).returncode != 0:
+            assert time.monotonic() < deadline, f"{node} did not answer after its link came up"
+            time.sleep(0.5)
+
+    def freeze(self, node, frozen):
+        Path(f"/sys/fs/cgroup/unified/lab-{node}/cgroup.freeze").write_text("1" if frozen else "0")
+
+    def units(self, node, units, props=("ActiveState", "ActiveEnterTimestamp", "NRestarts")):
+        r = self.on(node, ["systemctl", "show", "--timestamp=unix", "-p", ",".join(props), "--", *units])
+        return {unit: dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+                for unit, block in zip(units, r.stdout.split("\n\n"))}
+
 
 def _missing():
     if os.geteuid() != 0:
@@ -79,3 +113,19 @@ def lab():
     yield Lab()
     if started and os.environ.get("LAB_KEEP") != "1":
         subprocess.run(["bash", str(LAB_DIR / "down.sh")], capture_output=True, text=True, timeout=300)
+
+
+MODEL = "/root/lab-model/DeepSeek-V4.1-Flash-Spark"
+
+
+@pytest.fixture(scope="session")
+def launched(lab):
+    """A fixture checkpoint on the head, then verify, copy and launch from nothing."""
+    for node, rank in (("head", 0), ("worker", 1)):
+        lab.on(node, f"systemctl stop dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
+               "/root/lab-model /etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
+    lab.on("head", f"{lab.venv}/bin/python {shlex.quote(lab.repo)}/tests/fixture_checkpoint.py {MODEL} --mb 4")
+    t0 = time.monotonic()
+    r = lab.doit("launch")
+    print(f"launch from nothing took {time.monotonic() - t0:.1f} s")
+    return r

@@ -3,34 +3,23 @@ rsync, systemd, journald, Docker and a registry. The engine image is the lab's s
 real serving image (tests/lab/engine/engine.py); everything else is the real thing."""
 import json
 import re
-import shlex
 import time
 
 import pytest
+from conftest import MODEL
 
 pytestmark = pytest.mark.lab
 
-MODEL = "/root/lab-model/DeepSeek-V4.1-Flash-Spark"
 UNITS = ["dsv41-memguard.service", "dsv41-r0.service"]
 WUNITS = ["dsv41-memguard.service", "dsv41-r1.service"]
 
 
 def doit(lab, args, env=None, check=True, timeout=900):
-    env = {"DSV41_PROFILE": "lab", **(env or {})}
-    cmd = (f"cd {shlex.quote(lab.repo)} && env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} "
-           f"PYTHONPATH={shlex.quote(lab.repo + '/lib')} {lab.venv}/bin/doit {args}")
-    r = lab.on("head", cmd, check=False, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"doit {args} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    return r
+    return lab.doit(args, env, check, timeout)
 
 
 def unit_props(lab, node, units, props=("ActiveState", "ActiveEnterTimestamp", "NRestarts")):
-    r = lab.on(node, ["systemctl", "show", "--timestamp=unix", "-p", ",".join(props), "--", *units])
-    out = {}
-    for unit, block in zip(units, r.stdout.split("\n\n")):
-        out[unit] = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-    return out
+    return lab.units(node, units, props)
 
 
 def mtimes(lab, node, units):
@@ -46,21 +35,6 @@ def api(lab, path, k=None):
     auth = f"-H 'Authorization: Bearer {k}'" if k else ""
     r = lab.on("head", f"curl -s -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:8000{path}")
     return r.stdout.strip()
-
-
-@pytest.fixture(scope="module")
-def launched(lab):
-    """A fixture checkpoint on the head, then verify, copy and launch from nothing."""
-    lab.on("head", "systemctl stop dsv41-r0 dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
-           "/root/lab-model /etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
-    lab.on("worker", "systemctl stop dsv41-r1 dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
-           "/root/lab-model /etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
-    lab.on("head", f"{lab.venv}/bin/python {shlex.quote(lab.repo)}/tests/fixture_checkpoint.py {MODEL} --mb 4")
-    t0 = time.monotonic()
-    r = doit(lab, "launch")
-    took = time.monotonic() - t0
-    print(f"launch from nothing took {took:.1f} s")
-    return r
 
 
 def test_launch_from_nothing_serves_the_api(lab, launched):
@@ -99,7 +73,9 @@ def test_key_never_in_units_argv_or_systemctl_show(lab, launched):
     assert k not in lab.on("head", "cat /root/.dsv41-two-sparks/units/*/*").stdout
     db = lab.on("head", "cat /root/.dsv41-two-sparks/doit.db | strings", check=False).stdout
     assert k not in db
-    mode = lab.on("head", "stat -c %a /root/.dsv41-two-sparks/api_key.env /root/.dsv41-two-sparks/api_key")
+    inspect = lab.on("head", "docker inspect dsv41-r0").stdout          # Config.Env, Cmd, Entrypoint
+    assert k not in inspect and '"Source": "/root/.dsv41-two-sparks/secrets/api_key"' in inspect
+    mode = lab.on("head", "stat -c %a /root/.dsv41-two-sparks/secrets/api_key /root/.dsv41-two-sparks/api_key")
     assert mode.stdout.split() == ["600", "600"]
 
 
@@ -114,7 +90,7 @@ def test_smoke_passes_against_the_stand_in_engine(lab, launched):
 def test_status_shows_every_node(lab, launched):
     r = doit(lab, "status --json")
     report = json.loads(r.stdout)
-    assert report["api"]["state"] == "READY"
+    assert (report["schema"], report["state"], report["exit_code"]) == ("dsv41.status/1", "READY", 0)
     for name in ("head", "worker1"):
         e = report["nodes"][name]
         assert e["memguard"] == "active" and e["container"] == "running"
@@ -158,11 +134,11 @@ def test_memguard_setting_change_restarts_only_the_guards(lab, launched):
 def test_killed_worker_container_is_degraded_and_reported(lab, launched):
     lab.on("worker", "docker kill dsv41-r1")
     time.sleep(1)
-    r = doit(lab, "status --json")
-    assert json.loads(r.stdout)["api"]["state"] == "DEGRADED"
+    r = doit(lab, "status --json", check=False)
+    assert json.loads(r.stdout)["state"] == "DEGRADED" and r.returncode == 1
     r = doit(lab, "launch")
     assert "dsv41-r1" in r.stdout and "ready:" in r.stdout
-    assert json.loads(doit(lab, "status --json").stdout)["api"]["state"] == "READY"
+    assert json.loads(doit(lab, "status --json").stdout)["state"] == "READY"
 
 
 def test_logs_through_journalctl(lab, launched):
@@ -187,8 +163,9 @@ def test_memguard_trip_stops_ranks_for_good_until_cleared(lab, launched):
     assert props["ActiveState"] in ("inactive", "failed"), props
     time.sleep(5)  # no restart after a guard stop
     assert unit_props(lab, "worker", ["dsv41-r1.service"])["dsv41-r1.service"]["ActiveState"] != "active"
-    r = doit(lab, "status")
-    assert "TRIPPED" in r.stdout
+    r = doit(lab, "status", check=False)
+    assert r.returncode == 5 and "TRIPPED" in r.stdout and "`doit clear-trip`" in r.stdout
+    assert re.search(r"MemAvailable \d+\.\d{3} GiB < floor 1000\.000 GiB", r.stdout), r.stdout
     r = doit(lab, "launch", check=False)
     assert r.returncode != 0 and "clear-trip" in r.stderr and "KV_BYTES" in r.stderr
     doit(lab, "clear-trip")
@@ -232,5 +209,5 @@ def test_stop_then_status_says_nothing_runs(lab, launched):
     doit(lab, "stop")  # idempotent
     for node, units in (("head", UNITS), ("worker", WUNITS)):
         assert all(p["ActiveState"] != "active" for p in unit_props(lab, node, units).values())
-    r = doit(lab, "status")
-    assert r.returncode == 0 and "nothing is running" in r.stdout
+    r = doit(lab, "status", check=False)
+    assert r.returncode == 3 and "NOT RUNNING: nothing is running" in r.stdout

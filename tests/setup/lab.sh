@@ -8,7 +8,8 @@ pkgs=(systemd-container debootstrap openssh-client rsync iproute2 docker-registr
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]}"
+    echo "installing ${missing[*]} (apt-get update first; about 30 s)"
+    apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # Debian's docker-registry package enables its own service where systemd runs; the lab starts its own.

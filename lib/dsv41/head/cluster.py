@@ -4,7 +4,7 @@ import json
 from typing import NamedTuple
 
 from dsv41 import names
-from dsv41.head.nodes import Node, ship_code
+from dsv41.head.nodes import Node, connect, ship_code
 
 
 class Paths(NamedTuple):
@@ -54,13 +54,19 @@ class Cluster:
         p = self.paths(node)
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
                "image": self.cfg.image, "containers": [names.rank_name(self.spec(node).rank)],
-               "files": [names.KEY_ENV, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}"]}
+               "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}"]}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
         self.facts[node.name] = json.loads(out)
         self._uid[node.name] = self.facts[node.name]["uid"]
         return self.facts[node.name]
 
+    def connect(self):
+        """First contact with every node at once; returns those that did not answer (their errors
+        are in .unreachable; every later command to them fails at once)."""
+        return connect(self.nodes)
+
     def probe_all(self):
+        self.connect()
         return {n.name: self.probe(n) for n in self.nodes}
 
     def uid(self, node):

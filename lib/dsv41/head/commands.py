@@ -12,6 +12,9 @@ from dsv41.errors import UserError
 DOCKER = "docker"
 SYSTEMCTL = "systemctl"
 JOURNALCTL = "journalctl"
+# rank 0's entrypoint: read the key from the mounted secret, then exec the server (ENGINE_CMD and its
+# arguments follow as "$@"); a missing key file stops the container before the server starts
+KEY_WRAPPER = f'VLLM_API_KEY=$(cat {names.CONTAINER_SECRET}) && export VLLM_API_KEY && exec "$@"'
 RANK_DIRS = (names.RUN, f"{names.CACHE}/b12x", f"{names.CACHE}/b12x-roce")   # made before a rank starts
 STOP_GRACE_S = 30                  # docker stop -t; the unit's TimeoutStopSec is above it
 DEFAULT_GID_INDEX = 3              # the measured value, used only when neither detected nor set
@@ -33,9 +36,9 @@ def cidfile(state_dir, rank):
     return names.state_path(state_dir, names.cidfile(rank))
 
 
-def api_env_file(state_dir):
-    """Root-only (0600) `VLLM_API_KEY=<key>` file handed to the head container with --env-file."""
-    return names.state_path(state_dir, names.KEY_ENV)
+def secret_key_file(state_dir):
+    """Root-only (0600) file holding the API key, mounted read-only into rank 0's container."""
+    return names.state_path(state_dir, names.SECRET_KEY)
 
 
 def tripped_marker(state_dir):
@@ -173,10 +176,17 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
         ["--mount", mount(names.state_path(state, names.CACHE), "/cache")],
     ]
     if rank == 0:
-        groups.append(["--env-file", api_env_file(state)])
+        groups.append(["--mount", mount(secret_key_file(state), names.CONTAINER_SECRET, readonly=True)])
+        groups.append(["--entrypoint", "/bin/sh"])
+    else:
+        groups.append(["--entrypoint", cfg.engine_cmd[0]])
     groups.append(["-e", f"{names.RANK_ENV}={rank}"])
     groups += [["-e", f"{k}={v}"] for k, v in container_env(cfg, own, rank)]
     groups.append([cfg.image])
+    if rank == 0:   # the key goes from the mounted file into the server's environment, nowhere else
+        groups.append(["-c", KEY_WRAPPER, name, *cfg.engine_cmd])
+    elif cfg.engine_cmd[1:]:
+        groups.append(list(cfg.engine_cmd[1:]))
     for word in vllm_args(cfg, rank, heads):
         if word.startswith("-") or len(groups[-1]) != 1 or groups[-1] == [cfg.image]:
             groups.append([word])

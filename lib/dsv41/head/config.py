@@ -15,13 +15,15 @@ import tomllib
 from pathlib import Path
 
 from dsv41.errors import UserError
+from dsv41.node import memguard
 
 ROOT = Path(__file__).resolve().parents[3]
 CONF_DIR = ROOT / "conf"
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
-TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])$")
+# user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
+TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_.-]+(?::\d+)?$")
 
@@ -72,10 +74,12 @@ class Config:
     graph_mode: str
     caps: tuple[int, ...]
     extra: tuple[str, ...]
+    engine_cmd: tuple[str, ...]
     tp_size: int
     nnodes: int
     nccl_ib_gid_index: int | None
     ssh_opts: tuple[str, ...]
+    ssh_timeout_s: int
     keep_parts: bool
     start_timeout_s: int
     free_gib_head: int
@@ -188,6 +192,9 @@ def _split(var, value):
 
 def _target(var, value):
     s = str(value).strip()
+    if s.startswith("-") or "@-" in s:
+        raise _bad(var, value, "an ssh target whose user and host do not start with '-' "
+                   "(it would reach ssh as an option), like user@10.10.10.11")
     if not TARGET_RE.match(s):
         raise _bad(var, value, "an ssh target like user@10.10.10.11 (the worker's fabric address)")
     return s
@@ -275,9 +282,7 @@ def load_config(env=None):
     graph_mode = str(get("graph_mode")).strip()
     if graph_mode not in GRAPH_MODES:
         raise _bad("GRAPH_MODE", graph_mode, "one of " + ", ".join(GRAPH_MODES))
-    memguard_mode = str(get("memguard_mode")).strip()
-    if memguard_mode not in ("enforce", "observe"):
-        raise _bad("MEMGUARD_MODE", memguard_mode, "enforce or observe")
+    memguard_mode = _checked(memguard.check_mode, str(get("memguard_mode")).strip())
     plan_name = str(get("plan_name")).strip()
     if not re.match(r"^[A-Za-z0-9._-]+\.json$", plan_name):
         raise _bad("PLAN_NAME", plan_name, "a plan file name in exl3/plan/, e.g. J268-ho-v31-K5n.json")
@@ -315,7 +320,7 @@ def load_config(env=None):
         served_model_name=str(get("served_model_name")).strip(),
         model_dir=model_dir, state_dir=state_dir, state_dir_raw=state_raw, api_key_file=api_key_file,
         port=port, mport=mport,
-        memguard_gib=_float("MEMGUARD_GIB", get("memguard_gib"), 0, 1024),
+        memguard_gib=_checked(memguard.check_floor, get("memguard_gib")),
         memguard_mode=memguard_mode,
         kv_bytes=_int("KV_BYTES", get("kv_bytes"), 1),
         max_len=_int("MAX_LEN", get("max_len"), 16, 16_777_216),
@@ -323,8 +328,10 @@ def load_config(env=None):
         batch=_int("BATCH", get("batch"), 1, 1_048_576),
         gpu_util=_float("GPU_UTIL", get("gpu_util"), 0, 1, lo_open=True),
         graph_mode=graph_mode, caps=caps, extra=_split("EXTRA", get("extra")),
+        engine_cmd=_engine_cmd(get("engine_cmd")),
         tp_size=tp_size, nnodes=nnodes, nccl_ib_gid_index=None if gid < 0 else gid,
         ssh_opts=_split("SSH_OPTS", get("ssh_opts")),
+        ssh_timeout_s=_int("SSH_TIMEOUT_S", get("ssh_timeout_s"), 1, 300),
         keep_parts=_bool("KEEP_PARTS", get("keep_parts")),
         start_timeout_s=60 * _int("START_TIMEOUT_MIN", get("start_timeout_min"), 1, 24 * 60),
         free_gib_head=_int("FREE_GIB_HEAD", get("free_gib_head"), 0),
@@ -335,6 +342,21 @@ def load_config(env=None):
         skip_checks=tuple(x.strip() for x in str(get("skip_checks")).split(",") if x.strip()),
         profile=profile, nodes=nodes, sources=sources,
     )
+
+
+def _checked(check, value):
+    """A value checked by the rule its user applies (the memory guard's own), as a ConfigError."""
+    try:
+        return check(value)
+    except UserError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _engine_cmd(value):
+    words = _split("ENGINE_CMD", value)
+    if not words or words[0].startswith("-"):
+        raise _bad("ENGINE_CMD", value, "the serving image's command, e.g. vllm serve")
+    return words
 
 
 def _gpus(value):

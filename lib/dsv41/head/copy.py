@@ -14,7 +14,7 @@ import threading
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head import commands
-from dsv41.head.nodes import Node, ship_code
+from dsv41.head.nodes import Node, end, ship_code, spawn
 from dsv41.head.verify import checkpoint, gb, verify
 from dsv41.node import checkpoint as ck
 
@@ -155,7 +155,8 @@ def rsync_argv(node, src, dest, list_file, kind):
             # the listing already showed these files differ: rsync's quick check (size and mtime to
             # the second) must not skip one rewritten within the same second
             *(["--ignore-times"] if kind in ("force", "whole") else []),
-            "-e", shlex.join(node.ssh_command()), src.rstrip("/") + "/", node.rsync_target(dest.rstrip("/") + "/")]
+            "-e", shlex.join(node.ssh_command()), "--", src.rstrip("/") + "/",
+            node.rsync_target(dest.rstrip("/") + "/")]
     return (["nocache"] if shutil.which("nocache") else []) + argv
 
 
@@ -179,7 +180,7 @@ def _rsync(node, src, dest, groups, sizes):
         errs = [b""] * len(jobs)
         try:
             for i, argv in enumerate(jobs):
-                p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                p = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 procs.append(p)
                 for target, args in ((_read_progress, (p, i, counts, progress)), (_read_err, (p, i, errs))):
                     t = threading.Thread(target=target, args=args, daemon=True)
@@ -188,8 +189,7 @@ def _rsync(node, src, dest, groups, sizes):
             codes = [p.wait() for p in procs]
         except BaseException:
             for p in procs:
-                if p.poll() is None:
-                    p.terminate()
+                end(p)
             raise
         for t in threads:
             t.join()
@@ -239,7 +239,7 @@ def _remote_verify(node, mdir, sdir, cfg):
     argv = node.argv_for(_checkpoint_argv(sdir, "verify", mdir, "--receipt", names.state_path(sdir, names.RECEIPT),
                                           "--plan", cfg.plan_name, "--json",
                                           *(["--keep-parts"] if cfg.keep_parts else [])))
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     last = []
 
     def relay():

@@ -33,13 +33,18 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _since(unit_facts):
+    """When the unit became active (unix seconds on its node's clock), 0 when unknown."""
+    since = unit_facts.get("ActiveEnterTimestamp", "")
+    return float(since[1:]) if since.startswith("@") else 0.0
+
+
 def unit_age(facts, unit):
     """Seconds the unit has been active by its node's own clock, or None when it is not active."""
     u = facts.get("units", {}).get(unit, {})
-    since = u.get("ActiveEnterTimestamp", "")
-    if u.get("ActiveState") != "active" or not since.startswith("@") or "time" not in facts:
+    if u.get("ActiveState") != "active" or not _since(u) or "time" not in facts:
         return None
-    return facts["time"] - float(since[1:])
+    return facts["time"] - _since(u)
 
 
 def stale_workers(specs, facts):
@@ -90,7 +95,6 @@ def decide(specs, desired, facts):
         guard_changed = (s.name, names.MEMGUARD_UNIT) in changed
         if guard_changed and guard.get("ActiveState") == "active":
             steps.append(Step(Kind.RESTART_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard unit changed"))
-            rank_reasons.append("the memory guard unit changed (ranks are bound to it)")
         elif guard.get("ActiveState") != "active" or guard_changed:
             steps.append(Step(Kind.START_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard not running"))
         elif f["files"].get(names.GUARD_SETTINGS) != sha(desired.files[s.name][names.GUARD_SETTINGS][0]):
@@ -105,6 +109,8 @@ def decide(specs, desired, facts):
             rank_reasons.append(f"{unit} is {u.get('ActiveState', 'not installed')}")
         elif container and f["image_id"] and container["image"] != f["image_id"]:
             rank_reasons.append(f"{unit} runs an older image")
+        elif (f.get("model_changed_at") or 0) > _since(u):
+            rank_reasons.append(f"model files in {f['model_dir']} on {s.name} changed after {unit} started")
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
     return steps

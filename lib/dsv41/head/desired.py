@@ -54,7 +54,7 @@ def state_files(cfg, is_head, key, plan_text):
     files = {names.GUARD_SETTINGS: (guard_settings(cfg), 0o644),
              f"{names.PLANS}/{cfg.plan_name}": (units.rewrite_plan(plan_text), 0o644)}
     if is_head:
-        files[names.KEY_ENV] = (f"VLLM_API_KEY={key}\n" if key else None, 0o600)
+        files[names.SECRET_KEY] = (f"{key}\n" if key else None, 0o600)
     return files
 
 

@@ -1,5 +1,4 @@
-"""How dsv41 uses doit: size+mtime file checks, a run lock, one-line failures."""
-import fcntl
+"""How dsv41 uses doit: size+mtime file checks, the run lock for mutating tasks, one-line failures."""
 import functools
 import os
 import sys
@@ -9,6 +8,7 @@ from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
 from dsv41.errors import UserError, one_line
+from dsv41.head import runlock
 
 
 class SizeMtimeChecker(FileChangedChecker):
@@ -43,29 +43,6 @@ class Reporter(ConsoleReporter):
         super().complete_run()
 
 
-_lock_fd = None
-
-
-def take_run_lock(state_dir):
-    """One mutating doit run per state dir at a time; held until the process exits."""
-    global _lock_fd
-    if _lock_fd is not None:
-        return
-    os.makedirs(state_dir, exist_ok=True)
-    path = os.path.join(state_dir, "doit.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise UserError(f"another doit run holds {path} ({holder}); wait for it to finish "
-                        f"or stop it first") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv[1:]) or 'launch'}\n".encode(), 0)
-    _lock_fd = fd
-
-
 def action(func, *, name=None, lock_dir=None):
     """Wrap a task function: a UserError fails the task with its one line, not a traceback.
     With lock_dir the action first takes the run lock (mutating tasks)."""
@@ -74,7 +51,7 @@ def action(func, *, name=None, lock_dir=None):
     def run(*args, **kwargs):
         try:
             if lock_dir:
-                take_run_lock(lock_dir)
+                runlock.take(lock_dir)
             result = func(*args, **kwargs)
         except UserError as err:
             fail = TaskFailed(one_line(err, 2000))

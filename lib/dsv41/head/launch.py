@@ -11,6 +11,7 @@ from dsv41.head import commands, fabric, image, preflight, units
 from dsv41.head.cluster import Cluster, say
 from dsv41.head.decide import Kind, decide
 from dsv41.head.desired import desired, read_head_plan, read_or_create_key
+from dsv41.node.memguard import describe_trip
 
 
 def launch(cfg):
@@ -27,7 +28,18 @@ def launch(cfg):
                          os.path.join(cfg.state_dir, names.UNITS))
     steps = decide(cfg.nodes, want, facts)
     apply(cl, want, steps)
-    wait_ready(cl, t0 if steps else None)
+    wait_ready(cl)
+    print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
+          + done(steps, time.monotonic() - t0))
+
+
+def done(steps, took):
+    """What this launch did, for its last line."""
+    if any(s.kind is Kind.RESTART_RANKS for s in steps):
+        return f"ranks (re)started, start-up took {fmt_elapsed(took)}"
+    if steps:
+        return "applied: " + ", ".join(dict.fromkeys(f"{s.kind.value} on {s.node}" for s in steps))
+    return "nothing changed"
 
 
 def refuse_if_tripped(cl, facts):
@@ -35,10 +47,8 @@ def refuse_if_tripped(cl, facts):
     if tripped:
         n, t = tripped[0]
         raise UserError(
-            f"the memory guard on {n.label} tripped at {t.get('time', '?')} (MemAvailable "
-            f"{t.get('mem_available_gib', '?')} GiB under the floor {t.get('floor_gib', '?')} GiB); "
-            "lower KV_BYTES or GPU_UTIL first (raise MEMGUARD_GIB only after that), then run "
-            "`doit clear-trip` and launch again")
+            f"the memory guard on {n.label} {describe_trip(t)}; lower KV_BYTES or GPU_UTIL first (raise "
+            "MEMGUARD_GIB only after that), then run `doit clear-trip` and launch again")
 
 
 def apply(cl, want, steps):
@@ -49,6 +59,8 @@ def apply(cl, want, steps):
             state = cl.paths(node).state_dir
             text, mode = want.files[node.name][s.target]
             node.write_file(f"{state}/{s.target}", text, mode=mode)
+            if s.target == names.SECRET_KEY:      # the key's old place (an env file): gone
+                node.run(commands.rm_f(f"{state}/{names.KEY_ENV}"))
             say(node, f"wrote {state}/{s.target}" + (f" (mode {mode:o})" if mode != 0o644 else ""))
         elif s.kind is Kind.INSTALL:
             install_unit(cl, node, s.target, want.units[node.name][s.target])
@@ -93,7 +105,7 @@ def restart_ranks(cl):
         say(node, f"started {unit}")
 
 
-def wait_ready(cl, t0):
+def wait_ready(cl):
     """Ready: /v1/models answers 200 with the key and one token is generated, while every rank
     unit stays active. A failed rank stops the wait at once with its journal."""
     cfg = cl.cfg
@@ -118,8 +130,6 @@ def wait_ready(cl, t0):
                   f"(first start takes about 12 min)", flush=True)
             last_note = now
         time.sleep(2)
-    took = f"; start-up took {fmt_elapsed(time.monotonic() - t0)}" if t0 else "; nothing changed"
-    print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}{took}")
 
 
 def fmt_elapsed(s):

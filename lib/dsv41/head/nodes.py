@@ -1,24 +1,35 @@
 """Node: run an argv on the head (locally) or on a worker over ssh, read and write files there, and ship
 the node code. Commands on nodes go through Node.run (copy's rsync and fabric-bench's server start
-their processes from Node's argv). ssh is always BatchMode with a connect timeout and one multiplexed master per node
+their processes from Node's argv). ssh is always BatchMode with one multiplexed master per node
 (ControlMaster/ControlPersist, socket under the state dir); remote commands are one shlex.join'ed
-string, so spaces, quotes, `$` and backticks arrive literally."""
+string after `--` and the target, so spaces, quotes, `$` and backticks arrive literally and nothing
+becomes an option.
+
+A dead, frozen or cut-off node costs about SSH_TIMEOUT_S once per run: ssh's connect timeout and
+keep-alives are derived from it, the first contact is bounded by it, every remote command has a
+timeout, and a node that did not answer is not asked again in the same run."""
 import dataclasses
 import hashlib
 import os
 import shlex
+import shutil
+import signal
+import subprocess
 import tempfile
+import time
 
 import sh
 
 from dsv41 import names
-from dsv41.head import commands
+from dsv41.head import commands, runlock
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
-CONNECT_TIMEOUT = 10
+SSH_TIMEOUT_S = 10           # the SSH_TIMEOUT_S setting's default
+COMMAND_TIMEOUT_S = 120      # default bound on one remote command; longer ones pass their own
 PERSIST_S = 120
 FACTS_TIMEOUT_S = 180
+_UNREACHABLE = {}            # (ssh target, ssh options) -> NodeError: who did not answer in this run
 
 # Atomic write on a node: temp file in the same dir, fsync, chmod, rename. Data comes on stdin.
 _WRITE_PY = (
@@ -51,15 +62,17 @@ class Result:
 
 
 class Node:
-    def __init__(self, name, target=None, ssh_opts=(), control_dir=None, rank=None):
+    def __init__(self, name, target=None, ssh_opts=(), control_dir=None, rank=None, timeout_s=SSH_TIMEOUT_S):
         self.name, self.target, self.rank = name, target, rank
         self.ssh_opts = tuple(ssh_opts)
+        self.timeout_s = timeout_s
         self.control_dir = _socket_dir(control_dir or os.path.join(tempfile.gettempdir(), "dsv41-ssh"))
         self._home = None
 
     @classmethod
     def from_spec(cls, spec, cfg):
-        return cls(spec.name, spec.target, cfg.ssh_opts, control_dir(cfg.state_dir), rank=spec.rank)
+        return cls(spec.name, spec.target, cfg.ssh_opts, control_dir(cfg.state_dir), rank=spec.rank,
+                   timeout_s=cfg.ssh_timeout_s)
 
     def __repr__(self):
         return f"Node({self.label})"
@@ -75,8 +88,9 @@ class Node:
     def ssh_command(self):
         """ssh argv prefix without the target (rsync -e, scp-like uses)."""
         os.makedirs(self.control_dir, mode=0o700, exist_ok=True)
-        return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
-                "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
+        alive = max(1, self.timeout_s // 3)     # the master gives up on a silent peer after ~timeout_s
+        return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.timeout_s}",
+                "-o", f"ServerAliveInterval={alive}", "-o", "ServerAliveCountMax=3",
                 "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
                 "-o", f"ControlPersist={PERSIST_S}", *self.ssh_opts]
 
@@ -84,14 +98,18 @@ class Node:
         argv = [str(a) for a in argv]
         if self.is_local:
             return argv
-        return self.ssh_command() + [self.target, "--", shlex.join(argv)]
+        return self.ssh_command() + ["--", self.target, shlex.join(argv)]
 
     def rsync_target(self, path):
         return path if self.is_local else f"{self.target}:{path}"
 
-    def run(self, argv, check=True, timeout=None, input=None, fg=False, env=None):
+    def run(self, argv, check=True, timeout=COMMAND_TIMEOUT_S, input=None, fg=False, env=None):
         """Run argv on this node. fg=True passes the terminal through (progress, -f) and returns
-        only the exit code in Result. env adds variables for local commands only."""
+        only the exit code in Result. env adds variables for local commands only. timeout bounds a
+        remote command (None: unbounded, for long transfers); local commands run unbounded."""
+        if self.unreachable:
+            raise self.unreachable
+        timeout = None if self.is_local else timeout
         full = self.argv_for(argv)
         kwargs = {"_ok_code": list(range(256)), "_return_cmd": True}
         if env:
@@ -108,14 +126,16 @@ class Node:
         except sh.ErrorReturnCode as err:  # only in fg mode: the exit code is all there is
             proc = err
         except sh.TimeoutException:
-            raise NodeError(f"{self.label}: `{_short(argv)}` timed out after {timeout:g} s",
-                            self, argv, None) from None
+            raise self._gone(NodeError(
+                f"{self.label} did not answer `{_short(argv)}` within {timeout:g} s: the node is frozen "
+                f"or the link to it is down; check it (ping {self.target.split('@')[-1]}), then run the "
+                "command again", self, argv, None)) from None
         if fg:
             result = Result(proc.exit_code if proc is not None else 0, "", "")
         else:
             result = Result(proc.exit_code, _text(proc.stdout), _text(proc.stderr))
         if not self.is_local and result.code == 255:
-            raise self._unreachable(result.stderr, argv)
+            raise self._gone(self._unreachable(result.stderr, argv))
         if check and result.code != 0:
             raise NodeError(
                 f"{self.label}: `{_short(argv)}` failed (exit {result.code}): "
@@ -136,12 +156,25 @@ class Node:
             fix = f"check that {host} is up and sshd listens (ip -br a; ping {host})"
         return NodeError(f"cannot reach {self.label}: {tail}; {fix}", self, argv, 255, stderr)
 
+    def _gone(self, err):
+        """Remember that this node did not answer (later commands fail at once) and drop its ssh
+        master, which may be stuck on the dead link."""
+        _UNREACHABLE[(self.target, self.ssh_opts)] = err
+        self.close()
+        return err
+
+    @property
+    def unreachable(self):
+        """The error this node gave when it stopped answering in this run, else None."""
+        return None if self.is_local else _UNREACHABLE.get((self.target, self.ssh_opts))
+
     # ---- facts and files -------------------------------------------------------------------
 
     def home(self):
+        """The node user's home; the first contact with a node, bounded by SSH_TIMEOUT_S."""
         if self._home is None:
             self._home = (os.path.expanduser("~") if self.is_local
-                          else self.run(["printenv", "HOME"]).stdout.strip())
+                          else self.run(["printenv", "HOME"], timeout=self.timeout_s + 1).stdout.strip())
         return self._home
 
     def assume_home(self, home):
@@ -173,8 +206,55 @@ class Node:
     def close(self):
         """End this node's ssh master (normally it persists briefly for the next run)."""
         if not self.is_local:
-            sh.Command("ssh")(*self.ssh_command(), "-O", "exit", self.target,
-                              _ok_code=list(range(256)), _tty_out=False)
+            try:
+                sh.Command("ssh")(*self.ssh_command(), "-O", "exit", "--", self.target,
+                                  _ok_code=list(range(256)), _tty_out=False, _timeout=5)
+            except sh.TimeoutException:
+                pass
+
+
+def spawn(argv, **popen_kwargs):
+    """Start a helper process (a copy's rsync, a remote verify) that ends with doit: it gets SIGTERM
+    when doit dies, even by kill -9 (PR_SET_PDEATHSIG, set by setpriv), runs in its own process group
+    (end() stops it with its children), and holds the run lock too, so no second run races it."""
+    prefix = ["setpriv", "--pdeathsig", "TERM", "--"] if shutil.which("setpriv") else []
+    return subprocess.Popen(prefix + list(argv), process_group=0, pass_fds=runlock.held_fds(), **popen_kwargs)
+
+
+def end(proc):
+    """Stop a spawned process and its children (SIGTERM to its group)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def connect(nodes):
+    """First contact with every remote node at once (their homes): a dead node costs SSH_TIMEOUT_S
+    in parallel with the others instead of one after another. Returns the nodes that did not answer;
+    their errors are in .unreachable."""
+    pending = {}
+    for n in nodes:
+        if not n.is_local and n._home is None and n.unreachable is None:
+            pending[n] = subprocess.Popen(n.argv_for(["printenv", "HOME"]), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + max((n.timeout_s for n in pending), default=0) + 1
+    for n, p in pending.items():
+        try:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            n._gone(NodeError(f"{n.label} did not answer within {n.timeout_s} s (SSH_TIMEOUT_S): the node "
+                              f"is frozen or the link to it is down; check it (ping {n.target.split('@')[-1]})",
+                              n, ["printenv", "HOME"], None))
+            continue
+        if p.returncode == 0 and out.strip():
+            n._home = out.decode().strip()
+        else:
+            n._gone(n._unreachable(err.decode(errors="replace"), ["printenv", "HOME"]))
+    return [n for n in nodes if n.unreachable is not None]
 
 
 def control_dir(state_dir):
@@ -215,5 +295,6 @@ def ship_code(node, state_dir):
     ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
     includes = [f"--include={p}" if not p.endswith("/") else f"--include={p}***" for p in SHIPPED]
     Node("head").run(["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/",
-                      "--include=dsv41/", *includes, "--exclude=*", *ssh, f"{LIB_DIR}/dsv41", node.rsync_target(dest)])
+                      "--include=dsv41/", *includes, "--exclude=*", *ssh, "--", f"{LIB_DIR}/dsv41",
+                      node.rsync_target(dest)])
     return commands.node_python(state_dir)

@@ -462,6 +462,7 @@ def gather(cfg, progress=None):
     say(f"facts: {ns[0].label}")
     out[0] = _facts_call(cfg, head, ns[0], args)
     head_ip = fabric.decide_all(cfg, {0: out[0]})[0]["ip"] if "error" not in out[0] else None
+    nodes.connect(list(ns.values()))        # a dead worker costs SSH_TIMEOUT_S once, not once each
     for s in cfg.workers:
         n = ns[s.rank]
         say(f"facts: {n.label}")

@@ -1,14 +1,27 @@
-"""doit status: every node's guard, rank unit, container and memory, the API's health, one verdict."""
+"""doit status: every node's guard, rank unit, container and memory, the API's health, one verdict and
+an exit code a monitor can use (EXIT_CODES; README lists them)."""
 import json as _json
 import time
 
 from dsv41 import names
 from dsv41.client.api import Client
-from dsv41.errors import one_line
 from dsv41.head.cluster import Cluster
 from dsv41.head.decide import stale_workers
 from dsv41.head.desired import read_key
 from dsv41.head.nodes import NodeError
+from dsv41.node.memguard import describe_trip
+
+SCHEMA = "dsv41.status/1"
+# 2 is left to bad input (a config error), as for every dsv41 command
+EXIT_CODES = {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6}
+MEANING = {
+    "READY": "every rank is up and the API lists the model",
+    "DEGRADED": "the API answers but a rank is down or restarted on its own: `doit launch` restarts the ranks together",
+    "NOT RUNNING": "nothing is running: start it with `doit launch`",
+    "UNREACHABLE": "a node does not answer over ssh; its line above says what to check",
+    "TRIPPED": "the memory guard stopped the ranks: lower KV_BYTES or GPU_UTIL, then `doit clear-trip` and `doit launch`",
+    "DOWN": "ranks are up but the API does not answer: starting (see `doit logs r0`) or hung",
+}
 
 
 def _when(stamp):
@@ -30,7 +43,7 @@ def node_entry(spec, f):
         "since": _when(u.get("ActiveEnterTimestamp") if u.get("ActiveState") == "active"
                        else u.get("InactiveEnterTimestamp")),
         "container": c["state"]["Status"] if c else "none",
-        "mem_available_gib": round(f["mem_available_kib"] / 2**20, 1),
+        "mem_available_gib": round(f["mem_available_kib"] / 2**20, 3),
         "gpu_memory": f["gpu_memory"], "tripped": f["tripped"]}
 
 
@@ -44,49 +57,64 @@ def api_status(cfg):
     return out
 
 
+def verdict(nodes, api, stale):
+    """The cluster's state from the node entries, the API's answer and the stale-worker lines (pure)."""
+    if any("error" in e for e in nodes.values()):
+        return "UNREACHABLE"
+    if any(e["tripped"] for e in nodes.values()):
+        return "TRIPPED"
+    up = [e["rank_state"].startswith("active/") and e["container"] == "running" for e in nodes.values()]
+    if api["models"]:
+        return "READY" if all(up) and not stale else "DEGRADED"
+    starting = any(e["rank_state"].split("/")[0] in ("active", "activating") for e in nodes.values())
+    return "DOWN" if starting else "NOT RUNNING"
+
+
+class Table:
+    """The status table, printed a row at a time (a dead node must not hold back the others)."""
+    COLS = (("node", 10), ("memguard", 14), ("rank", 30), ("since", 19), ("container", 10))
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+        if enabled:
+            print(" ".join(f"{h:<{w}}" for h, w in self.COLS) + f" {'MemAvail':>10}  GPU mem", flush=True)
+
+    def row(self, name, e):
+        if not self.enabled:
+            return
+        if "error" in e:
+            print(f"{name:<10} UNREACHABLE: {e['error']}", flush=True)
+            return
+        guard = "TRIPPED" if e["tripped"] else e["memguard"]
+        cells = (name, guard, f"{e['rank_unit']} {e['rank_state']}", e["since"], e["container"])
+        print(" ".join(f"{c:<{w}}" for c, (_, w) in zip(cells, self.COLS))
+              + f" {e['mem_available_gib']:>6.1f} GiB  {e['gpu_memory'] or '-'}", flush=True)
+        if e["tripped"]:
+            print(f"{'':<10} memory guard {describe_trip(e['tripped'])}", flush=True)
+
+
 def status(cfg, json=False):
     cl = Cluster(cfg)
-    report = {"nodes": {}, "api": None}
-    ranks_ok = True
-    for node in cl.nodes:
+    table = Table(not json)
+    entries = {}
+    for i, node in enumerate(cl.nodes):
+        if i == 1:
+            cl.connect()                 # the workers at once, after the head's row is out
         try:
-            f = cl.probe(node)
+            entries[node.name] = node_entry(cl.spec(node), cl.probe(node))
         except NodeError as err:
-            report["nodes"][node.name] = {"error": str(err)}
-            ranks_ok = False
-            continue
-        entry = node_entry(cl.spec(node), f)
-        report["nodes"][node.name] = entry
-        if not entry["rank_state"].startswith("active/") or entry["container"] != "running":
-            ranks_ok = False
+            entries[node.name] = {"error": str(err)}
+        table.row(node.name, entries[node.name])
     api = api_status(cfg)
     stale = stale_workers(cfg.nodes, cl.facts)
-    if stale:
-        ranks_ok = False
-        report["stale"] = stale
-    any_up = any(e.get("rank_state", "").split("/")[0] in ("active", "activating")
-                 for e in report["nodes"].values())
-    if api["models"]:
-        api["state"] = "READY" if ranks_ok else "DEGRADED"
-    else:
-        api["state"] = "DOWN" if any_up else "NOT RUNNING"
-    report["api"] = api
+    state = verdict(entries, api, stale)
     if json:
-        print(_json.dumps(report, indent=2))
-        return
-    print(f"{'node':<10} {'memguard':<14} {'rank':<26} {'since':<30} {'container':<10} {'MemAvail':>9}  GPU mem")
-    for name, e in report["nodes"].items():
-        if "error" in e:
-            print(f"{name:<10} UNREACHABLE: {e['error']}")
-            continue
-        guard = "TRIPPED" if e["tripped"] else e["memguard"]
-        print(f"{name:<10} {guard:<14} {e['rank_unit'] + ' ' + e['rank_state']:<26} {e['since'][:30]:<30} "
-              f"{e['container']:<10} {e['mem_available_gib']:>6.1f} GiB  {e['gpu_memory'] or '-'}")
-        if e["tripped"]:
-            print(f"{'':<10} memory guard tripped: {one_line(_json.dumps(e['tripped']), 160)}; "
-                  "lower KV_BYTES or GPU_UTIL, then `doit clear-trip`")
-    for line in stale:
-        print(line)
-    print(f"API {api['url']}: {api['state']} (health {api['health']}, models {api['models'] or '-'})")
-    if api["state"] == "NOT RUNNING":
-        print("nothing is running; start it with `doit launch`")
+        print(_json.dumps({"schema": SCHEMA, "state": state, "exit_code": EXIT_CODES[state], "nodes": entries,
+                           "api": api, "stale": stale}, indent=2))
+    else:
+        for line in stale:
+            print(line)
+        print(f"API {api['url']}: health {api['health'] or 'no answer'}, models {', '.join(api['models'] or []) or '-'}")
+        print(f"{state}: {MEANING[state]}")
+    if EXIT_CODES[state]:
+        raise SystemExit(EXIT_CODES[state])

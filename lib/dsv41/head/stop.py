@@ -1,23 +1,45 @@
-"""doit stop (the head's rank first, then the workers', then the memory guards) and doit clear-trip."""
+"""doit stop (the head's rank first, then the workers', then the memory guards) and doit clear-trip.
+Stop is what people reach for when things are broken: it stops everything on every node it can reach,
+then fails naming each node it could not reach and what may still run there."""
 from dsv41 import names
+from dsv41.errors import UserError, one_line
 from dsv41.head import commands
 from dsv41.head.cluster import Cluster, say
-from dsv41.head.launch import stop_ranks
+from dsv41.head.nodes import NodeError
 
 
 def stop(cfg):
     cl = Cluster(cfg)
-    stop_ranks(cl)
-    for n in cl.nodes:
-        say(n, f"stopped {cl.rank_unit(n)}")
-    for n in cl.nodes:
-        n.run(cl.priv(n, commands.systemctl("stop", names.MEMGUARD_UNIT)), check=False)
-        say(n, "stopped the memory guard")
+    cl.connect()
+    missed = {}
+
+    def on(node, argv, done):
+        if node.unreachable:
+            missed.setdefault(node, node.unreachable)
+            return
+        try:
+            node.run(cl.priv(node, argv), check=False)
+            say(node, done)
+        except NodeError as err:
+            missed.setdefault(node, err)
+
+    for node in [cl.head] + cl.workers:
+        on(node, commands.systemctl("stop", cl.rank_unit(node)), f"stopped {cl.rank_unit(node)}")
+    for node in cl.nodes:
+        on(node, commands.systemctl("stop", names.MEMGUARD_UNIT), "stopped the memory guard")
+    if missed:
+        raise UserError("not stopped: " + "; ".join(
+            f"{n.label} did not answer ({one_line(err, 160)}), so {cl.rank_unit(n)} and "
+            f"{names.MEMGUARD_UNIT} may still run there" for n, err in missed.items())
+            + "; run `doit stop` again once it answers")
 
 
 def clear_trip(cfg):
     cl = Cluster(cfg)
+    cl.connect()
     for n in cl.nodes:
         marker = commands.tripped_marker(cl.paths(n).state_dir)
-        r = n.run(commands.rm_f("--", marker))
-        say(n, f"cleared {marker}" if r.ok else f"could not clear {marker}")
+        r = n.run(commands.rm_f("--", marker), check=False)
+        if not r.ok:
+            raise UserError(f"{n.label}: could not remove {marker}: {one_line(r.stderr) or f'exit {r.code}'}")
+        say(n, f"cleared {marker}")

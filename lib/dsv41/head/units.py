@@ -80,6 +80,7 @@ def rank_vars(cfg, spec, fabric, paths, master_addr=None):
     return {
         "rank": rank, "role": "head" if rank == 0 else "worker", "nnodes": cfg.nnodes, "name": name,
         "memguard": names.MEMGUARD_UNIT, "tripped": c.tripped_marker(state),
+        "guard_active": c.systemctl("is-active", "--quiet", names.MEMGUARD_UNIT),
         "docker_rm": c.docker_rm(name), "rm_cidfile": c.rm_f(c.cidfile(state, rank)),
         "mkdir_state": c.mkdir(*(names.state_path(state, d) for d in c.RANK_DIRS)),
         "docker_run": c.docker_run_groups(cfg, spec, fabric, paths, master_addr),

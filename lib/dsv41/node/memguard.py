@@ -41,6 +41,29 @@ PSI_TRIGGERS = (b"some 50000 500000", b"some 100000 2000000")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
+MODES = ("enforce", "observe")
+
+
+def check_floor(value, var="MEMGUARD_GIB"):
+    """The floor in GiB, or UserError naming the accepted range (the one rule, used by the Config too)."""
+    try:
+        gib_ = float(str(value).strip())
+    except ValueError:
+        gib_ = float("nan")
+    lo, hi = FLOOR_GIB
+    if not lo <= gib_ <= hi:
+        raise UserError(f"{var}={value!r} is not valid: expected the memory guard's floor in GiB, "
+                        f"a number from {lo:g} to {hi:g}")
+    return gib_
+
+
+def check_mode(value, var="MEMGUARD_MODE"):
+    if value not in MODES:
+        raise UserError(f"{var}={value!r} is not valid: expected {' or '.join(MODES)}")
+    return value
+
+
 def now_iso():
     return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
 
@@ -77,6 +100,20 @@ def read_trip(state_dir):
         return None
     except OSError as err:
         return {"error": f"cannot read {path}: {err.strerror}"}
+
+
+def below(avail, floor):
+    """'MemAvailable 18.998 GiB < floor 19.000 GiB': MemAvailable rounded down, so it never shows equal
+    to the floor it fell under."""
+    return f"MemAvailable {math.floor(avail / GIB * 1000) / 1000:.3f} GiB < floor {floor / GIB:.3f} GiB"
+
+
+def describe_trip(trip):
+    """One line about a trip marker (as the launcher and status show it)."""
+    if "mem_available_bytes" not in trip or "floor_bytes" not in trip:
+        return f"tripped ({trip.get('error') or 'marker without readings'})"
+    return f"tripped at {trip.get('time', '?')} on {trip.get('host', '?')}: " + below(
+        trip["mem_available_bytes"], trip["floor_bytes"])
 
 
 def clear_trip(state_dir):
@@ -341,12 +378,11 @@ class Guard:
         try:
             with open(self.settings) as f:
                 data = json.load(f)
-            floor, mode = int(float(data["floor_gib"]) * GIB), data.get("mode", self.mode)
-            if floor <= 0 or mode not in ("enforce", "observe"):
-                raise ValueError(f"floor_gib {data['floor_gib']!r}, mode {mode!r}")
+            floor = int(check_floor(data["floor_gib"], "floor_gib") * GIB)
+            mode = check_mode(data.get("mode", self.mode), "mode")
         except FileNotFoundError:
             return
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, UserError) as err:
             self.log(f"settings {self.settings} ignored ({type(err).__name__}: {err}); keeping floor "
                      f"{gib(self.floor):.2f} GiB, mode {self.mode}")
             return
@@ -445,8 +481,7 @@ class Guard:
                         "how": how, "result": "pending"} for pid, (rank, how) in sorted(ranks.items())],
             "units": sorted(units), "top": top_holders(sizes),
         }
-        shown = math.floor(avail / GIB * 1000) / 1000  # rounded down: never shown equal to the floor
-        head = f"MemAvailable {shown:.3f} GiB < floor {self.floor / GIB:.3f} GiB"
+        head = below(avail, self.floor)
         if self.mode != "enforce":
             listed = systemctl(["list-units", f"{RANK_PREFIX}*", "--all", "--plain", "--no-legend"], self.log)
             units |= {m.group(0) for m in RANK_UNIT_RE.finditer(listed or "")}
@@ -504,16 +539,8 @@ def parse_args(argv=None, env=None):
     p.add_argument("--settings", default=None,
                    help="JSON file {floor_gib, mode} overriding the two options; re-read on SIGHUP")
     args = p.parse_args(argv)
-    try:
-        floor = float(args.floor_gib)
-    except ValueError:
-        floor = float("nan")
-    if not 0 < floor < 1 << 20:
-        raise UserError(f"memory guard floor {args.floor_gib!r} is not a positive number of GiB: "
-                        f"set MEMGUARD_GIB (or --floor-gib) to e.g. 1")
-    if args.mode not in ("enforce", "observe"):
-        raise UserError(f"memory guard mode {args.mode!r} is unknown: use enforce or observe")
-    args.floor = int(floor * GIB)
+    args.floor = int(check_floor(args.floor_gib, "--floor-gib (MEMGUARD_GIB)") * GIB)
+    check_mode(args.mode, "--mode (MEMGUARD_MODE)")
     args.state_dir = os.path.abspath(os.path.expanduser(args.state_dir))
     args.log = os.path.abspath(os.path.expanduser(args.log or os.path.join(args.state_dir, GUARD_LOG)))
     return args

@@ -1,8 +1,9 @@
 """Node side: the deployment state of one node in one process, as JSON (stdlib only).
 
-`python3 -m dsv41.node.probe '<json request>'` with {"state_dir", "units": [...], "image",
-"containers": [...]} prints: installed unit files (text and sha256), systemd states, containers,
-the image ID, the trip marker, MemAvailable, GPU memory, state file hashes. Launch, plan and status
+`python3 -m dsv41.node.probe '<json request>'` with {"state_dir", "model_dir", "units": [...], "image",
+"containers": [...], "files": [...]} prints: installed unit files (text and sha256), systemd states,
+containers, the image ID, the trip marker, when the model dir last changed, MemAvailable, GPU memory,
+state file hashes. Launch, plan and status
 read a node through this one call."""
 import hashlib
 import json
@@ -11,8 +12,9 @@ import shutil
 import sys
 import time
 
-from dsv41.names import TRIP_MARKER, UNIT_DIR, state_path
+from dsv41.names import UNIT_DIR
 from dsv41.node.facts import memory_facts, run_quiet
+from dsv41.node.memguard import read_trip
 
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState",
         "ActiveEnterTimestamp", "InactiveEnterTimestamp", "ConditionResult")
@@ -75,15 +77,26 @@ def gpu_memory():
     return stdout.strip() if code == 0 else None
 
 
-def trip(state_dir):
-    path = state_path(state_dir, TRIP_MARKER)
+def newest_change(model_dir):
+    """ctime of the newest change under the model dir (it, its files and dirs; hidden ones skipped),
+    or None when it does not exist. A rank started before this holds files that have been replaced."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
+        newest = os.stat(model_dir).st_ctime
+    except OSError:
         return None
-    except (OSError, ValueError):
-        return {"unreadable": path}
+    todo = [model_dir]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for e in entries:
+                    if e.name.startswith("."):
+                        continue
+                    newest = max(newest, e.stat(follow_symlinks=False).st_ctime)
+                    if e.is_dir(follow_symlinks=False):
+                        todo.append(e.path)
+        except OSError:
+            continue
+    return newest
 
 
 def main():
@@ -95,7 +108,9 @@ def main():
         "units": units(req.get("units", [])),
         "containers": containers(req.get("containers", [])),
         "image_id": image_id(req["image"]) if req.get("image") else None,
-        "tripped": trip(state),
+        "tripped": read_trip(state),
+        "model_dir": req.get("model_dir"),
+        "model_changed_at": newest_change(req["model_dir"]) if req.get("model_dir") else None,
         "mem_available_kib": memory_facts()["available_bytes"] // 1024,
         "gpu_memory": gpu_memory(),
         "files": files,
