@@ -241,3 +241,90 @@ def test_receipt_for_another_model_dir_is_ignored(ck, tmp_path):
     assert run(other, receipt, command="check").returncode == 1
     with pytest.raises(UserError):
         checkpoint.Checkpoint(str(other / "x"), str(receipt)).verify()
+
+
+# ---- progress: one display, in place on a terminal, plain lines otherwise -------------------------------
+
+def on_pty(argv, env, cols=100):
+    """Run argv with stderr on a pseudo-terminal (raw: a newline stays a newline, so a carriage return in
+    the output can only be an in-place update); returns (exit code, what it wrote there)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import tty
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, cols, 0, 0))
+    p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:              # EIO: the child's end is closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return p.wait(), out.decode(errors="replace")
+
+
+def test_node_verifier_prints_plain_lines_when_stderr_is_not_a_terminal(ck, capfd):
+    d, receipt, _ = ck
+    CK(d, receipt, progress=lambda label, total: checkpoint.Progress(label, total, interval=0)).verify()
+    err = capfd.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and len(lines) > 2, err
+    assert all(ln.startswith(f"verify {d}: ") for ln in lines), err
+    assert "ETA" in lines[0] and "(100%)" in lines[-1] and " in 00:0" in lines[-1], err
+
+
+def test_node_verifier_quiet_when_shorter_than_the_interval(ck):
+    d, receipt, _ = ck
+    r = run(d, receipt)                          # stderr is a pipe; the default interval is 10 s
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_node_verifier_updates_in_place_on_a_terminal(tmp_path):
+    d = tmp_path / "m"
+    make_checkpoint(str(d), shard_bytes=20_000_000, parts=3)
+    code, out = on_pty([PY, "-m", "dsv41.node.checkpoint", "verify", str(d), "--receipt", str(tmp_path / "r.json")],
+                       {"PATH": os.environ["PATH"], "PYTHONPATH": LIB})
+    assert code == 0, out
+    assert out.startswith(f"\rverify {d}: ") and out.endswith("\n") and out.count("\n") == 1, repr(out)
+    assert out.rstrip("\n").rsplit("\r", 1)[-1].startswith(f"verify {d}: 0.12/0.12 GB (100%)"), repr(out)
+
+
+def test_node_verifier_machine_progress_lines(ck):
+    d, receipt, _ = ck
+    r = run(d, receipt, "--machine-progress")
+    assert r.returncode == 0, r.stderr
+    steps = [tuple(map(int, ln.split()[1:])) for ln in r.stderr.splitlines()]
+    assert all(ln.startswith("progress ") for ln in r.stderr.splitlines()), r.stderr
+    assert steps[0] == (0, 6 * 300_000) and steps[-1] == (6 * 300_000, 6 * 300_000), steps
+
+
+def test_head_verify_prints_plain_lines_when_stderr_is_not_a_terminal(ck, tmp_path, capfd, monkeypatch):
+    from dsv41.head import progress
+    d, _, _ = ck
+    monkeypatch.setattr(progress, "INTERVAL_S", 0)
+    verify.verify(load_config({"MODEL_DIR": str(d), "STATE_DIR": str(tmp_path / "st")}))
+    err = capfd.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and len(lines) > 2, err
+    assert all(ln.startswith(f"verify {d}: ") for ln in lines), err
+    assert "MB/s, ETA" in lines[0] and lines[-1].startswith(f"verify {d}: 1.80MB/1.80MB (100%) in 00:0"), err
+
+
+def test_head_verify_updates_one_bar_in_place_on_a_terminal(tmp_path):
+    d = tmp_path / "m"
+    make_checkpoint(str(d), shard_bytes=20_000_000, parts=3)
+    code = (f"from dsv41.head import verify; from dsv41.head.config import load_config; "
+            f"verify.verify(load_config({{'MODEL_DIR': {str(d)!r}, 'STATE_DIR': {str(tmp_path / 'st')!r}}}))")
+    rc, out = on_pty([sys.executable, "-c", code], {**os.environ, "PYTHONPATH": LIB}, cols=200)
+    assert rc == 0, out
+    assert out.count("\n") == 1 and out.endswith("\n") and "\r" in out, repr(out)   # tqdm, redrawn in place
+    final = out.rstrip("\n").rsplit("\r", 1)[-1]
+    assert final.startswith(f"verify {d}: 100%|") and "120MB/120MB [" in final and "B/s]" in final, repr(final)

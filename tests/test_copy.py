@@ -2,6 +2,7 @@
 get their own HOME (the worker's), then the shipped verifier runs there with the system python3."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,21 @@ def test_copy_verifies_on_the_worker_and_second_copy_is_a_noop(setup, monkeypatc
     assert head_copy.fresh_on_workers(s.cfg)
     no_copy(monkeypatch)
     head_copy.copy(s.cfg)
+
+
+def test_progress_of_the_verify_on_the_worker_reaches_the_head(setup, capfd, monkeypatch):
+    """The worker's verifier reports machine-readable progress; the head shows it as its own display
+    (plain lines here, stderr being no terminal), the raw lines never."""
+    from dsv41.head import progress
+    s = setup
+    monkeypatch.setattr(progress, "INTERVAL_S", 0)
+    head_copy.copy(s.cfg)
+    err = capfd.readouterr().err
+    name = s.cfg.workers[0].name
+    remote = [ln for ln in err.splitlines() if ln.startswith(f"verify on {name}: ")]
+    assert len(remote) >= 2 and remote[-1].startswith(f"verify on {name}: 9.00MB/9.00MB (100%) in "), err
+    assert "\r" not in err and not re.search(r"^\S+: progress \d+ \d+$", err, re.M), err
+    assert [ln for ln in err.splitlines() if ln.startswith(f"copy to {name}: ")], err
 
 
 def test_interrupted_copy_resumes_from_the_partial(setup):

@@ -13,7 +13,7 @@ import threading
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands
+from dsv41.head import commands, progress
 from dsv41.head.nodes import Node, end, ship_code, spawn
 from dsv41.head.verify import checkpoint, gb, verify
 from dsv41.node import checkpoint as ck
@@ -165,9 +165,9 @@ _PROGRESS_RE = re.compile(rb"^\s*([\d,]+)\s+\d+%")
 
 def _rsync(node, src, dest, groups, sizes):
     """A few rsync processes over disjoint file lists (whole files; interrupted files resume from their
-    partial), with one aggregate progress line."""
+    partial), with one aggregate progress bar."""
     total = sum(sizes[r][0] for g in groups.values() for r in g)
-    progress = ck.Progress(f"copy to {node.name}", total)
+    bar = progress.bar(f"copy to {node.name}", total)
     jobs = []
     with tempfile.TemporaryDirectory(prefix="dsv41-copy-") as tmp:
         for kind, rels in groups.items():
@@ -182,7 +182,7 @@ def _rsync(node, src, dest, groups, sizes):
             for i, argv in enumerate(jobs):
                 p = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 procs.append(p)
-                for target, args in ((_read_progress, (p, i, counts, progress)), (_read_err, (p, i, errs))):
+                for target, args in ((_read_progress, (p, i, counts, bar)), (_read_err, (p, i, errs))):
                     t = threading.Thread(target=target, args=args, daemon=True)
                     t.start()
                     threads.append(t)
@@ -190,10 +190,11 @@ def _rsync(node, src, dest, groups, sizes):
         except BaseException:
             for p in procs:
                 end(p)
+            bar.close()
             raise
         for t in threads:
             t.join()
-        progress.close()
+        bar.close()
     for code, err in zip(codes, errs):
         if code:
             tail = one_line(err.decode(errors="replace")[-300:]) or "no output"
@@ -201,7 +202,7 @@ def _rsync(node, src, dest, groups, sizes):
                             f"run `doit copy` again (it resumes)")
 
 
-def _read_progress(p, i, counts, progress):
+def _read_progress(p, i, counts, bar):
     buf = b""
     while True:
         chunk = p.stdout.read1(65536) if hasattr(p.stdout, "read1") else p.stdout.read(65536)
@@ -215,7 +216,7 @@ def _read_progress(p, i, counts, progress):
                 n = int(m.group(1).replace(b",", b""))
                 delta, counts[i] = n - counts[i], n
                 if delta > 0:
-                    progress.add(delta)
+                    bar.update(delta)
 
 
 def _read_err(p, i, errs):
@@ -234,27 +235,43 @@ def _drop_cache(model_dir, rels):
             os.close(fd)
 
 
+_NODE_PROGRESS_RE = re.compile(r"^progress (\d+) (\d+)$")
+
+
 def _remote_verify(node, mdir, sdir, cfg):
-    """Run the shipped verifier on the worker, its progress streamed through; returns its receipt."""
+    """Run the shipped verifier on the worker; its `progress <done> <total>` lines (--machine-progress) drive
+    this head's bar, its other stderr lines are passed through. Returns its receipt."""
     argv = node.argv_for(_checkpoint_argv(sdir, "verify", mdir, "--receipt", names.state_path(sdir, names.RECEIPT),
-                                          "--plan", cfg.plan_name, "--json",
+                                          "--plan", cfg.plan_name, "--json", "--machine-progress",
                                           *(["--keep-parts"] if cfg.keep_parts else [])))
     p = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    last = []
+    last, bars = [], []
 
     def relay():
+        done = 0
         for line in iter(p.stderr.readline, b""):
             text = line.decode(errors="replace").rstrip("\n")
-            if text.startswith("dsv41: "):
+            m = _NODE_PROGRESS_RE.match(text)
+            if m:
+                n, total = int(m.group(1)), int(m.group(2))
+                if not bars:
+                    bars.append(progress.bar(f"verify on {node.name}", total))
+                bars[0].update(n - done)
+                done = n
+            elif text.startswith("dsv41: "):
                 last.append(text[len("dsv41: "):])
             else:
                 print(f"{node.name}: {text}", file=sys.stderr)
 
     t = threading.Thread(target=relay, daemon=True)
     t.start()
-    out = p.stdout.read()
-    code = p.wait()
-    t.join()
+    try:
+        out = p.stdout.read()
+        code = p.wait()
+        t.join()
+    finally:
+        for b in bars:
+            b.close()
     try:
         res = json.loads(out)
     except ValueError:

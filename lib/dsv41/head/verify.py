@@ -1,6 +1,7 @@
 """doit verify: reassemble and verify the checkpoint on the machine running doit (dsv41.node.checkpoint
-does the work); the receipt tells later runs what is already verified."""
+does the work, shown with the head's progress bar); the receipt tells later runs what is already verified."""
 from dsv41 import names
+from dsv41.head import progress
 from dsv41.node import checkpoint as ck
 
 
@@ -10,7 +11,7 @@ def gb(n):
 
 def checkpoint(cfg):
     return ck.Checkpoint(cfg.model_dir, names.state_path(cfg.state_dir, names.RECEIPT), cfg.keep_parts,
-                         cfg.plan_name)
+                         cfg.plan_name, progress=progress.bar)
 
 
 def verify(cfg):

@@ -3,6 +3,7 @@ keep a receipt (path, size, mtime, sha256) so a later run re-hashes only what ch
 
 Standard library only: this module is shipped to every node and run there as
   python3 -m dsv41.node.checkpoint verify|check MODEL_DIR --receipt FILE [--keep-parts] [--plan NAME] [--json]
+                                   [--quiet | --machine-progress]
 `check` compares the receipt with a stat of the files (exit 0: fresh, 1: not fresh); `verify` does the work.
 """
 import argparse
@@ -197,7 +198,7 @@ def _read_into(path, sink, progress):
                 break
             sink(mv[:n])
             off += n
-            progress.add(n)
+            progress.update(n)
             if off - dropped >= WINDOW:
                 _drop(fd, dropped, off - dropped)
                 dropped = off
@@ -215,41 +216,105 @@ def write_json_atomic(path, data):
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
-# ---- progress ---------------------------------------------------------------------------------------
+# ---- progress ----------------------------------------------------------------------------------------
+# Checkpoint takes a progress factory: factory(label, total) -> an object with update(n) and close(). On the
+# head that is dsv41.head.progress.bar (tqdm); here, standard library only, Progress when the verifier runs
+# alone on a node and MachineProgress when the head runs it and draws the bar itself (--machine-progress).
 
 class _NoProgress:
-    def add(self, n):
+    def update(self, n):
+        pass
+
+    def close(self):
         pass
 
 
-class Progress:
-    """Aggregate byte counter printed to stderr: in place on a terminal, a line every 10 s otherwise."""
+def _no_progress(label, total):
+    return _NoProgress()
 
-    def __init__(self, label, total, enabled=True):
+
+def _fmt_time(s):
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
+
+class Progress:
+    """Byte counter on stderr for a verifier running alone on a node: in place on a terminal, otherwise one
+    plain line every `interval` seconds (none for a step shorter than that) and a closing line after them."""
+
+    INTERVAL_S = 10.0
+
+    def __init__(self, label, total, stream=None, interval=None):
         self.label, self.total, self.done = label, total, 0
+        self.stream = stream if stream is not None else sys.stderr
         self.lock = threading.Lock()
-        self.tty = sys.stderr.isatty()
-        self.enabled = enabled and total > 0
+        self.tty = _isatty(self.stream)
+        self.interval = (0.5 if self.tty else self.INTERVAL_S) if interval is None else interval
+        self.enabled = total > 0
+        self.printed = self.closed = False
         self.t0 = self.last = time.monotonic()
 
-    def add(self, n):
+    def update(self, n):
         with self.lock:
             self.done += n
             now = time.monotonic()
-            if self.enabled and now - self.last >= (0.5 if self.tty else 10):
+            if self.enabled and not self.closed and now - self.last >= self.interval:
                 self.last = now
                 self._print(now)
 
     def _print(self, now, end=""):
-        rate = self.done / max(now - self.t0, 1e-6)
+        elapsed = max(now - self.t0, 1e-6)
+        rate = self.done / elapsed
+        eta = _fmt_time((self.total - self.done) / rate) if rate > 0 else "?"
         line = (f"{self.label}: {self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB "
-                f"({100 * self.done / self.total:.0f}%, {rate / 1e6:.0f} MB/s)")
-        sys.stderr.write(("\r" + line + end) if self.tty else line + "\n")
-        sys.stderr.flush()
+                f"({100 * self.done / self.total:.0f}%), {rate / 1e6:.0f} MB/s, "
+                + (f"in {_fmt_time(elapsed)}" if end else f"ETA {eta}"))
+        self.stream.write(("\r" + line + end) if self.tty else line + "\n")
+        self.stream.flush()
+        self.printed = True
 
     def close(self):
-        if self.enabled and self.tty:
-            self._print(time.monotonic(), "\n")
+        with self.lock:
+            if self.enabled and not self.closed and (self.tty or self.printed):
+                self._print(time.monotonic(), "\n")
+            self.closed = True
+
+
+class MachineProgress:
+    """`progress <done> <total>` lines (bytes) on stderr, at most every `interval` seconds and once at the
+    end, for the head to draw as its own bar when it runs this verifier on a node."""
+
+    def __init__(self, label, total, stream=None, interval=0.5):
+        self.total, self.done, self.interval = total, 0, interval
+        self.stream = stream if stream is not None else sys.stderr
+        self.lock = threading.Lock()
+        self.last = time.monotonic()
+        if total > 0:
+            self._print()
+
+    def _print(self):
+        self.stream.write(f"progress {self.done} {self.total}\n")
+        self.stream.flush()
+
+    def update(self, n):
+        with self.lock:
+            self.done += n
+            now = time.monotonic()
+            if self.total > 0 and now - self.last >= self.interval:
+                self.last = now
+                self._print()
+
+    def close(self):
+        with self.lock:
+            if self.total > 0:
+                self._print()
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 # ---- verification ---------------------------------------------------------------------------------
@@ -263,12 +328,16 @@ def default_workers():
 
 
 class Checkpoint:
-    def __init__(self, model_dir, receipt_file, keep_parts=False, plan=None, workers=None, quiet=False):
+    """progress: factory(label, total bytes) -> object with update(n) and close() (see Progress); default
+    Progress, none with quiet."""
+
+    def __init__(self, model_dir, receipt_file, keep_parts=False, plan=None, workers=None, quiet=False,
+                 progress=None):
         self.dir = os.path.abspath(os.path.expanduser(model_dir))
         self.receipt_file = os.path.abspath(os.path.expanduser(receipt_file))
         self.keep_parts, self.plan = keep_parts, plan
         self.workers = workers or default_workers()
-        self.quiet = quiet
+        self.progress = _no_progress if quiet else (progress or Progress)
         self.lock = threading.Lock()
 
     def path(self, rel):
@@ -370,20 +439,22 @@ class Checkpoint:
                               f"run `doit download` or `doit copy`")
         jobs.sort(key=lambda j: (j[2] is None, -self._job_bytes(j)))   # disk-bound rebuilds first
         total = sum(self._job_bytes(j) for j in jobs)
-        progress = Progress(f"verify {self.dir}", total, enabled=not self.quiet)
-        with cf.ThreadPoolExecutor(self.workers) as pool:
-            futures = {pool.submit(self._job, receipt, j, progress): j[0] for j in jobs}
-            for fut in cf.as_completed(futures):
-                rel = futures[fut]
-                try:
-                    err = fut.result()
-                except OSError as e:
-                    err = f"{rel}: {e.strerror or e} ({e.filename or self.path(rel)})"
-                if err:
-                    errors.append(err)
-                elif groups.get(rel):
-                    cleanup.append(rel)
-        progress.close()
+        progress = self.progress(f"verify {self.dir}", total)
+        try:
+            with cf.ThreadPoolExecutor(self.workers) as pool:
+                futures = {pool.submit(self._job, receipt, j, progress): j[0] for j in jobs}
+                for fut in cf.as_completed(futures):
+                    rel = futures[fut]
+                    try:
+                        err = fut.result()
+                    except OSError as e:
+                        err = f"{rel}: {e.strerror or e} ({e.filename or self.path(rel)})"
+                    if err:
+                        errors.append(err)
+                    elif groups.get(rel):
+                        cleanup.append(rel)
+        finally:
+            progress.close()
         if not self.keep_parts:
             for rel in cleanup:
                 for _, part in groups[rel]:
@@ -498,9 +569,12 @@ def main(argv=None):
     ap.add_argument("--keep-parts", action="store_true")
     ap.add_argument("--plan")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="no progress display")
+    ap.add_argument("--machine-progress", action="store_true",
+                    help="progress as `progress <done> <total>` lines (bytes) on stderr, for the head")
     a = ap.parse_args(argv)
-    ck = Checkpoint(a.model_dir, a.receipt, a.keep_parts, a.plan, quiet=a.quiet)
+    ck = Checkpoint(a.model_dir, a.receipt, a.keep_parts, a.plan, quiet=a.quiet,
+                    progress=MachineProgress if a.machine_progress else None)
     if a.command == "check":
         fresh, reason, receipt, fresh_files = ck.check()
         if a.json:
