@@ -26,6 +26,7 @@ class HubStub:
         self.commit = hashlib.sha1(os.urandom(8)).hexdigest()
         self.log = []                 # dicts: method, path, range_start, sent, auth, host
         self.throttle = {}            # repo path -> bytes per second
+        self.cut = {}                 # repo path -> bytes after which its next transfer breaks off (once)
         self.lock = threading.Lock()
         self.rescan()
 
@@ -177,10 +178,16 @@ def _handler(stub, cdn):
                 return
             entry.update(content=True, sent=0, range_start=start)
             rate = stub.throttle.get(rel)
+            with stub.lock:
+                cut = stub.cut.pop(rel, None)
             with open(os.path.join(stub.root, rel), "rb") as f:
                 f.seek(start)
                 while True:
-                    chunk = f.read(16384 if rate else 1 << 20)
+                    if cut is not None and entry["sent"] >= cut:
+                        self.close_connection = True      # a dropped connection: less than Content-Length
+                        return
+                    want = 16384 if rate else 1 << 20
+                    chunk = f.read(want if cut is None else min(want, cut - entry["sent"]))
                     if not chunk:
                         break
                     try:

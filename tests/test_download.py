@@ -1,18 +1,22 @@
 """`doit download` through the real huggingface_hub client against tests/hubstub.py, a local stand-in
 for the Hugging Face Hub (127.0.0.1, with its LFS CDN on 127.0.0.2)."""
+import ast
 import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from dsv41.node import checkpoint
 from fixture_checkpoint import make_checkpoint, shard_name
 from hubstub import HubStub
+from test_checkpoint import on_pty
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
 S5, S6 = shard_name(5), shard_name(6)
 DOWNLOAD = ("from dsv41.head.config import load_config; from dsv41.head.download import download; "
             "from dsv41.errors import cli; cli(lambda: download(load_config()))()")
@@ -116,6 +120,18 @@ def test_killed_download_resumes_without_refetching(tmp_path):
         assert receipt(tmp_path)["files"][S5]["sha256"] == facts["shards"][S5]
 
 
+def test_dropped_connection_resumes_within_the_same_run(repo, tmp_path):
+    src, facts = repo
+    part = f"{S6}.part01"
+    with HubStub(src) as hub:
+        hub.cut[part] = 250_000
+        r = download(env_for(hub, tmp_path))
+        assert r.returncode == 0, r.stderr
+        gets = [e for e in hub.log if e.get("content") and e["path"] == part]
+        assert [(g["range_start"], g["sent"]) for g in gets] == [(0, 250_000), (250_000, hub.files[part]["size"] - 250_000)]
+        assert receipt(tmp_path)["files"][S6]["sha256"] == facts["shards"][S6]
+
+
 def test_token_is_sent_to_the_hub_but_not_to_the_cdn(repo, tmp_path):
     src, _ = repo
     with HubStub(src, token="hf_secret") as hub:
@@ -166,3 +182,123 @@ def test_not_enough_space_says_how_much_is_missing(repo, tmp_path, monkeypatch):
         assert str(e.value).startswith(f"MODEL_DIR {tmp_path / 'm'} needs 16.0 MB free (12.0 MB to download "
                                        "+ 4.0 MB to reassemble shards) but has 1.0 MB: free 15.0 MB more")
         assert not [p for p in hub.content_gets() if "model-" in p], "nothing big fetched before the check"
+
+
+def test_hub_partials_left_by_a_killed_run_are_removed(repo, tmp_path):
+    """hf_hub_download never resumes from its temp files, so one left by a killed run only takes space."""
+    src, _ = repo
+    with HubStub(src) as hub:
+        env = env_for(hub, tmp_path)
+        leftover = tmp_path / "model 'dir'" / ".cache" / "huggingface" / "download" / "exl3" / "qn" / \
+            "L00.part.safetensors.0123abcd.5f3a9c1e.incomplete"
+        leftover.parent.mkdir(parents=True)
+        leftover.write_bytes(b"x" * 100_000)
+        r = download(env)
+        assert r.returncode == 0, r.stderr
+        assert not leftover.exists()
+
+
+# ---- progress: one bar, in place on a terminal, plain lines otherwise ----------------------------------
+
+def test_download_progress_is_plain_lines_when_stderr_is_not_a_terminal(repo, tmp_path, capfd, monkeypatch):
+    from dsv41.head import download as head_download, progress
+    from dsv41.head.config import load_config
+    src, _ = repo
+    monkeypatch.setattr(progress, "INTERVAL_S", 0)       # a line per update instead of one every 10 s
+    with HubStub(src) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        head_download.download(load_config({"MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s")}))
+    err = capfd.readouterr().err
+    assert "\r" not in err, err
+    lines = err.splitlines()
+    assert all(ln.startswith((f"download {REPO}: ", f"download: {REPO}@", f"verify {tmp_path / 'm'}: "))
+               for ln in lines), err                       # our bar only: none of huggingface_hub's own
+    fetch = [ln for ln in lines if ln.startswith(f"download {REPO}: ")]
+    assert fetch[-1].startswith(f"download {REPO}: 12.0MB/12.0MB (100%) in "), err
+
+
+def test_download_progress_updates_in_place_on_a_terminal(repo, tmp_path):
+    src, _ = repo
+    with HubStub(src) as hub:
+        code, out = on_pty([sys.executable, "-c", DOWNLOAD], env_for(hub, tmp_path), cols=200)
+    assert code == 0, out
+    assert "\r" in out and out.endswith("\n"), repr(out)
+    shown = [seg for seg in out.replace("\r", "\n").split("\n") if seg.strip()]
+    assert all(seg.startswith((f"download {REPO}: ", f"download: {REPO}@", "verify ")) for seg in shown), out
+    assert [seg for seg in shown if seg.startswith(f"download {REPO}: 100%|") and "12.0MB/12.0MB" in seg], out
+
+
+# ---- huggingface_hub through its public API only -----------------------------------------------------
+
+HUB = "huggingface_hub"
+
+
+def _private(name):
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_hub_uses(source, filename="<source>"):
+    """What a module uses of huggingface_hub that is private: a module path with a `_` part or a `_` name
+    imported, a `_` attribute reached from an imported name, a `_` keyword argument to one of its callables."""
+    tree = ast.parse(source, filename)
+    bound, found = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == HUB or a.name.startswith(HUB + "."):
+                    if any(_private(p) for p in a.name.split(".")):
+                        found.add(f"import {a.name}")
+                    bound.add(a.asname or HUB)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                (node.module == HUB or node.module.startswith(HUB + ".")):
+            for a in node.names:
+                if any(_private(p) for p in node.module.split(".")) or _private(a.name):
+                    found.add(f"from {node.module} import {a.name}")
+                bound.add(a.asname or a.name)
+
+    def chain(expr):
+        """(root name, attributes) of a.b.c, or (None, [])."""
+        attrs = []
+        while isinstance(expr, ast.Attribute):
+            attrs.insert(0, expr.attr)
+            expr = expr.value
+        return (expr.id, attrs) if isinstance(expr, ast.Name) else (None, [])
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            root, attrs = chain(node)
+            if root in bound and any(_private(a) for a in attrs):
+                found.add(".".join([root, *attrs]))
+        elif isinstance(node, ast.Call):
+            root, attrs = chain(node.func)
+            if root in bound:
+                found.update(f"{'.'.join([root, *attrs])}({kw.arg}=)" for kw in node.keywords
+                             if kw.arg and _private(kw.arg))
+    return sorted(found)
+
+
+def test_lib_uses_only_public_huggingface_hub_names():
+    lib = Path(ROOT) / "lib"
+    found = {str(p.relative_to(lib)): private_hub_uses(p.read_text(), str(p)) for p in sorted(lib.rglob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_private_huggingface_hub_uses_are_caught():
+    source = """
+import huggingface_hub as hf
+import huggingface_hub._snapshot_download
+from huggingface_hub import HfApi, __version__
+from huggingface_hub.utils._runtime import is_xet_available
+from huggingface_hub.file_download import http_get, _chmod_and_move
+from huggingface_hub.utils import build_hf_headers
+http_get(url, out, resume_size=0, _tqdm_bar=bar)
+hf.file_download._int_or_none("1")
+hf.utils.build_hf_headers(token=None)
+HfApi(endpoint=None).model_info("a/b")
+"""
+    assert private_hub_uses(source) == [
+        "from huggingface_hub.file_download import _chmod_and_move",
+        "from huggingface_hub.utils._runtime import is_xet_available",
+        "hf.file_download._int_or_none",
+        "http_get(_tqdm_bar=)",
+        "import huggingface_hub._snapshot_download"]

@@ -1,66 +1,126 @@
-"""doit download: the checkpoint from the Hub (huggingface_hub) into MODEL_DIR, resumable, never
-fetching what is already there nor the parts of shards already reassembled and verified; then the
-same verification as `doit verify`."""
+"""doit download: the checkpoint from the Hub into MODEL_DIR, resumable, never fetching what is already there
+nor the parts of shards already reassembled and verified; then the same verification as `doit verify`.
+
+huggingface_hub only through its public, documented API (tests/test_download.py fails on a private import):
+- HfApi.model_info pins REVISION to a commit; HfApi.list_repo_tree lists every file with its size and hashes.
+- hf_hub_download(local_dir=MODEL_DIR, force_download=True, tqdm_class=...) fetches the small files kept in git
+  and, when hf_xet is installed, the files on the Hub's Xet storage (its own parallel transfer, with
+  HF_XET_HIGH_PERFORMANCE). It keeps its metadata in MODEL_DIR/.cache/huggingface/.
+- huggingface_hub 2.4.0 does not resume: hf_hub_download writes to a temp file unique to the process and
+  deletes it on failure (a killed run leaves it behind, never reused). So the large files that travel as
+  plain HTTP (LFS without Xet, or no hf_xet) are fetched here, from the location get_hf_file_metadata reports,
+  through huggingface_hub's HTTP session, into MODEL_DIR/.cache/dsv41/download/<path>.<sha256>.incomplete,
+  continuing with a Range request from its end after an interruption; the token is not sent to a CDN on
+  another host. The temp files a killed hf_hub_download left behind are deleted first (the run lock keeps
+  other downloads out).
+- Every transfer feeds one progress bar (dsv41.head.progress); huggingface_hub draws none of its own.
+"""
 import concurrent.futures as cf
+import importlib.util
 import json
 import os
 import sys
 import threading
+import time
 from urllib.parse import urlparse
 
 from dsv41.errors import UserError, one_line
+from dsv41.head import progress
 from dsv41.head.verify import checkpoint, gb, verify
 from dsv41.node import checkpoint as ck
 
 DOWNLOAD_THREADS = 8
 STATE = os.path.join(".cache", "dsv41")
+HF_PARTIALS = os.path.join(".cache", "huggingface", "download")
+RETRIES = 5                     # consecutive failed attempts without a byte received, then give up
+
+
+def _causes(err):
+    """err and what it was raised from: hf_hub_download(force_download=True) reports a failed metadata
+    request as a ValueError raised from the real error."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__
 
 
 def _hub_error(err, cfg, endpoint):
     from huggingface_hub import errors as e
     import httpx2
     rev = cfg.revision or "main"
-    if isinstance(err, e.GatedRepoError):
-        return UserError(f"{cfg.hf_repo} is gated: accept its terms on the Hub, then set HF_TOKEN")
-    if isinstance(err, e.RevisionNotFoundError):
-        return UserError(f"REVISION={rev} is not in {cfg.hf_repo}: set REVISION to a commit, branch or tag "
-                         f"of that repo")
-    if isinstance(err, e.RepositoryNotFoundError):
-        return UserError(f"HF_REPO={cfg.hf_repo} not found at {endpoint} (private? set HF_TOKEN)")
-    if isinstance(err, e.HfHubHTTPError):
-        code = err.response.status_code if err.response is not None else "?"
-        hint = "set HF_TOKEN to a token with read access" if code in (401, 403) else "try again later"
-        return UserError(f"the Hub answered HTTP {code} for {cfg.hf_repo}: {hint}")
-    if isinstance(err, (httpx2.HTTPError, ConnectionError, TimeoutError)):
-        return UserError(f"cannot reach the Hub at {endpoint}: {one_line(err, 160)}; check the network "
-                         f"(or HF_ENDPOINT), then run `doit download` again: it resumes")
+    for err in _causes(err):
+        if isinstance(err, e.GatedRepoError):
+            return UserError(f"{cfg.hf_repo} is gated: accept its terms on the Hub, then set HF_TOKEN")
+        if isinstance(err, e.RevisionNotFoundError):
+            return UserError(f"REVISION={rev} is not in {cfg.hf_repo}: set REVISION to a commit, branch or tag "
+                             f"of that repo")
+        if isinstance(err, e.RepositoryNotFoundError):
+            return UserError(f"HF_REPO={cfg.hf_repo} not found at {endpoint} (private? set HF_TOKEN)")
+        if isinstance(err, e.HfHubHTTPError):
+            code = err.response.status_code if err.response is not None else "?"
+            hint = "set HF_TOKEN to a token with read access" if code in (401, 403) else "try again later"
+            return UserError(f"the Hub answered HTTP {code} for {cfg.hf_repo}: {hint}")
+        if isinstance(err, (httpx2.HTTPError, ConnectionError, TimeoutError)):
+            return UserError(f"cannot reach the Hub at {endpoint}: {one_line(err, 160)}; check the network "
+                             f"(or HF_ENDPOINT), then run `doit download` again: it resumes")
     return None
-
-
-class _Bar:
-    """Thread-safe facade over one tqdm bar, handed to huggingface_hub's http_get as its bar."""
-
-    def __init__(self, bar):
-        self.bar, self.lock = bar, threading.Lock()
-
-    def update(self, n=1):
-        with self.lock:
-            self.bar.update(n)
 
 
 def _etag(f):
     return f.lfs.sha256 if f.lfs is not None else f.blob_id
 
 
+def _xet_ready():
+    """hf_hub_download would move Xet files with hf_xet (installed, not switched off)."""
+    from huggingface_hub import constants
+    return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None
+
+
+def _tqdm_class(bar):
+    """The tqdm_class hf_hub_download takes (documented: it must mimic tqdm): each bar huggingface_hub opens
+    for a file adds to our one bar instead of drawing its own."""
+
+    class FileBar:
+        def __init__(self, *args, **kwargs):
+            self.total, self.n = kwargs.get("total"), 0
+
+        def update(self, n=1):
+            self.n += n or 0
+            bar.update(n or 0)
+
+        def update_transfer(self, n=1):           # Xet: bytes on the wire; the bar counts bytes written
+            pass
+
+        def close(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def __getattr__(self, name):              # set_postfix_str, refresh, ...: nothing to draw
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return lambda *a, **k: None
+
+    return FileBar
+
+
+class _Stopped(Exception):
+    """Another transfer failed: this one stops where it is (its .incomplete file stays for the next run)."""
+
+
 def download(cfg):
     """Fetch the repo at REVISION into MODEL_DIR, skipping what is already there (and the parts of shards
     already reassembled and verified), then verify. Returns the receipt."""
-    os.environ.setdefault("HF_XET_HIGH_PERFORMANCE", "1")   # the fast (hf_xet) backend, when installed
+    os.environ.setdefault("HF_XET_HIGH_PERFORMANCE", "1")   # hf_xet's fast mode; read when it is imported
     import huggingface_hub as hf
-    from huggingface_hub.hf_api import RepoFile
-    from huggingface_hub.utils import build_hf_headers, tqdm as hf_tqdm
-    from huggingface_hub.utils._runtime import is_xet_available
-    from huggingface_hub.file_download import http_get
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    import httpx2
 
     token = cfg.hf_token or None
     api = hf.HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=token)
@@ -69,7 +129,7 @@ def download(cfg):
     try:
         commit = api.model_info(cfg.hf_repo, revision=cfg.revision or None).sha
         tree = {f.path: f for f in api.list_repo_tree(cfg.hf_repo, recursive=True, revision=commit)
-                if isinstance(f, RepoFile)}
+                if isinstance(f, hf.RepoFile)}
     except Exception as err:  # noqa: BLE001 - mapped to one line or re-raised
         raise (_hub_error(err, cfg, endpoint) or err) from None
     if ck.MANIFEST not in tree:
@@ -84,6 +144,11 @@ def download(cfg):
         records = {}
     lock = threading.Lock()
     checker = checkpoint(cfg)
+    xet = _xet_ready()
+
+    def by_hub_download(f):
+        """Small git files, and Xet files when hf_xet moves them; the rest resumes here over HTTP."""
+        return f.lfs is None or (f.xet_hash is not None and xet)
 
     def incomplete(f):
         return os.path.join(state_dir, "download", f"{f.path}.{_etag(f)}.incomplete")
@@ -101,30 +166,68 @@ def download(cfg):
         e = (receipt or {}).get("files", {}).get(f.path)
         return bool(f.lfs and e and e["sha256"] == f.lfs.sha256 and e["mtime_ns"] == st.st_mtime_ns)
 
-    def fetch(f, bar):
-        dest = os.path.join(model_dir, f.path)
+    def fetch_http(f, dest, bar, stop):
+        """Stream the file into its .incomplete file, resuming from its end; retried while bytes arrive."""
         url = hf.hf_hub_url(cfg.hf_repo, f.path, revision=commit, endpoint=endpoint)
-        meta = hf.get_hf_file_metadata(url, token=token, endpoint=endpoint)
+        location = hf.get_hf_file_metadata(url, token=token, endpoint=endpoint).location
+        headers = build_hf_headers(token=token)
+        headers["Accept-Encoding"] = "identity"
+        if urlparse(location).netloc != urlparse(url).netloc:
+            headers.pop("authorization", None)              # signed CDN URL: no token to a third party
+        inc = incomplete(f)
+        os.makedirs(os.path.dirname(inc), exist_ok=True)
+        with open(inc, "ab") as out:
+            if out.tell() > f.size:
+                out.seek(0)
+                out.truncate()
+            failures = 0
+            while out.tell() < f.size:
+                have = out.tell()
+                try:
+                    with get_session().stream("GET", location, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+                                              headers={**headers, **({"Range": f"bytes={have}-"} if have else {})}
+                                              ) as r:
+                        hf_raise_for_status(r)
+                        if have and r.status_code != 206:     # the Range was ignored: start over
+                            out.seek(0)
+                            out.truncate()
+                            bar.update(-have)
+                        for chunk in r.iter_bytes():          # as received: a drop loses nothing
+                            if stop.is_set():
+                                raise _Stopped()
+                            out.write(chunk)
+                            bar.update(len(chunk))
+                            failures = 0
+                except httpx2.TransportError:                 # dropped, timed out: resume from here
+                    failures += 1
+                    if failures >= RETRIES:
+                        raise
+                    time.sleep(1)
+                    continue
+                if out.tell() == have:                        # ended early, not a byte: not forever
+                    failures += 1
+                    if failures >= RETRIES:
+                        break
+            if out.tell() != f.size:
+                got = out.tell()
+                out.seek(0)
+                out.truncate()
+                raise UserError(f"the Hub sent {got} bytes of {f.path}, {f.size} expected: run `doit download` "
+                                f"again")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(inc, dest)
+
+    def fetch(f, bar, stop):
+        if stop.is_set():
+            raise _Stopped()
+        dest = os.path.join(model_dir, f.path)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        if meta.xet_file_data is not None and is_xet_available():
-            # The Hub's chunked storage (hf_xet): its own parallel, deduplicated and cached transfer.
+        if by_hub_download(f):
             hf.hf_hub_download(cfg.hf_repo, f.path, revision=commit, local_dir=model_dir, token=token,
-                               endpoint=endpoint)
-            bar.update(f.size)
+                               endpoint=endpoint, force_download=True, tqdm_class=_tqdm_class(bar))
         else:
-            inc = incomplete(f)
-            os.makedirs(os.path.dirname(inc), exist_ok=True)
-            headers = build_hf_headers(token=token)
-            if urlparse(meta.location).netloc != urlparse(url).netloc:
-                headers.pop("authorization", None)          # signed CDN URL: no token to a third party
-            with open(inc, "ab") as out:
-                if out.tell() > f.size:
-                    out.truncate(0)
-                http_get(meta.location, out, resume_size=out.tell(), headers=headers,
-                         expected_size=f.size, displayed_filename=f.path, _tqdm_bar=bar)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(inc, dest)
+            fetch_http(f, dest, bar, stop)
         st = os.stat(dest)
         with lock:
             records[f.path] = {"etag": _etag(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -134,23 +237,25 @@ def download(cfg):
         if not files:
             return
         files = sorted(files, key=lambda f: -f.size)
-        have = sum(min(_size(incomplete(f)), f.size) for f in files)
-        bar = hf_tqdm(total=sum(f.size for f in files), initial=have, unit="B", unit_scale=True,
-                      desc=f"download {cfg.hf_repo}", name="huggingface_hub.snapshot_download")
-        try:
-            with cf.ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
-                for fut in [pool.submit(fetch, f, _Bar(bar)) for f in files]:
-                    try:
-                        fut.result()
-                    except UserError:
-                        raise
-                    except Exception as err:  # noqa: BLE001
-                        if isinstance(err, OSError) and err.errno == 28:
-                            raise UserError(f"MODEL_DIR {model_dir}: disk full while downloading; free space "
-                                            f"and run `doit download` again (it resumes)") from None
-                        raise (_hub_error(err, cfg, endpoint) or err) from None
-        finally:
-            bar.close()
+        have = sum(min(_size(incomplete(f)), f.size) for f in files if not by_hub_download(f))
+        stop = threading.Event()
+        with progress.bar(f"download {cfg.hf_repo}", sum(f.size for f in files), initial=have) as bar, \
+                cf.ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
+            futures = [pool.submit(fetch, f, bar, stop) for f in files]
+            try:
+                for fut in cf.as_completed(futures):
+                    fut.result()
+            except UserError:
+                raise
+            except Exception as err:  # noqa: BLE001
+                if isinstance(err, OSError) and err.errno == 28:
+                    raise UserError(f"MODEL_DIR {model_dir}: disk full while downloading; free space "
+                                    f"and run `doit download` again (it resumes)") from None
+                raise (_hub_error(err, cfg, endpoint) or err) from None
+            finally:
+                stop.set()                                    # no-op when all are done; else stop the rest
+                for fut in futures:
+                    fut.cancel()
 
     # 1. the manifest and the small metadata first: they decide what else is needed
     receipt = checker.load_receipt()
@@ -172,8 +277,9 @@ def download(cfg):
     skip = {f.path for b in verified for f in groups[b]}
 
     # 3. free space: what is left to fetch plus the shards still to be rebuilt from parts
+    _drop_stale_hub_partials(model_dir)
     todo = [f for f in tree.values() if f.path not in skip and not done(f, receipt)]
-    fetch_bytes = sum(f.size - min(_size(incomplete(f)), f.size) for f in todo)
+    fetch_bytes = sum(f.size - (0 if by_hub_download(f) else min(_size(incomplete(f)), f.size)) for f in todo)
     rebuild = sum(f.size for b, fs in groups.items() if b in manifest and b not in verified for f in fs)
     need, free = fetch_bytes + rebuild, ck.free_bytes(model_dir)
     if need > free:
@@ -186,6 +292,18 @@ def download(cfg):
 
     # 4. the same steps as `doit verify`
     return verify(cfg)
+
+
+def _drop_stale_hub_partials(model_dir):
+    """Delete the temp files of hf_hub_download runs that were killed: huggingface_hub 2.4.0 never resumes
+    from them (each run writes its own), so they only take space."""
+    for root, _, names in os.walk(os.path.join(model_dir, HF_PARTIALS)):
+        for name in names:
+            if name.endswith(".incomplete"):
+                try:
+                    os.unlink(os.path.join(root, name))
+                except OSError:
+                    pass
 
 
 def _size(path):
