@@ -1,9 +1,13 @@
 """dsv41.client.bench: timing accuracy against a stand-in of known timing, failures, and real servers."""
 import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 
 import pytest
+from PIL import Image
 
-from dsv41.client.bench import run_bench
+from dsv41.client.bench import fmt_rate, run_bench
 from servers import free_port, llama, run_cli, standin, tfserve  # noqa: F401  (fixtures)
 
 
@@ -114,7 +118,7 @@ def test_bench_llama_cpp(llama, tmp_path):
     assert {run["prompt_tokens_from"] for p in data["prefill"] for run in p["runs"]} == {"tokenize"}
     assert all(near(run["prompt_tokens"], p["tokens"], 0.03) for p in data["prefill"] for run in p["runs"])
     assert near(data["ctx"][0]["prompt_tokens"], 1024, 0.05)
-    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert Image.open(out.with_suffix(".png")).format == "PNG" and out.with_suffix(".svg").exists()
 
 
 @pytest.mark.servers
@@ -130,3 +134,36 @@ def test_bench_transformers_serve(tfserve, tmp_path):
     assert {run["prompt_tokens_from"] for p in data["prefill"] for run in p["runs"]} == {"estimate"}
     # usage arrives on the final chunk: tokens come from it
     assert all(q["tokens_from"] == "usage" for d in data["decode"] for q in d["requests"])
+
+
+def svg_texts(path):
+    """Every piece of text drawn in an SVG (the chart keeps its text as text)."""
+    return [t.text for t in ET.parse(path).iter("{http://www.w3.org/2000/svg}text") if t.text]
+
+
+def test_chart_png_and_svg_show_measured_and_published(standin, tmp_path):
+    srv, url = standin
+    srv.ttft, srv.itl, srv.tokens = 0.01, 0.001, 8
+    out = tmp_path / "run.json"
+    assert run_bench(["--url", url, "--out", str(out), "--prefill", "64", "8192", "--reps", "1", "--conc", "1", "2",
+                      "--kinds", "code", "--ctx", "256", "--chart"]) == 0
+    data = json.loads(out.read_text())
+    with Image.open(out.with_suffix(".png")) as im:
+        assert im.format == "PNG" and im.width >= 800 and im.height >= 600
+        im.load()  # the whole image decodes
+    texts = svg_texts(out.with_suffix(".svg"))
+    for label in ("prompt length (tokens)", "prefill tok/s", "concurrent streams (prompt kind)",
+                  "decode tok/s per stream", "aggregate decode tok/s", "context length (tokens)",
+                  "measured", "two-Spark published"):
+        assert label in texts, label
+    measured = [p["median_tok_s"] for p in data["prefill"]] + [x["prefill_tok_s"] for x in data["ctx"]]
+    measured += [d[k] for d in data["decode"] for k in ("per_stream_tok_s_median", "aggregate_tok_s")]
+    for value in measured:
+        assert fmt_rate(value) in texts, value
+    for published in ("2,050", "40", "60"):  # prefill 8192, code c1 per stream, code c2 aggregate
+        assert published in texts
+
+
+def test_commands_that_do_not_chart_do_not_load_matplotlib():
+    code = "import sys, dsv41.client.bench, dsv41.client.smoke; print('matplotlib' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -2,10 +2,12 @@
 
 Metrics follow `vllm bench serve`: TTFT (POST to first token), TPOT ((E2EL - TTFT) / (tokens - 1)),
 ITL (gaps between token messages, pooled), E2EL (POST to last choices message), in ms.
-No request carries an output cap; a prefill request is closed after its first token."""
+No request carries an output cap; a prefill request is closed after its first token. --chart draws the
+figures with matplotlib into a PNG and an SVG beside the JSON."""
 import argparse
 import ast
 import functools
+import io
 import json
 import random
 import statistics
@@ -21,7 +23,6 @@ import requests
 from dsv41.client.api import ApiError, Client, load_key
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
-from dsv41.client.smoke import png
 
 # Published two-Spark figures (mission.md, "Reported results").
 PUBLISHED = {
@@ -180,7 +181,8 @@ class Bench:
         write_atomic(out, json.dumps(self.result, indent=1) + "\n")
         write_atomic(out.with_suffix(".md"), markdown(self.result))
         if self.a.chart:
-            write_atomic(out.with_suffix(".png"), chart_png(self.result))
+            for suffix, data in chart(self.result).items():
+                write_atomic(out.with_suffix(suffix), data)
 
     def first_token(self, prompt):
         """Stream `prompt` and close the stream at its first token (no output cap is sent).
@@ -313,6 +315,11 @@ def _f(x, nd=1):
     return "-" if x is None else f"{x:,.{nd}f}"
 
 
+def fmt_rate(x):
+    """A tok/s figure as the chart prints it on its bar."""
+    return f"{x:,.0f}" if x >= 100 or x == int(x) else f"{x:.1f}"
+
+
 def comparison_rows(result):
     """(step, measured tok/s, published tok/s or None) for every measured figure."""
     rows = []
@@ -362,75 +369,84 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
-# 3x5 bitmap font for chart labels (rows top to bottom, 3 bits each).
-FONT = dict(zip("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ./-:()", (
-    "111101101101111", "010110010010111", "111001111100111", "111001111001111", "101101111001001",
-    "111100111001111", "111100111101111", "111001001001001", "111101111101111", "111101111001111",
-    "010101111101101", "110101110101110", "111100100100111", "110101101101110", "111100110100111",
-    "111100110100100", "111100101101111", "101101111101101", "111010010010111", "001001001101111",
-    "101101110101101", "100100100100111", "101111111101101", "110101101101101", "111101101101111",
-    "111101111100100", "111101101111011", "110101110101101", "111100111001111", "111010010010010",
-    "101101101101111", "101101101101010", "101101111111101", "101101010101101", "101101010010010",
-    "111001010100111", "000000000000010", "001001010100100", "000000111000000", "000010000010000",
-    "010100100100010", "010001001001010")))
+MEASURED, PUBLISHED_COLOUR = "#2b6cb0", "#a0aec0"
 
 
-class Canvas:
-    def __init__(self, w, h):
-        self.w, self.h = w, h
-        self.px = bytearray(b"\xff" * (w * h * 3))
+def chart_panels(result):
+    """(title, x label, y label, categories, [(series name, values, colour)]) per chart panel with data."""
+    panels = []
+    pre = result["prefill"]
+    if pre:
+        panels.append(("Prefill by prompt length", "prompt length (tokens)", "prefill tok/s",
+                       [f"{p['tokens']:,}" for p in pre],
+                       [("measured", [p["median_tok_s"] for p in pre], MEASURED),
+                        ("two-Spark published", [PUBLISHED.get(("prefill", p["tokens"])) for p in pre],
+                         PUBLISHED_COLOUR)]))
+    dec = result["decode"]
+    for what, key, ylabel in (("per_stream", "per_stream_tok_s_median", "decode tok/s per stream"),
+                              ("aggregate", "aggregate_tok_s", "aggregate decode tok/s")):
+        if dec:
+            panels.append((f"Decode {'per stream' if what == 'per_stream' else 'aggregate'} by concurrency",
+                           "concurrent streams (prompt kind)", ylabel,
+                           [f"{d['concurrency']}\n{d['kind']}" for d in dec],
+                           [("measured", [d[key] for d in dec], MEASURED),
+                            ("two-Spark published", [PUBLISHED.get((d["kind"], d["concurrency"], what)) for d in dec],
+                             PUBLISHED_COLOUR)]))
+    if result["ctx"]:
+        panels.append(("Long-context prefill", "context length (tokens)", "prefill tok/s",
+                       [f"{x['tokens']:,}" for x in result["ctx"]],
+                       [("measured", [x["prefill_tok_s"] for x in result["ctx"]], MEASURED)]))
+    return panels
 
-    def rect(self, x, y, w, h, rgb):
-        for yy in range(max(0, y), min(self.h, y + h)):
-            a, b = max(0, x), min(self.w, x + w)
-            if b > a:
-                self.px[(yy * self.w + a) * 3:(yy * self.w + b) * 3] = bytes(rgb) * (b - a)
 
-    def text(self, x, y, s, rgb=(0, 0, 0), k=2):
-        for ch in s.upper():
-            g = FONT.get(ch)
-            if g:
-                for i, bit in enumerate(g):
-                    if bit == "1":
-                        self.rect(x + (i % 3) * k, y + (i // 3) * k, k, k, rgb)
-            x += 4 * k
+def chart(result):
+    """{".png": bytes, ".svg": bytes}: one bar panel per kind of step, the measured tok/s beside the
+    published two-Spark figure, values on the bars. matplotlib is imported here, only when charting."""
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import StrMethodFormatter
 
-
-def chart_png(result):
-    """Horizontal bars of tok/s per step (prefill, decode per stream and aggregate, ctx), with the
-    published two-Spark figure as a thin grey bar under a step when there is one."""
-    rows = comparison_rows(result)
-    groups = [("PREFILL TOK/S BY PROMPT LENGTH", [r for r in rows if not r[0].startswith("decode")]),
-              ("DECODE TOK/S BY CONCURRENCY", [r for r in rows if r[0].startswith("decode")])]
-    width, bar_x, bar_w = 900, 330, 450
-    height = 40 + sum(30 + 26 * len(g) for _, g in groups)
-    c = Canvas(width, height)
-    c.text(10, 10, f"DSV41 BENCH {result.get('label', '')}"[:60], k=2)
-    c.rect(bar_x, 10, 20, 10, (40, 90, 200))
-    c.text(bar_x + 26, 10, "MEASURED")
-    c.rect(bar_x + 110, 14, 20, 4, (150, 150, 150))
-    c.text(bar_x + 136, 10, "TWO-SPARK PUBLISHED")
-    y = 40
-    for title, g in groups:
-        c.text(10, y, title, (60, 60, 60))
-        y += 24
-        top = max([v for _, got, pub in g for v in (got, pub) if v] or [1])
-        for name, got, pub in g:
-            label = name.replace("decode ", "").replace("per stream", "stream").replace("aggregate", "total")
-            c.text(10, y + 4, label.split(" (")[0], k=2)
-            c.rect(bar_x, y, int(bar_w * (got or 0) / top), 14, (40, 90, 200))
-            c.text(bar_x + int(bar_w * (got or 0) / top) + 6, y + 2, _f(got).replace(",", ""), k=2)
-            if pub:
-                c.rect(bar_x, y + 16, int(bar_w * pub / top), 4, (150, 150, 150))
-            y += 26
-        y += 6
-    return png(width, height, c.px)
+    panels = chart_panels(result)
+    fig = Figure(figsize=(10, 1.4 + 3.1 * max(1, len(panels))), layout="constrained")
+    fig.suptitle(f"dsv41 bench: {result['label']}\nmodel {result['model']}, {result['ts']}", fontsize=11)
+    if not panels:
+        ax = fig.add_subplot()
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no step measured yet", ha="center", va="center")
+    width = 0.38
+    for i, (title, xlabel, ylabel, cats, series) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, i + 1)
+        shown = [sr for sr in series if any(v is not None for v in sr[1])]
+        for j, (name, values, colour) in enumerate(shown):
+            offset = 0 if len(shown) == 1 else (j - 0.5) * width
+            xs = [k + offset for k, v in enumerate(values) if v is not None]
+            vs = [v for v in values if v is not None]
+            bars = ax.bar(xs, vs, width * 0.95, label=name, color=colour)
+            ax.bar_label(bars, labels=[fmt_rate(v) for v in vs], padding=2, fontsize=8)
+        pad = max(0, 3 - len(cats)) / 2  # one or two groups stay narrow, centred
+        ax.set_xticks(range(len(cats)), cats)
+        ax.set_xlim(-0.5 - pad, len(cats) - 0.5 + pad)
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    handles = {h.get_label(): h for ax in fig.axes for h in ax.get_legend_handles_labels()[0]}
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=len(handles), frameon=False)
+    out = {}
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dsv41"}):
+        for suffix, fmt in ((".png", "png"), (".svg", "svg")):
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=110, metadata={"Date": None} if fmt == "svg" else None)
+            out[suffix] = buf.getvalue()
+    return out
 
 
 def parse(args_list):
     p = argparse.ArgumentParser(prog="python -m dsv41.client.bench", description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000/v1", help="API base URL, with or without /v1")
-    p.add_argument("--out", required=True, help="results JSON (a .md table and --chart .png go beside it)")
+    p.add_argument("--out", required=True, help="results JSON (a .md table and --chart .png/.svg go beside it)")
     p.add_argument("--label", help="name of this run in the results")
     p.add_argument("--model", help="model name (default: the first id from /v1/models)")
     p.add_argument("--key-file", help="API key file when DSV41_API_KEY is unset")
@@ -441,7 +457,7 @@ def parse(args_list):
     p.add_argument("--reps", type=int, default=3, help="prefill runs per size")
     p.add_argument("--dec-reps", type=int, default=1, help="decode rounds per concurrency")
     p.add_argument("--greedy", action="store_true", help="temperature 0")
-    p.add_argument("--chart", action="store_true", help="also write a PNG chart beside --out")
+    p.add_argument("--chart", action="store_true", help="also write a PNG and an SVG chart beside --out")
     a = p.parse_args(args_list)
     if any(n < 1 for n in a.prefill + a.conc + a.ctx) or a.reps < 1 or a.dec_reps < 1:
         raise UserError("--prefill, --conc, --ctx, --reps and --dec-reps take positive numbers")
@@ -470,7 +486,8 @@ def run_bench(args_list):
     except KeyboardInterrupt:
         print(f"dsv41: interrupted{f' (results so far in {a.out})' if a else ''}", file=sys.stderr)
         return 130
-    log(f"bench: wrote {a.out} and {Path(a.out).with_suffix('.md')}")
+    also = [Path(a.out).with_suffix(x) for x in (".md", ".png", ".svg") if x == ".md" or a.chart]
+    log(f"bench: wrote {a.out}, " + ", ".join(map(str, also)))
     return 0
 
 
