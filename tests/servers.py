@@ -163,7 +163,7 @@ def _tfserve(tmp_path_factory):
 # A stand-in for a model server whose timing is known exactly: no real server lets a test fix TTFT and
 # the inter-token delay. It speaks the OpenAI streaming protocol with the quirks of real servers
 # (role-only first chunk, usage only on the final chunk, close-delimited HTTP/1.0 body) and can be told
-# to answer HTTP 500 after a number of requests.
+# to answer HTTP 500 after a number of requests, or to never finish an answer (a looping model).
 
 class StandIn(ThreadingHTTPServer):
     daemon_threads = True
@@ -173,6 +173,7 @@ class StandIn(ThreadingHTTPServer):
     fail_after = None  # POSTs served before every later one gets HTTP 500
     strict = False  # HTTP 422 for fields it does not know (stream_options), as transformers serve does
     reasoning = 0  # the first N tokens of a chat answer are reasoning deltas (a reasoning model)
+    endless = False  # streams never end and plain answers never come, until the client hangs up
     rejected = 0
     posts = 0
     lock = threading.Lock()
@@ -220,6 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
         prompt = body.get("prompt") or " ".join(str(m.get("content")) for m in body.get("messages", []))
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": srv.tokens,
                  "total_tokens": len(prompt.split()) + srv.tokens}
+        if srv.endless and not body.get("stream"):
+            self.connection.recv(1)  # returns when the client hangs up
+            return
         if not body.get("stream"):
             msg = {"role": "assistant", "content": "tok " * (srv.tokens - srv.reasoning)}
             if srv.reasoning:
@@ -239,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if chat:
                 send({"index": 0, "delta": {"role": "assistant", "content": ""}})
-            for i in range(srv.tokens):
+            for i in range(10**9 if srv.endless else srv.tokens):
                 delay = t0 + srv.ttft + i * srv.itl - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)

@@ -118,6 +118,11 @@ def test_bench_llama_cpp(llama, tmp_path):
     assert {run["prompt_tokens_from"] for p in data["prefill"] for run in p["runs"]} == {"tokenize"}
     assert all(near(run["prompt_tokens"], p["tokens"], 0.03) for p in data["prefill"] for run in p["runs"])
     assert near(data["ctx"][0]["prompt_tokens"], 1024, 0.05)
+    # why each answer ended is recorded, and shown in the table and the log
+    assert data["ctx"][0]["finish_reason"] in ("stop", "length")
+    assert all(sum(d["finish"].values()) == d["concurrency"] for d in data["decode"])
+    assert "| decode short c2 per stream |" in out.with_suffix(".md").read_text()
+    assert "decode short c2: round 1/1:" in r.stderr and "; finish " in r.stderr
     assert Image.open(out.with_suffix(".png")).format == "PNG" and out.with_suffix(".svg").exists()
 
 
@@ -167,3 +172,38 @@ def test_chart_png_and_svg_show_measured_and_published(standin, tmp_path):
 def test_commands_that_do_not_chart_do_not_load_matplotlib():
     code = "import sys, dsv41.client.bench, dsv41.client.smoke; print('matplotlib' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_endless_answers_are_cut_at_the_deadline(standin, tmp_path):
+    srv, url = standin
+    srv.endless, srv.ttft, srv.itl = True, 0.01, 0.005  # a looping model: tokens keep coming
+    out = tmp_path / "b.json"
+    r = run_cli("bench", "--url", url, "--out", str(out), "--prefill", "32", "--reps", "1", "--conc", "2",
+                "--kinds", "code", "--ctx", "64", "--request-timeout-s", "1")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert data["request_timeout_s"] == 1
+    (d,) = data["decode"]
+    assert d["finish"] == {"timeout": 2} and all(q["output_tokens"] > 10 for q in d["requests"])
+    assert d["per_stream_tok_s_median"] and data["ctx"][0]["finish_reason"] == "timeout"
+    assert "finish timeout 2 (2 cut at the 1 s --request-timeout-s deadline)" in r.stderr
+    assert "finish timeout, recall no (1 cut at the 1 s" in r.stderr
+    md = out.with_suffix(".md").read_text()
+    assert "**Cut at the 1 s deadline**" in md and "decode code c2 (2 of 2 requests), ctx 64" in md
+    assert "| decode code c2 per stream |" in md and "| timeout 2 |" in md
+
+
+def test_a_silent_server_is_cut_at_the_deadline(standin, tmp_path):
+    srv, url = standin
+    srv.ttft = 60  # no first token for a minute
+    out = tmp_path / "b.json"
+    r = run_cli("bench", "--url", url, "--out", str(out), "--prefill", "32", "--request-timeout-s", "1")
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41:")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr
+    assert "prefill 32: no token within 1 s" in errors[0] and "raise --request-timeout-s" in errors[0]
+    assert "no token within 1 s" in json.loads(out.read_text())["error"]
+
+
+def test_bad_request_timeout_is_one_line(tmp_path):
+    r = run_cli("bench", "--url", "127.0.0.1:1", "--out", str(tmp_path / "b.json"), "--request-timeout-s", "0")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--request-timeout-s 0" in r.stderr, r.stderr

@@ -140,3 +140,15 @@ def test_smoke_reasoning_pass_and_skip(standin, capsys):
     run_smoke(url, None)
     out = capsys.readouterr().out
     assert re.search(r"^reasoning PASS reasoning 12 chars", out, re.M), out
+
+
+def test_smoke_answers_that_never_end_fail_at_the_deadline(standin):
+    srv, url = standin
+    srv.endless, srv.ttft, srv.itl = True, 0.01, 0.01  # a looping model: no answer ever completes
+    r = run_cli("smoke", url, "--request-timeout-s", "1")
+    lines = parse_lines(r.stdout)
+    for name in ("text", "tools", "vision"):
+        assert lines[name] == ("FAIL", "no answer within 1 s (--request-timeout-s)")
+    assert lines["stream"][0] == "FAIL" and "ended by the 1 s deadline" in lines["stream"][1]
+    assert r.returncode == 1
+

@@ -1,6 +1,7 @@
 """OpenAI-compatible client bits shared by smoke and bench: base URL, key, requests, SSE with quirks."""
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -21,6 +22,10 @@ class ApiError(UserError):
     def __init__(self, message, status=None):
         super().__init__(message)
         self.status = status
+
+
+class TimedOut(UserError):
+    """The server sent nothing for the read timeout (or a request's deadline)."""
 
 
 def normalize_base(url):
@@ -82,6 +87,7 @@ class Stream:
     finish_reason: str | None = None
     done: bool = False  # saw `data: [DONE]`
     messages: int = 0
+    timed_out: bool = False  # cut at its deadline (finish_reason is then "timeout")
 
     @property
     def output_tokens(self):
@@ -132,16 +138,16 @@ class Client:
             h["Authorization"] = f"Bearer {self.key}"
         return h
 
-    def _request(self, method, path, body=None, stream=False):
+    def _request(self, method, path, body=None, stream=False, read_timeout=None):
         url = self.base + path
         try:
             resp = requests.request(method, url, headers=self.headers(), json=body, stream=stream,
-                                    timeout=(CONNECT_TIMEOUT, self.read_timeout))
+                                    timeout=(CONNECT_TIMEOUT, read_timeout or self.read_timeout))
         except requests.exceptions.ConnectionError as err:
             why = "connection refused" if "refused" in str(err).lower() else one_line(err, 120)
             raise UserError(f"cannot reach {self.base} ({why}): is the server running and the URL right?") from None
         except requests.exceptions.Timeout:
-            raise UserError(f"{method} {url} timed out: the server did not answer") from None
+            raise TimedOut(f"{method} {url} timed out: the server did not answer") from None
         if resp.status_code in (401, 403):
             resp.close()
             hint = "set DSV41_API_KEY or --key-file" if not self.key else "check DSV41_API_KEY or the key file"
@@ -195,23 +201,37 @@ class Client:
             raise UserError(f"{self.base}/models lists no model: pass --model")
         return ids[0]
 
-    def _with_retry(self, path, body, optional, stream):
+    def _with_retry(self, path, body, optional, stream, read_timeout=None):
         try:
-            return self._request("POST", path, body, stream=stream)
+            return self._request("POST", path, body, stream=stream, read_timeout=read_timeout)
         except ApiError as err:
             if err.status != 422 or not any(k in body for k in optional):
                 raise
             return self._request("POST", path, {k: v for k, v in body.items() if k not in optional},
-                                 stream=stream)
+                                 stream=stream, read_timeout=read_timeout)
 
-    def stream(self, path, body, optional=("stream_options",), stop_after_first=False):
-        """POST a streaming request and read it to its end (or to the first token); returns a Stream."""
+    def stream(self, path, body, optional=("stream_options",), stop_after_first=False, deadline_s=None):
+        """POST a streaming request and read it to its end (or to the first token); returns a Stream.
+
+        With deadline_s the request is cut that many seconds after the POST, whether the server is
+        silent or still sending tokens; the Stream keeps what came and has finish_reason "timeout"."""
         body = dict(body, stream=True)
         body.setdefault("stream_options", {"include_usage": True})
         s = Stream(t_start=time.perf_counter())
-        resp = self._with_retry(path, body, optional, stream=True)
+        at = None if deadline_s is None else s.t_start + deadline_s
+        try:
+            resp = self._with_retry(path, body, optional, stream=True,
+                                    read_timeout=None if at is None else min(self.read_timeout, deadline_s))
+        except TimedOut:
+            if at is None:
+                raise
+            s.timed_out, s.finish_reason = True, "timeout"
+            return s
+        cutter = None if at is None else _cut_at(resp, at)
         try:
             for t, data in iter_sse(resp):
+                if at is not None and t >= at:
+                    break
                 if data == "[DONE]":
                     s.done = True
                     break
@@ -239,10 +259,30 @@ class Client:
                         if stop_after_first:
                             break
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as err:
-            raise UserError(f"the stream from {self.base}{path} broke: {one_line(err, 150)}") from None
+            if at is None or time.perf_counter() < at:
+                raise UserError(f"the stream from {self.base}{path} broke: {one_line(err, 150)}") from None
         finally:
+            if cutter:
+                cutter.cancel()
             resp.close()
+        first_was_enough = stop_after_first and s.t_first is not None
+        if at is not None and not s.ended and not first_was_enough and time.perf_counter() >= at:
+            s.timed_out, s.finish_reason = True, "timeout"
         return s
+
+
+def _cut_at(resp, at):
+    """A timer that shuts the response's socket for reading at perf_counter `at`, which ends a read
+    blocked in another thread."""
+    def cut():
+        try:
+            resp.raw.shutdown()
+        except Exception:  # noqa: BLE001  already closed or released: nothing left to cut
+            pass
+    timer = threading.Timer(max(0.0, at - time.perf_counter()), cut)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _absorb(s, choice):

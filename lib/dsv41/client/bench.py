@@ -2,10 +2,13 @@
 
 Metrics follow `vllm bench serve`: TTFT (POST to first token), TPOT ((E2EL - TTFT) / (tokens - 1)),
 ITL (gaps between token messages, pooled), E2EL (POST to last choices message), in ms.
-No request carries an output cap; a prefill request is closed after its first token. --chart draws the
-figures with matplotlib into a PNG and an SVG beside the JSON."""
+No request carries an output cap; a prefill request is closed after its first token, and a request
+still running after --request-timeout-s is cut (finish reason "timeout"). --chart draws the figures
+with matplotlib into a PNG and an SVG beside the JSON.
+"""
 import argparse
 import ast
+import collections
 import functools
 import io
 import json
@@ -162,6 +165,15 @@ def ctx_prompt(tokens, target, rng):
     return prompt, code, n
 
 
+def finish_counts(reasons):
+    """{"stop": 3, "timeout": 1} from the finish reasons of a step's answers (None counts as "none")."""
+    return dict(collections.Counter(r or "none" for r in reasons))
+
+
+def finish_text(counts):
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) if counts else "-"
+
+
 class Bench:
     def __init__(self, a, client, model):
         self.a, self.client, self.model = a, client, model
@@ -171,7 +183,19 @@ class Bench:
         self.result = {"label": a.label or client.base, "model": model, "url": client.base,
                        "ts": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        "definitions": "vllm bench serve: TTFT, TPOT=(E2EL-TTFT)/(tokens-1), ITL pooled, E2EL; ms",
+                       "request_timeout_s": a.request_timeout_s,
                        "prefill_endpoint": "/completions", "prefill": [], "decode": [], "ctx": []}
+
+    def stream(self, path, body, stop_after_first=False):
+        return self.client.stream(path, body, stop_after_first=stop_after_first, deadline_s=self.a.request_timeout_s)
+
+    def no_token(self, s):
+        """The error for a stream that brought no token at all (run() names the step)."""
+        if s.timed_out:
+            return UserError(f"no token within {self.a.request_timeout_s:g} s: the server is stuck or slower "
+                             "than that; raise --request-timeout-s")
+        return UserError(f"the stream ended without a token (finish {s.finish_reason or 'none'}, "
+                         f"{s.messages} messages): a prompt longer than the server's context?")
 
     def sampling(self):
         return {"temperature": 0} if self.a.greedy else {}
@@ -190,15 +214,15 @@ class Bench:
         opts = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}, **self.sampling()}
         if self.prefill_path == "/completions":
             try:
-                return self.client.stream("/completions", {"model": self.model, "prompt": prompt, **opts},
-                                          stop_after_first=True)
+                return self.stream("/completions", {"model": self.model, "prompt": prompt, **opts},
+                                   stop_after_first=True)
             except ApiError as err:
                 if err.status not in (404, 405):
                     raise
                 self.prefill_path = self.result["prefill_endpoint"] = "/chat/completions"
                 log("prefill: the server has no /v1/completions; using /v1/chat/completions")
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], **opts}
-        return self.client.stream("/chat/completions", body, stop_after_first=True)
+        return self.stream("/chat/completions", body, stop_after_first=True)
 
     def prefill(self, n):
         runs = []
@@ -206,7 +230,7 @@ class Bench:
             prompt = random_prompt(self.tokens, n, self.rng)
             s = self.first_token(prompt)
             if s.ttft is None:
-                raise UserError(f"prefill {n}: the stream ended without a token: {s.finish_reason or 'no reason'}")
+                raise self.no_token(s)
             pt = (s.usage or {}).get("prompt_tokens")
             src = "usage"
             if not isinstance(pt, int) or pt <= 0:
@@ -234,7 +258,7 @@ class Bench:
                         "messages": [{"role": "user", "content": f"(request {uuid.uuid4().hex[:8]}) {prompt}"}]}
                 try:
                     barrier.wait()
-                    streams[i] = self.client.stream("/chat/completions", body)
+                    streams[i] = self.stream("/chat/completions", body)
                 except Exception as err:  # reported once all threads are back
                     errors.append(err)
                     barrier.abort()
@@ -250,8 +274,7 @@ class Bench:
                 raise err if isinstance(err, UserError) else UserError(f"decode {kind} c{conc}: {one_line(err)}")
             bad = [s for s in streams if s.t_first is None]
             if bad:
-                raise UserError(f"decode {kind} c{conc}: a stream ended without a token "
-                                f"(finish {bad[0].finish_reason}, {bad[0].messages} messages)")
+                raise self.no_token(bad[0])
             wall = max(s.t_last for s in streams) - min(s.t_start for s in streams)
             toks = sum(s.output_tokens for s in streams)
             walls.append(wall)
@@ -267,7 +290,9 @@ class Bench:
                     "reasoning_chars": len(s.reasoning), "text_tail": s.text[-80:], "_itl": s.itls})
             log(f"decode {kind} c{conc}: round {rep + 1}/{self.a.dec_reps}: {toks} tokens in {wall:.2f} s "
                 f"= {toks / wall:.1f} tok/s aggregate; per stream "
-                + ", ".join(f"{1 / s.tpot:.1f}" if s.tpot else "-" for s in streams))
+                + ", ".join(f"{1 / s.tpot:.1f}" if s.tpot else "-" for s in streams)
+                + f"; finish {finish_text(finish_counts(s.finish_reason for s in streams))}"
+                + self.cut_note(streams))
         itl = [x for r in reqs for x in r.pop("_itl")]
         per_stream = [r["tok_s"] for r in reqs if r["tok_s"]]
         self.result["decode"].append({
@@ -275,6 +300,7 @@ class Bench:
             "per_stream_tok_s_median": round(statistics.median(per_stream), 2) if per_stream else None,
             "aggregate_tok_s": round(total_tokens / sum(walls), 2),
             "output_tokens": total_tokens, "wall_s": round(sum(walls), 3),
+            "finish": finish_counts(r["finish_reason"] for r in reqs),
             "ttft_ms": stats_ms([r["ttft_ms"] / 1000 for r in reqs]),
             "tpot_ms": stats_ms([r["tpot_ms"] / 1000 for r in reqs if r["tpot_ms"] is not None]),
             "itl_ms": stats_ms(itl), "e2el_ms": stats_ms([r["e2el_ms"] / 1000 for r in reqs]),
@@ -283,17 +309,23 @@ class Bench:
     def ctx(self, n):
         prompt, code, counted = ctx_prompt(self.tokens, n, self.rng)
         body = {"model": self.model, **self.sampling(), "messages": [{"role": "user", "content": prompt}]}
-        s = self.client.stream("/chat/completions", body)
+        s = self.stream("/chat/completions", body)
         if s.ttft is None:
-            raise UserError(f"ctx {n}: the stream ended without a token (finish {s.finish_reason})")
+            raise self.no_token(s)
         pt = (s.usage or {}).get("prompt_tokens") or counted or round(len(prompt) / CHARS_PER_TOKEN)
         entry = {"tokens": n, "prompt_tokens": pt, "ttft_ms": round(s.ttft * 1000, 3),
                  "prefill_tok_s": round(pt / s.ttft, 2), "output_tokens": s.output_tokens,
                  "decode_tok_s": None if not s.tpot else round(1 / s.tpot, 2),
-                 "e2el_ms": round(s.e2el * 1000, 3), "recall": code in s.text, "answer_tail": s.text[-120:]}
+                 "e2el_ms": round(s.e2el * 1000, 3), "finish_reason": s.finish_reason or "none",
+                 "recall": code in s.text, "answer_tail": s.text[-120:]}
         self.result["ctx"].append(entry)
         log(f"ctx {n}: {pt} prompt tokens, TTFT {s.ttft:.2f} s ({entry['prefill_tok_s']} tok/s), "
-            f"{s.output_tokens} tokens, recall {'yes' if entry['recall'] else 'no'}")
+            f"{s.output_tokens} tokens, finish {entry['finish_reason']}, recall {'yes' if entry['recall'] else 'no'}"
+            + self.cut_note([s]))
+
+    def cut_note(self, streams):
+        cut = sum(s.timed_out for s in streams)
+        return f" ({cut} cut at the {self.a.request_timeout_s:g} s --request-timeout-s deadline)" if cut else ""
 
     def run(self):
         steps = [(f"prefill {n}", self.prefill, (n,)) for n in self.a.prefill]
@@ -321,30 +353,43 @@ def fmt_rate(x):
 
 
 def comparison_rows(result):
-    """(step, measured tok/s, published tok/s or None) for every measured figure."""
+    """(step, measured tok/s, published tok/s or None, finish counts or None) for every measured figure."""
     rows = []
     for p in result["prefill"]:
         rows.append((f"prefill {p['tokens']} (actual {p['prompt_tokens']})", p["median_tok_s"],
-                     PUBLISHED.get(("prefill", p["tokens"]))))
+                     PUBLISHED.get(("prefill", p["tokens"])), None))
     for d in result["decode"]:
         k, c = d["kind"], d["concurrency"]
-        rows.append((f"decode {k} c{c} per stream", d["per_stream_tok_s_median"], PUBLISHED.get((k, c, "per_stream"))))
-        rows.append((f"decode {k} c{c} aggregate", d["aggregate_tok_s"], PUBLISHED.get((k, c, "aggregate"))))
+        rows.append((f"decode {k} c{c} per stream", d["per_stream_tok_s_median"], PUBLISHED.get((k, c, "per_stream")),
+                     d["finish"]))
+        rows.append((f"decode {k} c{c} aggregate", d["aggregate_tok_s"], PUBLISHED.get((k, c, "aggregate")),
+                     d["finish"]))
     for x in result["ctx"]:
-        rows.append((f"ctx {x['tokens']} prefill", x["prefill_tok_s"], None))
+        rows.append((f"ctx {x['tokens']} prefill", x["prefill_tok_s"], None, {x["finish_reason"]: 1}))
     return rows
 
 
 def markdown(result):
+    timeout = result["request_timeout_s"]
     lines = [f"# Benchmark: {result['label']}", "",
              f"Model `{result['model']}` at {result['url']}, {result['ts']}. Metric definitions: "
-             "`vllm bench serve` (TPOT = (E2EL - TTFT) / (tokens - 1); per-stream tok/s = 1 / TPOT).", ""]
+             "`vllm bench serve` (TPOT = (E2EL - TTFT) / (tokens - 1); per-stream tok/s = 1 / TPOT). "
+             f"A request still running after {timeout:g} s is cut (`--request-timeout-s`).", ""]
     if result.get("error"):
         lines += [f"**Stopped early:** {result['error']}", ""]
-    lines += ["| step | tok/s | two-Spark published | ratio |", "| --- | ---: | ---: | ---: |"]
-    for name, got, pub in comparison_rows(result):
+    cut = [f"decode {d['kind']} c{d['concurrency']} ({d['finish']['timeout']} of {len(d['requests'])} requests)"
+           for d in result["decode"] if d["finish"].get("timeout")]
+    cut += [f"ctx {x['tokens']}" for x in result["ctx"] if x["finish_reason"] == "timeout"]
+    if cut:
+        lines += [f"**Cut at the {timeout:g} s deadline** (finish timeout; their figures cover the tokens "
+                  f"that came before it): {', '.join(cut)}.", ""]
+    lines += ["| step | tok/s | two-Spark published | ratio | finish |", "| --- | ---: | ---: | ---: | --- |"]
+    for name, got, pub, finish in comparison_rows(result):
         ratio = f"{got / pub:.2f}" if (got and pub) else "-"
-        lines.append(f"| {name} | {_f(got)} | {_f(pub, 0) if pub else '-'} | {ratio} |")
+        lines.append(f"| {name} | {_f(got)} | {_f(pub, 0) if pub else '-'} | {ratio} | "
+                     f"{finish_text(finish) if finish else '-'} |")
+    lines += ["", "finish: how the answers ended (stop: the model ended it; length: the server's limit; timeout: "
+              "cut at the deadline). Prefill requests are closed at their first token."]
     if result["prefill"]:
         lines += ["", "| prefill tokens | actual | median tok/s | TTFT median ms | TTFT p99 ms |",
                   "| ---: | ---: | ---: | ---: | ---: |"]
@@ -361,11 +406,11 @@ def markdown(result):
                          f"{_f(d['aggregate_tok_s'])} | {trio(d['ttft_ms'])} | {trio(d['tpot_ms'])} | "
                          f"{trio(d['itl_ms'])} | {_f(d['e2el_ms']['median'])} |")
     if result["ctx"]:
-        lines += ["", "| context | actual | TTFT ms | prefill tok/s | decode tok/s | recall |",
-                  "| ---: | ---: | ---: | ---: | ---: | --- |"]
+        lines += ["", "| context | actual | TTFT ms | prefill tok/s | decode tok/s | finish | recall |",
+                  "| ---: | ---: | ---: | ---: | ---: | --- | --- |"]
         for x in result["ctx"]:
             lines.append(f"| {x['tokens']} | {x['prompt_tokens']} | {_f(x['ttft_ms'])} | {_f(x['prefill_tok_s'])} | "
-                         f"{_f(x['decode_tok_s'])} | {'yes' if x['recall'] else 'no'} |")
+                         f"{_f(x['decode_tok_s'])} | {x['finish_reason']} | {'yes' if x['recall'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -457,10 +502,14 @@ def parse(args_list):
     p.add_argument("--reps", type=int, default=3, help="prefill runs per size")
     p.add_argument("--dec-reps", type=int, default=1, help="decode rounds per concurrency")
     p.add_argument("--greedy", action="store_true", help="temperature 0")
+    p.add_argument("--request-timeout-s", type=float, default=600.0, metavar="S",
+                   help="cut any request still running after S seconds (default 600; no output cap is sent)")
     p.add_argument("--chart", action="store_true", help="also write a PNG and an SVG chart beside --out")
     a = p.parse_args(args_list)
     if any(n < 1 for n in a.prefill + a.conc + a.ctx) or a.reps < 1 or a.dec_reps < 1:
         raise UserError("--prefill, --conc, --ctx, --reps and --dec-reps take positive numbers")
+    if not a.request_timeout_s > 0:
+        raise UserError(f"--request-timeout-s {a.request_timeout_s:g}: give a positive number of seconds, e.g. 600")
     out = Path(a.out)
     if not out.parent.is_dir():
         raise UserError(f"--out {a.out}: directory {out.parent} does not exist")
@@ -478,8 +527,7 @@ def run_bench(args_list):
         client = Client(a.url, load_key(a.key_file))
         model = a.model or client.first_model()
         log(f"bench: model {model} at {client.base}")
-        bench = Bench(a, client, model)
-        bench.run()
+        Bench(a, client, model).run()
     except UserError as err:
         print(f"dsv41: {one_line(err, 2000)}", file=sys.stderr)
         return 2

@@ -1,7 +1,11 @@
 """Smoke test of a running OpenAI-compatible API: text, tools, vision, reasoning, stream.
 
-python -m dsv41.client.smoke URL [--model M] [--key-file F] [--tool-choice auto|named] [--json]
-No request carries an output cap: every answer ends naturally."""
+python -m dsv41.client.smoke URL [--model M] [--key-file F] [--tool-choice auto|named]
+                              [--request-timeout-s S] [--json]
+No request carries an output cap: every answer ends naturally, or fails its check when it takes longer
+than --request-timeout-s (default 600).
+
+"""
 import argparse
 import base64
 import json
@@ -9,9 +13,10 @@ import struct
 import sys
 import zlib
 
-from dsv41.client.api import Client, ApiError, load_key
+from dsv41.client.api import Client, ApiError, TimedOut, load_key
 from dsv41.errors import UserError, cli, one_line
 
+REQUEST_TIMEOUT_S = 600
 CHECKS = ("text", "tools", "vision", "reasoning", "stream")
 TEXT_PROMPT = "What is 17 * 23? Reply with the number."
 WEATHER_TOOL = {
@@ -113,11 +118,13 @@ def check_vision(client, model, ctx):
 
 def check_stream(client, model, ctx):
     body = {"model": model, "messages": [{"role": "user", "content": TEXT_PROMPT}], "temperature": 0}
-    s = client.stream("/chat/completions", body)
+    s = client.stream("/chat/completions", body, deadline_s=client.read_timeout)
     ctx["stream_reasoning"] = s.reasoning
     how = "[DONE]" if s.done else f"finish_reason={s.finish_reason}" if s.finish_reason else "no end marker"
+    if s.timed_out:
+        how = f"the {client.read_timeout:g} s deadline (--request-timeout-s)"
     same = "text" in ctx and s.text == ctx["text"]
-    ok = s.ended and s.t_first is not None and ("391" in s.text or same)
+    ok = s.ended and not s.timed_out and s.t_first is not None and ("391" in s.text or same)
     match = "same as non-streamed" if same else "differs from non-streamed" if "text" in ctx else "no reference"
     return ok, (f"{s.messages} messages, {s.output_tokens} tokens ({s.tokens_from}), ended by {how}, "
                 f"{match}, answer {tail(s.text)}, {usage_str(s.usage)}")
@@ -135,12 +142,13 @@ def check_reasoning(client, model, ctx):
     return None, "the model sent no reasoning content"
 
 
-def run_smoke(url, key, model=None, as_json=False, tool_choice="auto", out=None):
+def run_smoke(url, key, model=None, as_json=False, tool_choice="auto", out=None,
+              request_timeout_s=REQUEST_TIMEOUT_S):
     """Run every check against URL, one line per check; return the exit code: 0 when no check
     failed, 1 when one did, 2 (one line on stderr) when the server cannot be used at all."""
     out = out or sys.stdout
     try:
-        return _run(url, key, model, as_json, tool_choice, out)
+        return _run(url, key, model, as_json, tool_choice, out, request_timeout_s)
     except UserError as err:
         msg = one_line(err, 2000)
         print(f"dsv41: {msg}", file=sys.stderr)
@@ -149,8 +157,8 @@ def run_smoke(url, key, model=None, as_json=False, tool_choice="auto", out=None)
         return 2
 
 
-def _run(url, key, model, as_json, tool_choice, out):
-    client = Client(url, key)
+def _run(url, key, model, as_json, tool_choice, out, request_timeout_s):
+    client = Client(url, key, read_timeout=request_timeout_s)
     model = model or client.first_model()  # also proves the URL and key
     ctx, results = {}, []
     steps = [("text", check_text), ("tools", lambda c, m, x: check_tools(c, m, x, tool_choice)),
@@ -162,6 +170,8 @@ def _run(url, key, model, as_json, tool_choice, out):
             if err.status in (401, 403):
                 raise
             ok, evidence = False, str(err)
+        except TimedOut:
+            ok, evidence = False, f"no answer within {request_timeout_s:g} s (--request-timeout-s)"
         status = "SKIP" if ok is None else "PASS" if ok else "FAIL"
         results.append({"check": name, "status": status, "evidence": evidence})
         if not as_json:
@@ -183,9 +193,14 @@ def main(argv=None):
     p.add_argument("--key-file", help="API key file when DSV41_API_KEY is unset (default ~/.dsv41-two-sparks/api_key)")
     p.add_argument("--tool-choice", choices=("auto", "named"), default="auto",
                    help="let the model choose the tool (auto) or name get_weather in tool_choice")
+    p.add_argument("--request-timeout-s", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
+                   help=f"fail a check whose answer takes longer than S seconds (default {REQUEST_TIMEOUT_S})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     a = p.parse_args(argv)
-    return run_smoke(a.url, load_key(a.key_file), a.model, a.json, a.tool_choice)
+    if not a.request_timeout_s > 0:
+        raise UserError(f"--request-timeout-s {a.request_timeout_s:g}: give a positive number of seconds, e.g. 600")
+    return run_smoke(a.url, load_key(a.key_file), a.model, a.json, a.tool_choice,
+                     request_timeout_s=a.request_timeout_s)
 
 
 if __name__ == "__main__":
