@@ -163,7 +163,8 @@ def _tfserve(tmp_path_factory):
 # A stand-in for a model server whose timing is known exactly: no real server lets a test fix TTFT and
 # the inter-token delay. It speaks the OpenAI streaming protocol with the quirks of real servers
 # (role-only first chunk, usage only on the final chunk, close-delimited HTTP/1.0 body) and can be told
-# to answer HTTP 500 after a number of requests, or to never finish an answer (a looping model).
+# to answer HTTP 500 after a number of requests, to report a context length in /v1/models and refuse
+# longer prompts (as vLLM does), or to never finish an answer (a looping model).
 
 class StandIn(ThreadingHTTPServer):
     daemon_threads = True
@@ -173,6 +174,7 @@ class StandIn(ThreadingHTTPServer):
     fail_after = None  # POSTs served before every later one gets HTTP 500
     strict = False  # HTTP 422 for fields it does not know (stream_options), as transformers serve does
     reasoning = 0  # the first N tokens of a chat answer are reasoning deltas (a reasoning model)
+    max_model_len = None  # listed in /v1/models; longer prompts (in words) get vLLM's HTTP 400
     endless = False  # streams never end and plain answers never come, until the client hangs up
     rejected = 0
     posts = 0
@@ -199,7 +201,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/v1/models":
-            return self._json(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+            entry = {"id": "standin", "object": "model"}
+            if self.server.max_model_len:
+                entry["max_model_len"] = self.server.max_model_len
+            return self._json(200, {"object": "list", "data": [entry]})
         self._json(404, {"detail": "Not Found"})
 
     def do_POST(self):
@@ -221,6 +226,10 @@ class _Handler(BaseHTTPRequestHandler):
         prompt = body.get("prompt") or " ".join(str(m.get("content")) for m in body.get("messages", []))
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": srv.tokens,
                  "total_tokens": len(prompt.split()) + srv.tokens}
+        if srv.max_model_len and len(prompt.split()) >= srv.max_model_len:
+            return self._json(400, {"object": "error", "type": "BadRequestError", "code": 400, "message": (
+                f"This model's maximum context length is {srv.max_model_len} tokens. However, you requested "
+                f"{len(prompt.split())} tokens in the messages. Please reduce the length of the messages.")})
         if srv.endless and not body.get("stream"):
             self.connection.recv(1)  # returns when the client hangs up
             return

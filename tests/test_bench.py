@@ -123,6 +123,7 @@ def test_bench_llama_cpp(llama, tmp_path):
     assert all(sum(d["finish"].values()) == d["concurrency"] for d in data["decode"])
     assert "| decode short c2 per stream |" in out.with_suffix(".md").read_text()
     assert "decode short c2: round 1/1:" in r.stderr and "; finish " in r.stderr
+    assert data["max_model_len"] is None  # llama-cpp's /v1/models does not give it
     assert Image.open(out.with_suffix(".png")).format == "PNG" and out.with_suffix(".svg").exists()
 
 
@@ -204,6 +205,33 @@ def test_a_silent_server_is_cut_at_the_deadline(standin, tmp_path):
     assert "no token within 1 s" in json.loads(out.read_text())["error"]
 
 
+def test_sizes_beyond_max_model_len_are_skipped_and_the_rest_measured(standin, tmp_path):
+    srv, url = standin
+    srv.max_model_len, srv.ttft, srv.itl, srv.tokens = 4096, 0.01, 0.001, 5  # refuses longer prompts, as vLLM
+    out = tmp_path / "b.json"
+    r = run_cli("bench", "--url", url, "--out", str(out), "--reps", "1", "--conc", "1", "--kinds", "short",
+                "--ctx", "1000", "100000")  # the default --prefill 8192 32768
+    assert r.returncode == 0, r.stderr
+    skipped = [ln for ln in r.stderr.splitlines() if "skipped" in ln]
+    assert [ln.split(":")[0] for ln in skipped] == ["prefill 8192", "prefill 32768", "ctx 100000"], r.stderr
+    assert all("max_model_len of 4096" in ln for ln in skipped)
+    data = json.loads(out.read_text())
+    assert data["max_model_len"] == 4096 and [x["step"] for x in data["skipped"]] == ["prefill 8192", "prefill 32768",
+                                                                                       "ctx 100000"]
+    assert data["prefill"] == [] and len(data["decode"]) == 1 and [x["tokens"] for x in data["ctx"]] == [1000]
+    assert "**Skipped** prefill 8192:" in out.with_suffix(".md").read_text()
+
+
 def test_bad_request_timeout_is_one_line(tmp_path):
     r = run_cli("bench", "--url", "127.0.0.1:1", "--out", str(tmp_path / "b.json"), "--request-timeout-s", "0")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--request-timeout-s 0" in r.stderr, r.stderr
+
+
+@pytest.mark.servers
+def test_wrong_model_is_one_line(llama, tmp_path):
+    out = tmp_path / "b.json"
+    r = run_cli("bench", "--url", llama["url"], "--out", str(out), "--model", "nope",
+                env={"DSV41_API_KEY": llama["key"]})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "model 'nope' is not served" in r.stderr and "'smollm2'" in r.stderr and not out.exists()
+

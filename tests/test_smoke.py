@@ -142,6 +142,14 @@ def test_smoke_reasoning_pass_and_skip(standin, capsys):
     assert re.search(r"^reasoning PASS reasoning 12 chars", out, re.M), out
 
 
+@pytest.mark.servers
+def test_smoke_wrong_model_is_one_line_naming_the_served_ones(llama):
+    # llama-cpp answers any model name; the check against /v1/models is what catches it
+    r = run_cli("smoke", llama["url"], "--model", "nope", env={"DSV41_API_KEY": llama["key"]})
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert r.stderr.count("\n") == 1 and "model 'nope' is not served" in r.stderr and "'smollm2'" in r.stderr
+
+
 def test_smoke_answers_that_never_end_fail_at_the_deadline(standin):
     srv, url = standin
     srv.endless, srv.ttft, srv.itl = True, 0.01, 0.01  # a looping model: no answer ever completes

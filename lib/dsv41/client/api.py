@@ -178,6 +178,26 @@ class Client:
         data = self.get_json("/models").get("data") or []
         return [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
 
+    def model_entries(self):
+        """The /v1/models entries that have an id (vLLM's also carry max_model_len)."""
+        data = self.get_json("/models").get("data") or []
+        return [m for m in data if isinstance(m, dict) and m.get("id")]
+
+    def served_model(self, model=None):
+        """The /v1/models entry of `model` (default: the first listed). A model the server does not
+        list is a UserError naming the ones it does."""
+        entries = self.model_entries()
+        if not entries:
+            raise UserError(f"{self.base}/models lists no model: is the server still loading it?")
+        if model is None:
+            return entries[0]
+        for m in entries:
+            if m["id"] == model:
+                return m
+        names = ", ".join(repr(m["id"]) for m in entries)
+        raise UserError(f"model {model!r} is not served at {self.base} (it serves {names}): "
+                        "pass one of those as --model")
+
     def health(self):
         """HTTP status of the server's /health (beside /v1), or None when it does not answer."""
         try:

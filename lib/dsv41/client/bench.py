@@ -3,8 +3,9 @@
 Metrics follow `vllm bench serve`: TTFT (POST to first token), TPOT ((E2EL - TTFT) / (tokens - 1)),
 ITL (gaps between token messages, pooled), E2EL (POST to last choices message), in ms.
 No request carries an output cap; a prefill request is closed after its first token, and a request
-still running after --request-timeout-s is cut (finish reason "timeout"). --chart draws the figures
-with matplotlib into a PNG and an SVG beside the JSON.
+still running after --request-timeout-s is cut (finish reason "timeout"). Sizes that cannot fit the
+model's max_model_len (from /v1/models, where the server gives it) are skipped. --chart draws the
+figures with matplotlib into a PNG and an SVG beside the JSON.
 """
 import argparse
 import ast
@@ -54,6 +55,7 @@ PROMPTS = {
 }
 CHARS_PER_TOKEN = 4.0
 TOKENS_PER_WORD = 1.3
+ROOM = 256  # tokens a size must leave free in max_model_len (chat template, the answer), plus 2%
 
 
 def log(msg):
@@ -175,16 +177,16 @@ def finish_text(counts):
 
 
 class Bench:
-    def __init__(self, a, client, model):
-        self.a, self.client, self.model = a, client, model
+    def __init__(self, a, client, model, max_len=None):
+        self.a, self.client, self.model, self.max_len = a, client, model, max_len
         self.tokens = Tokens(client, model)
         self.rng = random.Random()
         self.prefill_path = "/completions"
         self.result = {"label": a.label or client.base, "model": model, "url": client.base,
                        "ts": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        "definitions": "vllm bench serve: TTFT, TPOT=(E2EL-TTFT)/(tokens-1), ITL pooled, E2EL; ms",
-                       "request_timeout_s": a.request_timeout_s,
-                       "prefill_endpoint": "/completions", "prefill": [], "decode": [], "ctx": []}
+                       "request_timeout_s": a.request_timeout_s, "max_model_len": max_len,
+                       "prefill_endpoint": "/completions", "skipped": [], "prefill": [], "decode": [], "ctx": []}
 
     def stream(self, path, body, stop_after_first=False):
         return self.client.stream(path, body, stop_after_first=stop_after_first, deadline_s=self.a.request_timeout_s)
@@ -196,6 +198,9 @@ class Bench:
                              "than that; raise --request-timeout-s")
         return UserError(f"the stream ended without a token (finish {s.finish_reason or 'none'}, "
                          f"{s.messages} messages): a prompt longer than the server's context?")
+
+    def fits(self, n):
+        return self.max_len is None or n + n // 50 + ROOM <= self.max_len
 
     def sampling(self):
         return {"temperature": 0} if self.a.greedy else {}
@@ -331,6 +336,16 @@ class Bench:
         steps = [(f"prefill {n}", self.prefill, (n,)) for n in self.a.prefill]
         steps += [(f"decode {k} c{c}", self.decode, (k, c)) for k in self.a.kinds for c in self.a.conc]
         steps += [(f"ctx {n}", self.ctx, (n,)) for n in self.a.ctx]
+        measured = []
+        for name, fn, args in steps:
+            if fn in (self.prefill, self.ctx) and not self.fits(args[0]):
+                why = (f"{args[0]} tokens with room for an answer do not fit the model's max_model_len of "
+                       f"{self.max_len} (from /v1/models)")
+                self.result["skipped"].append({"step": name, "reason": why})
+                log(f"{name}: skipped: {why}")
+            else:
+                measured.append((name, fn, args))
+        steps = measured
         self.save()
         for i, (name, fn, args) in enumerate(steps, 1):
             log(f"[{i}/{len(steps)}] {name}")
@@ -374,9 +389,12 @@ def markdown(result):
     lines = [f"# Benchmark: {result['label']}", "",
              f"Model `{result['model']}` at {result['url']}, {result['ts']}. Metric definitions: "
              "`vllm bench serve` (TPOT = (E2EL - TTFT) / (tokens - 1); per-stream tok/s = 1 / TPOT). "
-             f"A request still running after {timeout:g} s is cut (`--request-timeout-s`).", ""]
+             f"A request still running after {timeout:g} s is cut (`--request-timeout-s`)"
+             + (f"; max_model_len {result['max_model_len']}." if result["max_model_len"] else "."), ""]
     if result.get("error"):
         lines += [f"**Stopped early:** {result['error']}", ""]
+    for skip in result["skipped"]:
+        lines += [f"**Skipped** {skip['step']}: {skip['reason']}.", ""]
     cut = [f"decode {d['kind']} c{d['concurrency']} ({d['finish']['timeout']} of {len(d['requests'])} requests)"
            for d in result["decode"] if d["finish"].get("timeout")]
     cut += [f"ctx {x['tokens']}" for x in result["ctx"] if x["finish_reason"] == "timeout"]
@@ -525,9 +543,12 @@ def run_bench(args_list):
         except SystemExit as done:  # argparse: --help or a usage error, already printed
             return done.code or 0
         client = Client(a.url, load_key(a.key_file))
-        model = a.model or client.first_model()
-        log(f"bench: model {model} at {client.base}")
-        Bench(a, client, model).run()
+        entry = client.served_model(a.model)
+        max_len = entry.get("max_model_len")
+        max_len = max_len if isinstance(max_len, int) and max_len > 0 else None
+        log(f"bench: model {entry['id']} at {client.base}, "
+            + (f"max_model_len {max_len}" if max_len else "no max_model_len in /v1/models"))
+        Bench(a, client, entry["id"], max_len).run()
     except UserError as err:
         print(f"dsv41: {one_line(err, 2000)}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ python -m dsv41.client.smoke URL [--model M] [--key-file F] [--tool-choice auto|
 No request carries an output cap: every answer ends naturally, or fails its check when it takes longer
 than --request-timeout-s (default 600).
 
-"""
+Exit 0 when no check failed, 1 when one did, 2 (one line on stderr) when the server cannot be used: not
+reachable, the key rejected, or the model not among those /v1/models lists."""
 import argparse
 import base64
 import json
@@ -159,7 +160,7 @@ def run_smoke(url, key, model=None, as_json=False, tool_choice="auto", out=None,
 
 def _run(url, key, model, as_json, tool_choice, out, request_timeout_s):
     client = Client(url, key, read_timeout=request_timeout_s)
-    model = model or client.first_model()  # also proves the URL and key
+    model = client.served_model(model)["id"]  # also proves the URL and key
     ctx, results = {}, []
     steps = [("text", check_text), ("tools", lambda c, m, x: check_tools(c, m, x, tool_choice)),
              ("vision", check_vision), ("stream", check_stream), ("reasoning", check_reasoning)]
