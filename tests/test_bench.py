@@ -235,3 +235,39 @@ def test_wrong_model_is_one_line(llama, tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "model 'nope' is not served" in r.stderr and "'smollm2'" in r.stderr and not out.exists()
 
+
+STATS = {"mean": float, "median": float, "std": float, "p99": float}
+
+
+def shape(value):
+    """The shape of a JSON value: dict keys to shapes, a list to its first item's shape, else the type."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return type(value)
+
+
+def test_json_shape_is_pinned(standin, tmp_path):
+    """dsv41.bench/1: a reader of the file may rely on these keys and types; changing them needs /2."""
+    srv, url = standin
+    srv.max_model_len, srv.ttft, srv.itl, srv.tokens = 4096, 0.01, 0.02, 5  # tokens far enough apart for a TPOT
+    out = tmp_path / "b.json"
+    assert run_bench(["--url", url, "--out", str(out), "--label", "pin", "--prefill", "32", "8192", "--reps", "1",
+                      "--conc", "1", "--kinds", "code", "--ctx", "64"]) == 0
+    data = json.loads(out.read_text())
+    assert shape(data) == {
+        "schema": str, "label": str, "model": str, "url": str, "ts": str, "definitions": str,
+        "request_timeout_s": float, "max_model_len": int, "prefill_endpoint": str,
+        "skipped": [{"step": str, "reason": str}],
+        "prefill": [{"tokens": int, "prompt_tokens": int, "median_tok_s": float, "ttft_ms": STATS,
+                     "runs": [{"prompt_tokens": int, "prompt_tokens_from": str, "ttft_ms": float, "tok_s": float}]}],
+        "decode": [{"kind": str, "concurrency": int, "per_stream_tok_s_median": float, "aggregate_tok_s": float,
+                    "output_tokens": int, "wall_s": float, "finish": {"stop": int}, "ttft_ms": STATS,
+                    "tpot_ms": STATS, "itl_ms": STATS, "e2el_ms": STATS,
+                    "requests": [{"output_tokens": int, "tokens_from": str, "prompt_tokens": int, "ttft_ms": float,
+                                  "e2el_ms": float, "tpot_ms": float, "tok_s": float, "finish_reason": str,
+                                  "ended_by_done": bool, "reasoning_chars": int, "text_tail": str}]}],
+        "ctx": [{"tokens": int, "prompt_tokens": int, "ttft_ms": float, "prefill_tok_s": float, "output_tokens": int,
+                 "decode_tok_s": float, "e2el_ms": float, "finish_reason": str, "recall": bool, "answer_tail": str}]}
+    assert data["schema"] == "dsv41.bench/1"

@@ -9,7 +9,7 @@ import requests
 
 from dsv41.client.api import load_key, normalize_base
 from dsv41.errors import UserError
-from dsv41.client.smoke import TEXT_PROMPT, red_blue_png
+from dsv41.client.smoke import CHECKS, TEXT_PROMPT, red_blue_png
 from dsv41.client.smoke import run_smoke
 from servers import free_port, llama, run_cli, standin, tfserve  # noqa: F401  (fixtures)
 
@@ -160,3 +160,19 @@ def test_smoke_answers_that_never_end_fail_at_the_deadline(standin):
     assert lines["stream"][0] == "FAIL" and "ended by the 1 s deadline" in lines["stream"][1]
     assert r.returncode == 1
 
+
+def test_smoke_json_shape_is_pinned(standin):
+    """dsv41.smoke/1: a reader may rely on these keys and types; changing them needs /2."""
+    srv, url = standin
+    srv.ttft, srv.itl, srv.tokens = 0.01, 0.001, 6
+    out = json.loads(run_cli("smoke", url, "--json").stdout)
+    assert {k: type(v) for k, v in out.items()} == {"schema": str, "url": str, "model": str, "ok": bool,
+                                                   "error": type(None), "checks": list}
+    assert out["schema"] == "dsv41.smoke/1" and [c["check"] for c in out["checks"]] == list(CHECKS)
+    for c in out["checks"]:
+        assert {k: type(v) for k, v in c.items()} == {"check": str, "status": str, "evidence": str}
+        assert c["status"] in ("PASS", "FAIL", "SKIP")
+    r = run_cli("smoke", url, "--json", "--model", "nope")
+    out = json.loads(r.stdout)
+    assert r.returncode == 2 and out["schema"] == "dsv41.smoke/1" and out["checks"] == [] and out["ok"] is False
+    assert set(out) == {"schema", "url", "model", "ok", "error", "checks"} and "'standin'" in out["error"]

@@ -6,7 +6,16 @@ No request carries an output cap; a prefill request is closed after its first to
 still running after --request-timeout-s is cut (finish reason "timeout"). Sizes that cannot fit the
 model's max_model_len (from /v1/models, where the server gives it) are skipped. --chart draws the
 figures with matplotlib into a PNG and an SVG beside the JSON.
-"""
+
+The JSON file (schema "dsv41.bench/1"): schema, label, model, url, ts, definitions, request_timeout_s,
+max_model_len (null when /v1/models gives none), prefill_endpoint, skipped [{step, reason}],
+prefill [{tokens, prompt_tokens, median_tok_s, ttft_ms, runs [{prompt_tokens, prompt_tokens_from,
+ttft_ms, tok_s}]}], decode [{kind, concurrency, per_stream_tok_s_median, aggregate_tok_s,
+output_tokens, wall_s, finish {reason: count}, ttft_ms, tpot_ms, itl_ms, e2el_ms, requests [{...,
+finish_reason}]}], ctx [{tokens, prompt_tokens, ttft_ms, prefill_tok_s, output_tokens, decode_tok_s,
+e2el_ms, finish_reason, recall, answer_tail}], and error when a step stopped the run. Each *_ms
+statistic of a step is {mean, median, std, p99}; finish reasons are the server's ("stop", "length"),
+"timeout" (cut at the deadline) or "none" (the stream ended without one)."""
 import argparse
 import ast
 import collections
@@ -27,6 +36,8 @@ import requests
 from dsv41.client.api import ApiError, Client, load_key
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
+
+SCHEMA = "dsv41.bench/1"
 
 # Published two-Spark figures (mission.md, "Reported results").
 PUBLISHED = {
@@ -182,7 +193,7 @@ class Bench:
         self.tokens = Tokens(client, model)
         self.rng = random.Random()
         self.prefill_path = "/completions"
-        self.result = {"label": a.label or client.base, "model": model, "url": client.base,
+        self.result = {"schema": SCHEMA, "label": a.label or client.base, "model": model, "url": client.base,
                        "ts": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        "definitions": "vllm bench serve: TTFT, TPOT=(E2EL-TTFT)/(tokens-1), ITL pooled, E2EL; ms",
                        "request_timeout_s": a.request_timeout_s, "max_model_len": max_len,

@@ -6,7 +6,11 @@ No request carries an output cap: every answer ends naturally, or fails its chec
 than --request-timeout-s (default 600).
 
 Exit 0 when no check failed, 1 when one did, 2 (one line on stderr) when the server cannot be used: not
-reachable, the key rejected, or the model not among those /v1/models lists."""
+reachable, the key rejected, or the model not among those /v1/models lists.
+--json prints one object (schema "dsv41.smoke/1"): {"schema": str, "url": str, "model": str or null,
+"ok": bool, "error": str or null, "checks": [{"check": str, "status": "PASS"|"FAIL"|"SKIP",
+"evidence": str}]}; checks are in the order text, tools, vision, reasoning, stream, and empty when
+error is set."""
 import argparse
 import base64
 import json
@@ -17,6 +21,7 @@ import zlib
 from dsv41.client.api import Client, ApiError, TimedOut, load_key
 from dsv41.errors import UserError, cli, one_line
 
+SCHEMA = "dsv41.smoke/1"
 REQUEST_TIMEOUT_S = 600
 CHECKS = ("text", "tools", "vision", "reasoning", "stream")
 TEXT_PROMPT = "What is 17 * 23? Reply with the number."
@@ -154,7 +159,8 @@ def run_smoke(url, key, model=None, as_json=False, tool_choice="auto", out=None,
         msg = one_line(err, 2000)
         print(f"dsv41: {msg}", file=sys.stderr)
         if as_json:
-            print(json.dumps({"url": url, "model": model, "ok": False, "error": msg, "checks": []}), file=out)
+            print(json.dumps({"schema": SCHEMA, "url": url, "model": model, "ok": False, "error": msg,
+                              "checks": []}), file=out)
         return 2
 
 
@@ -180,7 +186,8 @@ def _run(url, key, model, as_json, tool_choice, out, request_timeout_s):
     results.sort(key=lambda r: CHECKS.index(r["check"]))
     code = 0 if all(r["status"] != "FAIL" for r in results) else 1
     if as_json:
-        print(json.dumps({"url": client.base, "model": model, "ok": code == 0, "checks": results}), file=out)
+        print(json.dumps({"schema": SCHEMA, "url": client.base, "model": model, "ok": code == 0, "error": None,
+                          "checks": results}), file=out)
     else:
         print(f"smoke     {'PASS' if code == 0 else 'FAIL'} model {model} at {client.base}", file=out)
     return code
@@ -196,7 +203,7 @@ def main(argv=None):
                    help="let the model choose the tool (auto) or name get_weather in tool_choice")
     p.add_argument("--request-timeout-s", type=float, default=REQUEST_TIMEOUT_S, metavar="S",
                    help=f"fail a check whose answer takes longer than S seconds (default {REQUEST_TIMEOUT_S})")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines (schema dsv41.smoke/1)")
     a = p.parse_args(argv)
     if not a.request_timeout_s > 0:
         raise UserError(f"--request-timeout-s {a.request_timeout_s:g}: give a positive number of seconds, e.g. 600")
