@@ -107,7 +107,7 @@ def task_status():
 
 
 def task_logs():
-    """Journal of a unit on its node: doit logs r0|r1|...|memguard [-f] [-n N] [--node NAME]."""
+    """Journal of a unit on its node: doit logs r0|r1|...|memguard|watchdog [-f] [-n N] [--node NAME]."""
     return {"actions": [call(logs.logs)], "pos_arg": "units", "uptodate": [False],
             "params": [{"name": "follow", "short": "f", "type": bool, "default": False,
                         "help": "follow the journal"},
@@ -118,8 +118,8 @@ def task_logs():
 
 
 def task_stop():
-    """Stop the head's rank first, then the workers', then the memory guards (idempotent)."""
-    return {"actions": [call(stop.stop, mutates=True)], "uptodate": [False]}
+    """Stop the watchdog, the head's rank, then the workers', then the memory guards (idempotent)."""
+    return {"actions": [call(stop.stop)], "uptodate": [False]}        # takes the run lock itself
 
 
 def task_plan():

@@ -210,3 +210,41 @@ def test_small_builders():
     assert c.journalctl("dsv41-r0.service", lines=40) == [
         "journalctl", "-u", "dsv41-r0.service", "--no-pager", "-o", "cat", "-n", "40"]
     assert c.journalctl("u", follow=True)[-1] == "-f"
+
+
+def test_the_lab_engine_profile_changes_only_what_it_lists(tmp_path):
+    """conf/lab-vllm.toml: the Spark argv and environment, minus what vLLM's CPU build cannot take;
+    nothing else differs (the fabric, rendezvous, --headless and the key handling stay)."""
+    img = "198.51.100.11:5000/lab/vllm@sha256:" + "a" * 64
+    spark = load_config({"WORKER": "u@h", "IMG": img})
+    lab = load_config({"WORKER": "u@h", "IMG": img, "DSV41_PROFILE": "lab-vllm"})
+    heads = {0: HEAD}
+    for rank, fab in ((0, HEAD), (1, WORKER)):
+        want = c.measured_args(spark, rank, heads)
+        got = c.vllm_args(lab, rank, heads)
+        dropped = {"--swa-block-size", "--engram-config", "--speculative-config", "--reasoning-parser"}
+        assert not dropped & set(got)
+        for flag, value in (("--dtype", "float32"), ("--kv-cache-dtype", "auto"), ("--max-model-len", "8192"),
+                            ("--kv-cache-memory-bytes", "1073741824"), ("--tokenizer-mode", "auto")):
+            assert got[got.index(flag) + 1] == value
+        assert (got[got.index("--tool-call-parser") + 1] == "hermes") if rank == 0 else "--tool-call-parser" not in got
+        same = [w for w in want if w.startswith("--") and w not in dropped]
+        assert [w for w in got if w.startswith("--")] == same                # order and the rest unchanged
+        for flag in ("--master-addr", "--master-port", "--node-rank", "--tensor-parallel-size", "--nnodes"):
+            assert got[got.index(flag) + 1] == want[want.index(flag) + 1]
+        env = dict(c.container_env(lab, fab, rank))
+        spark_env = dict(c.container_env(spark, fab, rank))
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in env and "OMP_NUM_THREADS" not in env
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == str(rank) and env["VLLM_NO_USAGE_STATS"] == "1"
+        assert {k: v for k, v in env.items() if k in spark_env} == {
+            k: v for k, v in spark_env.items() if k not in ("VLLM_USE_V2_MODEL_RUNNER", "OMP_NUM_THREADS")}
+    assert lab.engine_cmd == ("/opt/vllm/bin/vllm", "serve") and lab.gpus == "" and not lab.privileged
+
+
+def test_a_bad_engine_change_is_one_line(tmp_path, monkeypatch):
+    from dsv41.head import config
+    (tmp_path / "defaults.toml").write_text((config.CONF_DIR / "defaults.toml").read_text())
+    (tmp_path / "bad.toml").write_text('[args]\n"--dtype" = 3\n')
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    with pytest.raises(UserError, match=r'conf/bad.toml \[args\] --dtype = 3: expected a --flag = "value" or false'):
+        load_config({"DSV41_PROFILE": "bad"})

@@ -10,7 +10,7 @@ import pytest
 from dsv41.errors import UserError
 from dsv41.head import fabric, image
 from dsv41.head.cluster import Cluster
-from dsv41.head.config import load_config
+from dsv41.head.config import load_config, settings_env
 from dsv41.head.decide import Kind, decide, sha, stale_workers
 from dsv41.head.desired import desired, guard_settings
 from dsv41.head.logs import _log_args
@@ -24,16 +24,17 @@ KEY = "k" * 43
 
 
 def cluster(tmp_path, **env):
-    cfg = load_config({**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "model"),
-                       "API_KEY_FILE": str(tmp_path / "key"), **env})
-    cl = Cluster(cfg)
+    env = {**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "model"),
+           "API_KEY_FILE": str(tmp_path / "key"), **env}
+    cl = Cluster(load_config(env))
+    cl.env = env
     for n in cl.nodes:
         n.assume_home("/home/bob" if not n.is_local else os.path.expanduser("~"))
     return cl
 
 
 def want(cl, key=KEY, plan=PLAN):
-    return desired(cl, fabric.from_overrides(cl.cfg), key, plan)
+    return desired(cl, fabric.from_overrides(cl.cfg), key, plan, env=settings_env(cl.env))
 
 
 def running(cl, w, since=None, image_id="sha256:abc", clock=None):
@@ -104,13 +105,15 @@ R, W = Kind.RESTART_RANKS, Kind.WRITE
 TABLE = [
     # (what happened, env for the new config, change to the facts, key, plan, expected steps, reason words)
     ("nothing changed", {}, None, KEY, PLAN, [], ""),
+    # a changed setting also reaches the watchdog's settings (watchdog.json): it restarts, last
     ("a rank setting changed", {"KV_BYTES": "2600000000"}, None, KEY, PLAN,
-     [(Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (R, "all")],
-     "dsv41-r0.service changed; dsv41-r1.service changed"),
+     [(W, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (R, "all"), (Kind.RESTART_WATCHDOG, "head")],
+     None),
     ("the guard unit changed: the guard restarts, the ranks keep running", {}, old_guard_unit, KEY, PLAN,
      [(Kind.INSTALL, "head"), (Kind.RESTART_GUARD, "head")], "memory guard unit changed"),
     ("the guard floor changed", {"MEMGUARD_GIB": "2"}, None, KEY, PLAN,
-     [(W, "head"), (W, "worker1"), (Kind.RELOAD_GUARD, "head"), (Kind.RELOAD_GUARD, "worker1")], ""),
+     [(W, "head"), (W, "head"), (W, "worker1"), (Kind.RELOAD_GUARD, "head"), (Kind.RELOAD_GUARD, "worker1"),
+      (Kind.RESTART_WATCHDOG, "head")], ""),
     ("a new image", {}, new_image, KEY, PLAN, [(R, "all")], "runs an older image"),
     ("a stopped guard and a failed rank", {}, lambda f: (guard_stopped(f), rank_failed(f)), KEY, PLAN,
      [(Kind.START_GUARD, "worker1"), (R, "all")], "dsv41-r1.service is failed"),
@@ -125,9 +128,13 @@ TABLE = [
      "plans/J268-ho-v31-K5n.json changed on head; plans/J268-ho-v31-K5n.json changed on worker1"),
     ("the key is not known yet (dry run)", {}, None, None, PLAN, [(W, "head"), (R, "all")], "secrets/api_key changed"),
     ("nothing installed", {}, nothing_installed, KEY, PLAN,
-     [(W, "head"), (W, "head"), (W, "head"), (W, "worker1"), (W, "worker1"),
-      (Kind.INSTALL, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (Kind.INSTALL, "worker1"),
-      (Kind.START_GUARD, "head"), (Kind.START_GUARD, "worker1"), (R, "all")], "dsv41-r1.service changed"),
+     [(W, "head"), (W, "head"), (W, "head"), (W, "head"), (W, "worker1"), (W, "worker1"),
+      (Kind.INSTALL, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"),
+      (Kind.INSTALL, "worker1"), (Kind.START_GUARD, "head"), (Kind.START_GUARD, "worker1"), (R, "all"),
+      (Kind.START_WATCHDOG, "head")], "the watchdog is not running"),
+    ("the watchdog's settings changed: it restarts, nothing else", {"WATCHDOG_INTERVAL_S": "5"}, None, KEY, PLAN,
+     [(W, "head"), (Kind.RESTART_WATCHDOG, "head")], "its unit or settings changed"),
+    ("WATCHDOG=0 stops and disables it", {"WATCHDOG": "0"}, None, KEY, PLAN, [(Kind.STOP_WATCHDOG, "head")], "WATCHDOG=0"),
 ]
 
 
@@ -142,6 +149,8 @@ def test_decide(tmp_path, what, env, change, key, plan, expected, why):
     assert steps_of(steps) == expected
     if why:
         assert why in steps[-1].reason
+    if what == "a rank setting changed":
+        assert steps[-2].reason == "dsv41-r0.service changed; dsv41-r1.service changed"
     assert all(s.reason for s in steps)        # every step says why
 
 
@@ -159,8 +168,8 @@ def test_plan_lines_name_kind_node_and_reason(tmp_path):
     facts = running(cl, want(cl))
     new = cluster(tmp_path, KV_BYTES="2500000000")
     steps = decide(new.cfg.nodes, want(new), facts)
-    assert steps[-1].line() == "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed"
-    assert steps[0].line() == "install on head: dsv41-r0.service differs from the rendered unit"
+    assert steps[-2].line() == "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed"
+    assert steps[1].line() == "install on head: dsv41-r0.service differs from the rendered unit"
 
 
 def test_desired_state_files(tmp_path):

@@ -7,6 +7,7 @@ import re
 import shutil
 import socketserver
 import subprocess
+import sys
 import threading
 import http.server
 from pathlib import Path
@@ -230,11 +231,25 @@ def two(tmp_path_factory):
     return render_all(TWO, root) + (root,)
 
 
-def test_one_memguard_and_one_rank_unit_per_node(tmp_path):
+def test_one_memguard_and_one_rank_unit_per_node_and_the_watchdog_on_the_head(tmp_path):
     cfg, by_rank = render_all(FOUR, tmp_path)
     assert sorted(by_rank) == [0, 1, 2, 3]
     for rank, files in by_rank.items():
-        assert sorted(files) == sorted(["dsv41-memguard.service", f"dsv41-r{rank}.service"])
+        assert sorted(files) == sorted(["dsv41-memguard.service", f"dsv41-r{rank}.service"]
+                                       + (["dsv41-watchdog.service"] if rank == 0 else []))
+    cfg, by_rank = render_all({**FOUR, "WATCHDOG": "0"}, tmp_path)
+    assert "dsv41-watchdog.service" not in by_rank[0]
+
+
+def test_the_watchdog_runs_the_deploying_python_from_this_checkout(tmp_path):
+    _, by_rank = render_all(TWO, tmp_path)
+    text = by_rank[0]["dsv41-watchdog.service"]
+    [(_, argv)] = execs(text, "ExecStart")
+    state = node_paths(tmp_path, 0)["state_dir"]
+    assert argv == ["/usr/bin/env", f"PYTHONPATH={units.LIB_DIR}", sys.executable, "-m", "dsv41.head.watchdog",
+                    "--state-dir", state]
+    svc = dict(settings(text, "Service"))
+    assert svc["Restart"] == "on-failure" and ("User" in svc) == (os.getuid() != 0)
 
 
 ENV_CASES = [(rank, k) for rank in (0, 1) for k, _ in spec_env({})]
@@ -520,7 +535,7 @@ def test_write_rendered_writes_changes_only_and_drops_stale_ranks(tmp_path):
     cfg, four = render_all(FOUR, tmp_path)
     out = tmp_path / "units"
     written = units.write_rendered(cfg, four, str(out))
-    assert len(written) == 8
+    assert len(written) == 9                                           # 4 guards, 4 ranks, the watchdog
     assert (out / "r3" / "dsv41-r3.service").read_text() == four[3]["dsv41-r3.service"]
     assert units.write_rendered(cfg, four, str(out)) == []                 # unchanged: nothing written
     cfg2, two = render_all(TWO, tmp_path)

@@ -25,6 +25,11 @@ def write_atomic(path, data, mode=0o644):
         raise
 
 
+def write_textfile(directory, name, lines):
+    """Metrics for node_exporter's textfile collector: <directory>/<name>, written atomically."""
+    write_atomic(os.path.join(directory, name), "\n".join(lines) + "\n")
+
+
 def fsync_dir(path):
     """Make a rename in `path` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

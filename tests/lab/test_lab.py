@@ -141,7 +141,7 @@ def test_engine_refuses_to_start_without_model_or_plan(lab):
     assert r.returncode == 1 and "ST_EXL3_PLAN" in r.stdout + r.stderr
 
 
-def test_rank0_serves_with_auth_and_rank1_exits_0_when_rank0_goes(ranks_ready):
+def test_rank0_serves_with_auth_and_rank1_hangs_when_rank0_goes(ranks_ready):
     lab = ranks_ready
     r0, r1 = start_ranks(lab)
     try:
@@ -151,7 +151,8 @@ def test_rank0_serves_with_auth_and_rank1_exits_0_when_rank0_goes(ranks_ready):
         assert code == 401 and "error" in json.loads(body)
         assert curl(lab, "/health", key=None)[0] == 200
         lab.on("head", "docker kill lab-r0")
-        assert r1.wait(timeout=30) == 0, r1.stdout.read()
+        time.sleep(3)
+        assert r1.poll() is None          # as measured with real vLLM: a headless rank outlives its head
     finally:
         stop(lab, r0, r1)
     out = r0.stdout.read() + r1.stdout.read()
@@ -169,7 +170,7 @@ def sse(body):
     return [json.loads(l[6:]) for l in body.splitlines() if l.startswith("data: {")]
 
 
-def test_rank0_answers_smoke_prompts_and_survives_losing_the_worker(ranks_ready):
+def test_rank0_answers_smoke_prompts_and_dies_after_losing_the_worker(ranks_ready):
     lab = ranks_ready
     r0, r1 = start_ranks(lab)
     try:
@@ -196,7 +197,9 @@ def test_rank0_answers_smoke_prompts_and_survives_losing_the_worker(ranks_ready)
         lab.on("worker", "docker kill lab-r1")
         r1.wait(timeout=30)
         time.sleep(0.5)
-        assert curl(lab, "/health", key=None)[0] == 200
-        assert curl(lab, "/v1/completions", body={"model": MODEL, "prompt": "2+2="})[0] == 200
+        assert curl(lab, "/health", key=None)[0] == 200      # real vLLM: nothing shows while idle
+        code, body = curl(lab, "/v1/completions", body={"model": MODEL, "prompt": "2+2="})
+        assert code == 500 and "EngineCore encountered an issue" in body
+        assert r0.wait(timeout=30) == 0                       # ... then rank 0 exits 0
     finally:
         stop(lab, r0, r1)

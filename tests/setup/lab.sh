@@ -13,4 +13,4 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # Debian's docker-registry package enables its own service where systemd runs; the lab starts its own.
-bash tests/lab/cache.sh
+LAB_ENGINE=vllm bash tests/lab/cache.sh     # the real engine too: the vllm-marked lab tests use it

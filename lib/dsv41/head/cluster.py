@@ -36,7 +36,7 @@ class Cluster:
         return names.rank_unit(self.spec(node).rank)
 
     def unit_names(self, node):
-        return [names.MEMGUARD_UNIT, self.rank_unit(node)]
+        return [names.MEMGUARD_UNIT, self.rank_unit(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])
 
     def paths(self, node):
         home = node.home()
@@ -54,7 +54,8 @@ class Cluster:
         p = self.paths(node)
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
                "image": self.cfg.image, "containers": [names.rank_name(self.spec(node).rank)],
-               "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}"]}
+               "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
+                         names.WATCHDOG_SETTINGS]}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
         self.facts[node.name] = json.loads(out)
         self._uid[node.name] = self.facts[node.name]["uid"]

@@ -50,6 +50,11 @@ def node_python(state_dir):
     return ["/usr/bin/env", f"PYTHONPATH={names.state_path(state_dir, names.LIB)}", "python3", "-m"]
 
 
+def watchdog_argv(state_dir, python, lib_dir):
+    """The head's watchdog, run by the python and from the checkout that ran `doit launch`."""
+    return ["/usr/bin/env", f"PYTHONPATH={lib_dir}", python, "-m", "dsv41.head.watchdog", "--state-dir", state_dir]
+
+
 def memguard_argv(state_dir):
     return node_python(state_dir) + ["dsv41.node.memguard", "--settings",
                                      names.state_path(state_dir, names.GUARD_SETTINGS), "--state-dir", state_dir]
@@ -83,7 +88,12 @@ def _need(fabric, name, rank):
 
 
 def container_env(cfg, fabric, rank=None):
-    """The container's environment, in the measured order. The API key is not here."""
+    """The container's environment, in the measured order, with the engine profile's changes. The API
+    key is not here."""
+    return engine_env(cfg, measured_env(cfg, fabric, rank), rank)
+
+
+def measured_env(cfg, fabric, rank=None):
     r = "?" if rank is None else rank
     ifname = _need(fabric, "ifname", r)
     hcas = _need(fabric, "hcas", r)
@@ -110,8 +120,38 @@ def container_env(cfg, fabric, rank=None):
     ]
 
 
+def engine_env(cfg, env, rank):
+    """env [(name, value)] with the engine profile's [env] changes: replaced, dropped or added."""
+    changes = {k: v for k, v, _ in cfg.engine_env}
+    out = [(k, changes.get(k, v)) for k, v in env]
+    out += [(k, v) for k, v in changes.items() if k not in dict(env)]
+    return [(k, v.replace("{rank}", str(rank))) for k, v in out if v is not None]
+
+
+def engine_args(cfg, args):
+    """vLLM's argv with the engine profile's [args] changes to the flags it has: a value replaced, or
+    the flag dropped with its value (new flags come from EXTRA)."""
+    changes = {k: v for k, v, _ in cfg.engine_args}
+    out, i = [], 0
+    while i < len(args):
+        word, has_value = args[i], i + 1 < len(args) and not args[i + 1].startswith("--")
+        if word in changes:
+            out += [word, changes[word]] if changes[word] is not None else []
+            i += 2 if has_value else 1
+        else:
+            out.append(word)
+            i += 1
+    return out
+
+
 def vllm_args(cfg, rank, fabric_by_rank):
-    """vLLM's arguments after the image; fabric_by_rank[0] gives the rendezvous (head) address."""
+    """vLLM's arguments after the image, with the engine profile's changes; fabric_by_rank[0] gives
+    the rendezvous (head) address."""
+    return engine_args(cfg, measured_args(cfg, rank, fabric_by_rank))
+
+
+def measured_args(cfg, rank, fabric_by_rank):
+    """vLLM's arguments as measured on two Sparks (serving-config.md)."""
     master = _need(fabric_by_rank[0], "ip", 0)
     args = [
         "/model", "--served-model-name", cfg.served_model_name, "--dtype", "bfloat16",

@@ -19,6 +19,7 @@ from dsv41.node import memguard
 
 ROOT = Path(__file__).resolve().parents[3]
 CONF_DIR = ROOT / "conf"
+LIB_DIR = str(ROOT / "lib")
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
@@ -26,6 +27,7 @@ IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
 TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_.-]+(?::\d+)?$")
+PER_NODE_RE = re.compile(r"^(R\d+|HEAD|WORKER)_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$")
 
 
 class ConfigError(UserError):
@@ -82,6 +84,13 @@ class Config:
     ssh_timeout_s: int
     keep_parts: bool
     start_timeout_s: int
+    metrics_dir: str
+    watchdog: bool
+    watchdog_interval_s: int
+    watchdog_stall_s: int
+    watchdog_probe_s: int
+    watchdog_max_recoveries: int
+    watchdog_window_s: int
     free_gib_head: int
     free_gib_worker: int
     skip_checks: tuple[str, ...]
@@ -89,6 +98,8 @@ class Config:
     memlock: str
     privileged: bool
     profile: str
+    engine_args: tuple         # (("--flag", value or None to drop it, source), ...): an engine profile's changes
+    engine_env: tuple          # (("NAME", value or None to drop it, source), ...); "{rank}" is the rank number
     nodes: tuple[NodeSpec, ...]
     sources: dict = dataclasses.field(compare=False, repr=False)
 
@@ -183,6 +194,11 @@ def _path(var, value):
     return s.rstrip("/") or "/"
 
 
+def _opt_path(var, value):
+    s = str(value).strip()
+    return os.path.expanduser(_path(var, s)) if s else ""
+
+
 def _split(var, value):
     try:
         return tuple(shlex.split(str(value)))
@@ -254,17 +270,19 @@ def load_config(env=None):
     raw = _load_toml(CONF_DIR / "defaults.toml")
     sources = {k: "default" for k in raw}
     profile = env.get("DSV41_PROFILE", "").strip()
-    if profile:
-        if not re.match(r"^[A-Za-z0-9_-]+$", profile) or not (CONF_DIR / f"{profile}.toml").exists():
-            names = sorted(p.stem for p in CONF_DIR.glob("*.toml") if p.stem != "defaults")
-            raise _bad("DSV41_PROFILE", profile, f"one of {', '.join(names)} (files in conf/)")
-        prof = _load_toml(CONF_DIR / f"{profile}.toml")
+    engine = {"args": {}, "env": {}}
+    for name in _profile_chain(profile):
+        prof = _load_toml(CONF_DIR / f"{name}.toml")
+        prof.pop("base", None)
         for k, v in prof.pop("overrides", {}).items():  # per-node values, env-style names
             env.setdefault(k, str(v))
+        for table in ("args", "env"):                   # the engine's argv and environment, changed
+            for k, v in prof.pop(table, {}).items():
+                engine[table][k] = (_engine_change(name, table, k, v), f"profile {name}")
         for k, v in prof.items():
             if k not in raw:
-                raise ConfigError(f"conf/{profile}.toml: unknown setting {k!r}")
-            raw[k], sources[k] = v, f"profile {profile}"
+                raise ConfigError(f"conf/{name}.toml: unknown setting {k!r}")
+            raw[k], sources[k] = v, f"profile {name}"
     for k in raw:
         if k.upper() in env:
             raw[k], sources[k] = env[k.upper()], "environment"
@@ -334,6 +352,13 @@ def load_config(env=None):
         ssh_timeout_s=_int("SSH_TIMEOUT_S", get("ssh_timeout_s"), 1, 300),
         keep_parts=_bool("KEEP_PARTS", get("keep_parts")),
         start_timeout_s=60 * _int("START_TIMEOUT_MIN", get("start_timeout_min"), 1, 24 * 60),
+        metrics_dir=_opt_path("METRICS_DIR", get("metrics_dir")),
+        watchdog=_bool("WATCHDOG", get("watchdog")),
+        watchdog_interval_s=_int("WATCHDOG_INTERVAL_S", get("watchdog_interval_s"), 1, 3600),
+        watchdog_stall_s=_int("WATCHDOG_STALL_S", get("watchdog_stall_s"), 1, 24 * 3600),
+        watchdog_probe_s=_int("WATCHDOG_PROBE_S", get("watchdog_probe_s"), 1, 3600),
+        watchdog_max_recoveries=_int("WATCHDOG_MAX_RECOVERIES", get("watchdog_max_recoveries"), 0, 100),
+        watchdog_window_s=60 * _int("WATCHDOG_WINDOW_MIN", get("watchdog_window_min"), 1, 7 * 24 * 60),
         free_gib_head=_int("FREE_GIB_HEAD", get("free_gib_head"), 0),
         free_gib_worker=_int("FREE_GIB_WORKER", get("free_gib_worker"), 0),
         gpus=_gpus(str(get("gpus")).strip()),
@@ -341,6 +366,8 @@ def load_config(env=None):
         privileged=_bool("PRIVILEGED", get("privileged")),
         skip_checks=tuple(x.strip() for x in str(get("skip_checks")).split(",") if x.strip()),
         profile=profile, nodes=nodes, sources=sources,
+        engine_args=tuple((k, v, src) for k, (v, src) in engine["args"].items()),
+        engine_env=tuple((k, v, src) for k, (v, src) in engine["env"].items()),
     )
 
 
@@ -369,6 +396,30 @@ def _memlock(value):
     if not re.match(r"^(-1|\d+(:\d+)?)$", value):
         raise _bad("MEMLOCK", value, "-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes")
     return value
+
+
+def _profile_chain(profile):
+    """The profile and the profiles it is based on (`base = "..."`), the most basic first."""
+    chain = []
+    while profile:
+        if not re.match(r"^[A-Za-z0-9_-]+$", profile) or not (CONF_DIR / f"{profile}.toml").exists():
+            names = sorted(p.stem for p in CONF_DIR.glob("*.toml") if p.stem != "defaults")
+            raise _bad("DSV41_PROFILE", profile, f"one of {', '.join(names)} (files in conf/)")
+        if profile in chain:
+            raise ConfigError(f"conf/{profile}.toml: its `base` chain comes back to itself")
+        chain.insert(0, profile)
+        profile = str(_load_toml(CONF_DIR / f"{profile}.toml").get("base", "")).strip()
+    return chain
+
+
+def _engine_change(profile, table, key, value):
+    """One [args] or [env] entry of a profile: a string replaces the value (an [env] one may add it),
+    false drops it."""
+    ok = (re.match(r"^--[a-z0-9-]+$", key) if table == "args" else re.match(r"^[A-Z_][A-Z0-9_]*$", key))
+    if not ok or not (value is False or isinstance(value, str)):
+        what = "a --flag" if table == "args" else "an environment variable name"
+        raise ConfigError(f"conf/{profile}.toml [{table}] {key} = {value!r}: expected {what} = \"value\" or false")
+    return None if value is False else value
 
 
 def _image_from_file(path):
@@ -417,10 +468,18 @@ def _nodes(env, get, sources):
             hcas=per_rank(rank, "HCAS", _hcas), gid_index=gid))
     known = {f"R{s.rank}_{k}" for s in specs for k in ("IP", "IFNAME", "HCAS", "GID_INDEX", "MODEL_DIR")}
     for name in env:
-        if re.match(r"^R\d+_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$", name) and name not in known:
+        if PER_NODE_RE.match(name) and name.startswith("R") and name not in known:
             raise ConfigError(f"{name} is set but there is no rank {name[1:].split('_')[0]}: "
                               f"ranks are r0 (head) to r{len(specs) - 1}; check WORKER/WORKERS")
     return tuple(specs)
+
+
+def settings_env(env=None):
+    """The environment variables that shape the Config (its settings, the profile, the per-node
+    overrides), never secrets: what a service started later needs to rebuild the same Config."""
+    env = os.environ if env is None else env
+    keys = {k.upper() for k in _load_toml(CONF_DIR / "defaults.toml")} | {"IMG", "DSV41_PROFILE"}
+    return {k: v for k, v in sorted(env.items()) if k in keys or PER_NODE_RE.match(k)}
 
 
 SECRET_KEYS = {"hf_token"}
@@ -431,13 +490,13 @@ def describe(cfg):
     rows = []
     for field in dataclasses.fields(cfg):
         k = field.name
-        if k in ("sources", "nodes", "state_dir_raw"):
+        if k in ("sources", "nodes", "state_dir_raw", "engine_args", "engine_env"):
             continue
         v = getattr(cfg, k)
         if k in SECRET_KEYS:
             v = "(set)" if v else "(unset)"
-        elif k == "start_timeout_s":
-            k, v = "start_timeout_min", v // 60
+        elif k in ("start_timeout_s", "watchdog_window_s"):
+            k, v = k[:-2] + "_min", v // 60
         elif v is None:
             v = "(detected per node)"
         elif isinstance(v, tuple):
@@ -446,6 +505,8 @@ def describe(cfg):
         if k == "hf_token":
             src = "environment" if cfg.hf_token else "default"
         rows.append((k.upper() if k != "image" else "IMG", str(v), src))
+    for k, v, src in cfg.engine_args + cfg.engine_env:
+        rows.append((f"engine {k}", "(dropped)" if v is None else v, src))
     for s in cfg.nodes:
         facts = {"target": s.target or "(local)", "model_dir": s.model_dir, "ip": s.ip,
                  "ifname": s.ifname, "hcas": ",".join(s.hcas) if s.hcas else None,

@@ -17,6 +17,9 @@ class Kind(enum.Enum):
     RESTART_GUARD = "restart-guard"
     RELOAD_GUARD = "reload-guard"
     RESTART_RANKS = "restart-ranks"  # head rank stopped first, workers started before the head
+    START_WATCHDOG = "start-watchdog"
+    RESTART_WATCHDOG = "restart-watchdog"
+    STOP_WATCHDOG = "stop-watchdog"  # WATCHDOG=0: stopped and disabled
 
 
 class Step(NamedTuple):
@@ -85,7 +88,7 @@ def decide(specs, desired, facts):
         for rel, (text, _) in desired.files[s.name].items():
             if text is None or f["files"].get(rel) != sha(text):
                 steps.append(Step(Kind.WRITE, s.name, rel, f"{rel} differs"))
-                if rel != names.GUARD_SETTINGS:   # the ranks read the plan and the key only at start
+                if rel not in (names.GUARD_SETTINGS, names.WATCHDOG_SETTINGS):   # read by the ranks at start
                     rank_reasons.append(f"{rel} changed on {s.name}")
     for node, unit in sorted(changed):
         steps.append(Step(Kind.INSTALL, node, unit, f"{unit} differs from the rendered unit"))
@@ -113,4 +116,19 @@ def decide(specs, desired, facts):
             rank_reasons.append(f"model files in {f['model_dir']} on {s.name} changed after {unit} started")
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
-    return steps
+    return steps + watchdog_steps(specs[0].name, desired, facts[specs[0].name], changed, steps)
+
+
+def watchdog_steps(head, desired, f, changed, steps):
+    """Start, restart (its unit or settings changed) or, with WATCHDOG=0, stop the head's watchdog."""
+    w = names.WATCHDOG_UNIT
+    u = f["units"].get(w, {})
+    active = u.get("ActiveState") == "active"
+    if w not in desired.units[head]:
+        on = active or u.get("UnitFileState") == "enabled"
+        return [Step(Kind.STOP_WATCHDOG, head, w, "WATCHDOG=0")] if on else []
+    if not active:
+        return [Step(Kind.START_WATCHDOG, head, w, "the watchdog is not running")]
+    if (head, w) in changed or any(s.target == names.WATCHDOG_SETTINGS for s in steps):
+        return [Step(Kind.RESTART_WATCHDOG, head, w, "its unit or settings changed")]
+    return []

@@ -1,6 +1,6 @@
 """The desired state of every node, computed on the head: rendered units and the state files (the
-guard's settings, the EXL3 plan copy, the head's API key env file). Also the API key itself and
-`doit render`."""
+guard's settings, the EXL3 plan copy, on the head the API key file rank 0 mounts and the watchdog's
+settings). Also the API key itself and `doit render`."""
 import json
 import os
 import secrets
@@ -12,6 +12,7 @@ from dsv41.errors import UserError
 from dsv41.files import write_atomic
 from dsv41.head import fabric, preflight, units
 from dsv41.head.cluster import Cluster
+from dsv41.head.config import settings_env
 
 
 class Desired(NamedTuple):
@@ -48,21 +49,25 @@ def read_head_plan(cfg):
         raise UserError(f"EXL3 plan {path} is missing: run `doit download` (or check PLAN_NAME)") from None
 
 
-def state_files(cfg, is_head, key, plan_text):
+def state_files(cfg, is_head, key, plan_text, env):
     """{path under the state dir: (text, mode)} one node must hold (text None when the key is not
-    known yet, as in a dry run)."""
+    known yet, as in a dry run). env: the settings' environment, for the watchdog (settings_env)."""
     files = {names.GUARD_SETTINGS: (guard_settings(cfg), 0o644),
              f"{names.PLANS}/{cfg.plan_name}": (units.rewrite_plan(plan_text), 0o644)}
     if is_head:
         files[names.SECRET_KEY] = (f"{key}\n" if key else None, 0o600)
+        if cfg.watchdog:
+            files[names.WATCHDOG_SETTINGS] = (json.dumps({"env": env}, indent=1, sort_keys=True) + "\n", 0o600)
     return files
 
 
-def desired(cl, fab, key, plan_text):
-    """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)."""
+def desired(cl, fab, key, plan_text, env=None):
+    """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)
+    and env (default: this process's settings_env)."""
+    env = settings_env() if env is None else env
     return Desired(
         units={n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes},
-        files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text) for n in cl.nodes})
+        files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text, env) for n in cl.nodes})
 
 
 def render(cfg):

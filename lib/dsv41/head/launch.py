@@ -22,13 +22,16 @@ def launch(cfg):
     fab = fabric.resolve(cfg, gathered.decided)
     facts = cl.probe_all()
     refuse_if_tripped(cl, facts)
+    resume_watchdog(cfg)
     image.ensure(cl, facts)
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes},
                          os.path.join(cfg.state_dir, names.UNITS))
     steps = decide(cfg.nodes, want, facts)
+    paused = pause_watchdog(cl, facts, steps)
     apply(cl, want, steps)
     wait_ready(cl)
+    apply_watchdog(cl, steps, paused)
     print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
           + done(steps, time.monotonic() - t0))
 
@@ -49,6 +52,14 @@ def refuse_if_tripped(cl, facts):
         raise UserError(
             f"the memory guard on {n.label} {describe_trip(t)}; lower KV_BYTES or GPU_UTIL first (raise "
             "MEMGUARD_GIB only after that), then run `doit clear-trip` and launch again")
+
+
+def resume_watchdog(cfg):
+    """A watchdog that gave up stays hands-off until a launch: this one."""
+    marker = names.state_path(cfg.state_dir, names.WATCHDOG_GAVEUP)
+    if os.path.exists(marker):
+        os.unlink(marker)
+        print(f"[head] cleared {marker}: the watchdog acts again")
 
 
 def apply(cl, want, steps):
@@ -76,6 +87,31 @@ def apply(cl, want, steps):
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
             restart_ranks(cl)
+
+
+WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
+
+
+def pause_watchdog(cl, facts, steps):
+    """A running watchdog stops while launch restarts the ranks (it would take their start-up for a
+    fault); apply_watchdog starts it again once the API is ready, so a failed launch leaves it stopped."""
+    running = facts[cl.head.name]["units"].get(names.WATCHDOG_UNIT, {}).get("ActiveState") == "active"
+    if running and any(s.kind is Kind.RESTART_RANKS for s in steps):
+        cl.head.run(cl.priv(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT)))
+        say(cl.head, "paused the watchdog while the ranks restart")
+        return True
+    return False
+
+
+def apply_watchdog(cl, steps, paused):
+    """The watchdog steps, after the API is ready (a paused watchdog starts again, unless WATCHDOG=0)."""
+    kinds = [s.kind for s in steps if s.kind in WATCHDOG_STEPS] or ([Kind.START_WATCHDOG] if paused else [])
+    for kind in kinds:
+        verb = kind.value.split("-")[0]          # start, restart (starts a stopped one) or stop
+        cl.head.run(cl.priv(cl.head, commands.systemctl(verb, names.WATCHDOG_UNIT)))
+        cl.head.run(cl.priv(cl.head, commands.systemctl("disable" if verb == "stop" else "enable",
+                                                        "--quiet", names.WATCHDOG_UNIT)))
+        say(cl.head, f"{verb}{'ped' if verb == 'stop' else 'ed'} the watchdog")
 
 
 def install_unit(cl, node, name, text):

@@ -1,4 +1,4 @@
-"""doit logs r0|r1|...|memguard [-f] [-n N] [--node NAME]: a unit's journal on its node."""
+"""doit logs r0|r1|...|memguard|watchdog [-f] [-n N] [--node NAME]: a unit's journal on its node."""
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head import commands
@@ -40,9 +40,9 @@ def logs(cfg, units=(), follow=False, lines=100, node=""):
                 n.run(commands.journalctl(names.MEMGUARD_UNIT, follow=follow and len(picks) == 1,
                                           lines=lines), fg=True)
             continue
-        if t not in ranks:
-            raise UserError(f"no unit {t!r}: choose from {', '.join(ranks)} or memguard")
-        n = ranks[t]
-        unit = cl.rank_unit(n)
+        if t not in ranks and t != "watchdog":
+            raise UserError(f"no unit {t!r}: choose from {', '.join(ranks)}, memguard or watchdog")
+        n = ranks.get(t, cl.head)
+        unit = cl.rank_unit(n) if t in ranks else names.WATCHDOG_UNIT
         print(f"---- {unit} on {n.label} ----", flush=True)
         n.run(commands.journalctl(unit, follow=follow, lines=lines), fg=True)

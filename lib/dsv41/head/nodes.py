@@ -22,6 +22,7 @@ import sh
 
 from dsv41 import names
 from dsv41.head import commands, runlock
+from dsv41.head.config import LIB_DIR
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
@@ -213,6 +214,11 @@ class Node:
                 pass
 
 
+def forget_unreachable():
+    """Ask every node afresh (a long-running process: the watchdog, top)."""
+    _UNREACHABLE.clear()
+
+
 def spawn(argv, **popen_kwargs):
     """Start a helper process (a copy's rsync, a remote verify) that ends with doit: it gets SIGTERM
     when doit dies, even by kill -9 (PR_SET_PDEATHSIG, set by setpriv), runs in its own process group
@@ -282,7 +288,6 @@ def _short(argv, limit=120):
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-LIB_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What a node gets: the node package and the shared standard-library modules it imports.
 SHIPPED = ("dsv41/__init__.py", "dsv41/errors.py", "dsv41/files.py", "dsv41/names.py", "dsv41/node/")
 

@@ -17,6 +17,10 @@ def plan(cfg):
     for key in ("image", "model_dir", "state_dir", "kv_bytes", "max_len", "max_seqs", "nspec",
                 "gpu_util", "port", "memguard_gib"):
         print(f"  {key.upper():<14} {getattr(cfg, key)}")
+    if cfg.engine_args or cfg.engine_env:
+        print("engine changes (vLLM's argv and the container's environment differ from a Spark's here):")
+        for k, v, src in cfg.engine_args + cfg.engine_env:
+            print(f"  {k:<28} {'dropped' if v is None else v}  ({src})")
     print("nodes:")
     for n in cl.nodes:
         f, fb = facts[n.name], fab[cl.spec(n).rank]

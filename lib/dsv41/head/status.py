@@ -72,7 +72,7 @@ def verdict(nodes, api, stale):
 
 class Table:
     """The status table, printed a row at a time (a dead node must not hold back the others)."""
-    COLS = (("node", 10), ("memguard", 14), ("rank", 30), ("since", 19), ("container", 10))
+    COLS = (("node", 10), ("memguard", 14), ("rank", 34), ("since", 19), ("container", 10))
 
     def __init__(self, enabled):
         self.enabled = enabled
@@ -93,6 +93,32 @@ class Table:
             print(f"{'':<10} memory guard {describe_trip(e['tripped'])}", flush=True)
 
 
+def watchdog_entry(cfg, head_facts):
+    """The watchdog's unit state and what it last saw (watchdog.status.json on the head)."""
+    unit = (head_facts.get("units") or {}).get(names.WATCHDOG_UNIT, {})
+    entry = {"enabled": cfg.watchdog, "unit": unit.get("ActiveState", "not installed") if unit.get("installed") else "not installed"}
+    try:
+        with open(names.state_path(cfg.state_dir, names.WATCHDOG_STATUS)) as f:
+            entry.update(_json.load(f))
+    except (OSError, ValueError):
+        pass
+    return entry
+
+
+def watchdog_line(w):
+    if not w["enabled"]:
+        return "watchdog: off (WATCHDOG=0)"
+    seen = (f", saw {w['verdict']} {time.time() - w['time']:.0f} s ago: {w['evidence']}" if "verdict" in w else "")
+    line = f"watchdog: {w['unit']}{seen}"
+    if w.get("gave_up"):
+        line += f"; GAVE UP ({w['gave_up'].get('reason', '?')}): hands off until `doit launch`"
+    last = w.get("last_incident")
+    if last:
+        line += (f"; last incident {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(last['started']))}: "
+                 f"{last['verdict']}, {last['action']}, {last['result']} ({last['took_s']:.0f} s)")
+    return line
+
+
 def status(cfg, json=False):
     cl = Cluster(cfg)
     table = Table(not json)
@@ -108,13 +134,15 @@ def status(cfg, json=False):
     api = api_status(cfg)
     stale = stale_workers(cfg.nodes, cl.facts)
     state = verdict(entries, api, stale)
+    wd = watchdog_entry(cfg, cl.facts.get(cl.head.name, {}))
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": state, "exit_code": EXIT_CODES[state], "nodes": entries,
-                           "api": api, "stale": stale}, indent=2))
+                           "api": api, "stale": stale, "watchdog": wd}, indent=2))
     else:
         for line in stale:
             print(line)
         print(f"API {api['url']}: health {api['health'] or 'no answer'}, models {', '.join(api['models'] or []) or '-'}")
+        print(watchdog_line(wd))
         print(f"{state}: {MEANING[state]}")
     if EXIT_CODES[state]:
         raise SystemExit(EXIT_CODES[state])

@@ -1,9 +1,10 @@
-"""doit stop (the head's rank first, then the workers', then the memory guards) and doit clear-trip.
+"""doit stop (the watchdog first, so it never fights the stop; then the head's rank, the workers' and
+the memory guards) and doit clear-trip.
 Stop is what people reach for when things are broken: it stops everything on every node it can reach,
 then fails naming each node it could not reach and what may still run there."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands
+from dsv41.head import commands, runlock
 from dsv41.head.cluster import Cluster, say
 from dsv41.head.nodes import NodeError
 
@@ -23,6 +24,9 @@ def stop(cfg):
         except NodeError as err:
             missed.setdefault(node, err)
 
+    # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
+    on(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT), "stopped the watchdog")
+    runlock.take(cfg.state_dir)
     for node in [cl.head] + cl.workers:
         on(node, commands.systemctl("stop", cl.rank_unit(node)), f"stopped {cl.rank_unit(node)}")
     for node in cl.nodes:

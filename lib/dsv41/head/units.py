@@ -7,7 +7,9 @@ with C escapes when it holds whitespace, quotes, backslashes, `;` or `#`; `%` be
 quoted the same way without `$$`; other settings (unit_value) get `%%` only."""
 import json
 import os
+import pwd
 import re
+import sys
 
 import jinja2
 
@@ -15,11 +17,12 @@ from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
 from dsv41.head import commands as c
-from dsv41.head.config import ROOT
+from dsv41.head.config import LIB_DIR, ROOT
 
 UNITS_DIR = ROOT / "units"
 RANK_TEMPLATE = "dsv41-rank.service.j2"
 MEMGUARD_TEMPLATE = "dsv41-memguard.service.j2"
+WATCHDOG_TEMPLATE = "dsv41-watchdog.service.j2"
 _QUOTE_IF = re.compile(r"""[\s"'\\;#\x00-\x1f\x7f]""")
 
 
@@ -92,6 +95,12 @@ def memguard_vars(cfg, paths):
     return {"memguard": c.memguard_argv(c.fact(paths, "state_dir"))}
 
 
+def watchdog_vars(paths):
+    """The watchdog runs on the head as the user who deploys (whose ssh config reaches the workers)."""
+    user = None if os.getuid() == 0 else pwd.getpwuid(os.getuid()).pw_name
+    return {"user": user, "watchdog": c.watchdog_argv(c.fact(paths, "state_dir"), sys.executable, LIB_DIR)}
+
+
 def _render(env, name, values):
     try:
         return env.get_template(name).render(**values)
@@ -102,17 +111,21 @@ def _render(env, name, values):
 
 
 def render_units(cfg, spec, fabric, paths, master_addr=None, templates_dir=None):
-    """{filename: text} for one node: its memory guard and its rank unit.
+    """{filename: text} for one node: its memory guard and its rank unit (and on the head the watchdog,
+    unless WATCHDOG=0).
 
     fabric: this node's resolved fabric facts (ip, ifname, hcas, gid_index), or {rank: facts} with
     the head's; the rendezvous address is the head's ip (master_addr, else cfg's R0_IP for a worker).
     paths: this node's model_dir and state_dir."""
     env = environment(templates_dir)
-    return {
+    out = {
         names.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths)),
         names.rank_unit(spec.rank): _render(env, RANK_TEMPLATE,
                                         rank_vars(cfg, spec, fabric, paths, master_addr)),
     }
+    if spec.rank == 0 and cfg.watchdog:
+        out[names.WATCHDOG_UNIT] = _render(env, WATCHDOG_TEMPLATE, watchdog_vars(paths))
+    return out
 
 
 def write_rendered(cfg, rendered_by_rank, out_dir=None):

@@ -16,7 +16,7 @@ from dsv41.names import UNIT_DIR
 from dsv41.node.facts import memory_facts, run_quiet
 from dsv41.node.memguard import read_trip
 
-SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState",
+SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState", "UnitFileState",
         "ActiveEnterTimestamp", "InactiveEnterTimestamp", "ConditionResult")
 
 

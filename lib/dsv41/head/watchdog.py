@@ -1,0 +1,324 @@
+"""dsv41-watchdog: a service on the head (installed by `doit launch` unless WATCHDOG=0) that brings a dead,
+half-dead or wedged cluster back by itself, with the ordered restart launch performs (head rank stopped
+first, workers started before the head, ready when a token comes back), at most
+WATCHDOG_MAX_RECOVERIES times per WATCHDOG_WINDOW_MIN; past that it gives up and stays hands-off until
+`doit launch`. It never acts on stale evidence, while a memory guard is tripped, while a doit run holds
+the run lock, or while a start-up is within START_TIMEOUT_MIN.
+
+Every WATCHDOG_INTERVAL_S it observes every node's rank unit and trip marker (one probe per node), the
+API's /health and /metrics and, when no request runs or waits, a one-token probe with a deadline;
+judge() turns that and what it remembers into a verdict (pure). Each incident gets a journal line at
+detection and one at the end, and a JSON line in $STATE_DIR/incidents.jsonl; $STATE_DIR/watchdog.json
+holds the settings launch gave it, watchdog.status.json what it last saw (for status and top).
+
+    python -m dsv41.head.watchdog --state-dir DIR
+"""
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import requests
+
+from dsv41 import names
+from dsv41.client import metrics
+from dsv41.client.api import Client
+from dsv41.errors import UserError, cli, one_line
+from dsv41.files import write_atomic, write_textfile
+from dsv41.head import launch, nodes, runlock
+from dsv41.head.cluster import Cluster
+from dsv41.head.config import load_config
+from dsv41.head.decide import stale_workers
+from dsv41.head.desired import read_key
+
+SCHEMA = "dsv41.watchdog/1"
+HEALTHY, BUSY, STARTING, STOPPED, SUSPECT = "HEALTHY", "BUSY", "STARTING", "STOPPED", "SUSPECT"
+DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN = "DEGRADED", "DEAD", "WEDGED", "TRIPPED", "UNKNOWN"
+VERDICTS = (HEALTHY, BUSY, STARTING, STOPPED, SUSPECT, DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN)
+ACT_ON = (DEGRADED, DEAD, WEDGED)
+TOKEN, NO_TOKEN = "token", "no token"
+
+
+@dataclasses.dataclass
+class Observation:
+    time: float
+    nodes: dict                      # node name -> probe facts, or {"error": why}
+    health: int | None               # /health status, None: no answer
+    metrics: metrics.Snapshot | None
+    probe: str | None                # None (not sent), TOKEN, NO_TOKEN, or "error ..." (5xx, no answer)
+
+
+@dataclasses.dataclass
+class Memory:
+    """What judge() remembers between intervals."""
+    dead_streak: int = 0             # intervals in a row the API did not answer or answered 5xx
+    counters: tuple | None = None    # (prompt tokens, generation tokens) last seen
+    moved_at: float | None = None    # when the counters last moved while work was running
+    ready_start: float | None = None  # rank 0's start (its node's clock) for which a token came back
+
+
+def _since(unit):
+    v = unit.get("ActiveEnterTimestamp", "")
+    return float(v[1:]) if v.startswith("@") else 0.0
+
+
+def judge(cfg, obs, mem):
+    """(verdict, evidence) from one observation and the memory, which it updates. Pure: no I/O."""
+    lost = [f"{n}: {one_line(f['error'], 160)}" for n, f in obs.nodes.items() if "error" in f]
+    if lost:
+        return UNKNOWN, "no fresh facts from " + "; ".join(lost)
+    tripped = [n for n, f in obs.nodes.items() if f.get("tripped")]
+    if tripped:
+        return TRIPPED, f"the memory guard is tripped on {', '.join(tripped)}"
+    units = {s.name: obs.nodes[s.name]["units"].get(names.rank_unit(s.rank), {}) for s in cfg.nodes}
+    states = {n: u.get("ActiveState", "not installed") for n, u in units.items()}
+    if all(st == "inactive" and units[n].get("Result") == "success" for n, st in states.items()):
+        return STOPPED, "every rank is stopped; `doit launch` starts them"
+    head = cfg.nodes[0].name
+    r0_start = _since(units[head])
+    starting = (states[head] == "active" and mem.ready_start != r0_start
+                and obs.nodes[head]["time"] - r0_start < cfg.start_timeout_s)
+    down = [f"{names.rank_unit(s.rank)} on {s.name} is {states[s.name]}" for s in cfg.nodes
+            if states[s.name] != "active"]
+    stale = stale_workers(cfg.nodes, obs.nodes)
+    if down or stale:
+        return DEGRADED, "; ".join(down + stale)
+    broken = (f"/health {obs.health or 'does not answer'}" if obs.health is None or obs.health >= 500
+              else f"the probe got {obs.probe}" if (obs.probe or "").startswith("error") else None)
+    if broken:
+        if starting:
+            return STARTING, f"ranks started {obs.nodes[head]['time'] - r0_start:.0f} s ago; {broken}"
+        mem.dead_streak += 1
+        return (DEAD if mem.dead_streak >= 2 else SUSPECT), f"{broken} ({mem.dead_streak} interval(s) in a row)"
+    mem.dead_streak = 0
+    if obs.metrics is not None:
+        m = obs.metrics
+        work = (m.value(metrics.RUNNING, 0), m.value(metrics.WAITING, 0))
+        counters = (m.value(metrics.PROMPT_TOKENS, 0), m.value(metrics.GENERATION_TOKENS, 0))
+        if counters != mem.counters or not any(work):
+            mem.counters, mem.moved_at = counters, obs.time
+        if any(work):
+            stalled = obs.time - mem.moved_at
+            if stalled >= cfg.watchdog_stall_s:
+                return WEDGED, (f"{work[0]:.0f} running, {work[1]:.0f} waiting, and no token counted for "
+                                f"{stalled:.0f} s (WATCHDOG_STALL_S {cfg.watchdog_stall_s})")
+            if counters != (0, 0):
+                mem.ready_start = r0_start
+            return BUSY, f"{work[0]:.0f} running, {work[1]:.0f} waiting, tokens counted {stalled:.0f} s ago"
+    if obs.probe == NO_TOKEN:
+        if starting:
+            return STARTING, f"ranks started {obs.nodes[head]['time'] - r0_start:.0f} s ago; no token yet"
+        return WEDGED, f"the idle probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"
+    if obs.probe == TOKEN:
+        mem.ready_start = r0_start
+    elif starting:
+        return STARTING, f"ranks started {obs.nodes[head]['time'] - r0_start:.0f} s ago; not ready yet"
+    return HEALTHY, "every rank is up and a token came back" if obs.probe == TOKEN else "every rank is up"
+
+
+# ---- observing ------------------------------------------------------------------------------------
+
+def observe(cl, cfg):
+    """One look at everything judge() needs; never raises for a node or the API being down."""
+    nodes.forget_unreachable()                 # each interval asks every node afresh
+    cl.facts.clear()
+    cl.connect()
+    facts = {}
+    for n in cl.nodes:
+        try:
+            facts[n.name] = cl.probe(n)
+        except UserError as err:
+            facts[n.name] = {"error": str(err)}
+    client = Client(cfg.api_url, read_key(cfg), read_timeout=cfg.watchdog_probe_s)
+    health, snap, probe = client.health(), None, None
+    try:
+        r = requests.get(client.base[: -len("/v1")] + "/metrics", timeout=10)
+        snap = metrics.parse(r.text) if r.status_code == 200 else None
+    except (requests.RequestException, ValueError):
+        pass
+    idle = snap is None or not (snap.value(metrics.RUNNING, 0) or snap.value(metrics.WAITING, 0))
+    if health == 200 and idle:
+        probe = token_probe(client, cfg.served_model_name)
+    return Observation(time.time(), facts, health, snap, probe)
+
+
+def token_probe(client, model):
+    """One streamed token within the client's read timeout: TOKEN, NO_TOKEN or "error ..."."""
+    try:
+        s = client.stream("/completions", {"model": model, "prompt": "Hello", "max_tokens": 1},
+                          stop_after_first=True)
+        return TOKEN if s.t_first is not None else NO_TOKEN
+    except UserError as err:
+        status = getattr(err, "status", None)
+        if status is None and "timed out" in str(err):
+            return NO_TOKEN
+        return f"error {status or one_line(err, 120)}"
+
+
+# ---- acting ---------------------------------------------------------------------------------------
+
+class Watchdog:
+    def __init__(self, cfg, log=print):
+        self.cfg, self.log = cfg, log
+        self.cl = Cluster(cfg)
+        self.mem = Memory()
+        self.state = cfg.state_dir
+        self.last = None            # (verdict, evidence) last logged
+        self.stop = threading.Event()
+
+    def path(self, name):
+        return names.state_path(self.state, name)
+
+    def incidents(self):
+        try:
+            with open(self.path(names.INCIDENTS)) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def recoveries_in_window(self, now):
+        return [i for i in self.incidents() if i.get("action") == "restart" and now - i["started"] < self.cfg.watchdog_window_s]
+
+    def gave_up(self):
+        try:
+            with open(self.path(names.WATCHDOG_GAVEUP)) as f:
+                return json.load(f)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def record(self, incident):
+        with open(self.path(names.INCIDENTS), "a") as f:
+            f.write(json.dumps(incident) + "\n")
+
+    def step(self):
+        """One interval: observe, judge, act when the verdict asks for it and nothing forbids it."""
+        obs = observe(self.cl, self.cfg)
+        verdict, evidence = judge(self.cfg, obs, self.mem)
+        if (verdict, evidence.split(" (")[0]) != self.last:
+            self.log(f"{verdict}: {evidence}")
+            self.last = (verdict, evidence.split(" (")[0])
+        if verdict in ACT_ON:
+            self.incident(verdict, evidence, obs.time)
+        self.publish(verdict, evidence)
+        return verdict
+
+    def incident(self, verdict, evidence, now):
+        why_not = self.blocked(now)
+        if why_not:
+            self.log(f"INCIDENT {verdict}: {evidence}; not acting: {why_not}")
+            return
+        done = self.recoveries_in_window(now)
+        if len(done) >= self.cfg.watchdog_max_recoveries:
+            reason = (f"{verdict} again after {len(done)} recoveries within {self.cfg.watchdog_window_s // 60} min "
+                      f"(WATCHDOG_MAX_RECOVERIES): {evidence}")
+            write_atomic(self.path(names.WATCHDOG_GAVEUP), json.dumps({"time": now, "reason": reason}) + "\n")
+            self.record({"started": now, "ended": now, "verdict": verdict, "evidence": evidence,
+                         "action": "gave up", "result": reason, "took_s": 0})
+            self.log(f"GAVE UP: {reason}; hands off until `doit launch`")
+            return
+        n = len(done) + 1
+        self.log(f"INCIDENT {verdict}: {evidence}; restarting the ranks in order "
+                 f"(recovery {n} of at most {self.cfg.watchdog_max_recoveries} in {self.cfg.watchdog_window_s // 60} min)")
+        t0 = time.time()
+        try:
+            runlock.take(self.state, "dsv41-watchdog recovery")
+        except UserError:
+            self.log("not acting: a doit run took the run lock just now")
+            return
+        result = "interrupted: the watchdog was stopped"
+        try:
+            launch.restart_ranks(self.cl)
+            launch.wait_ready(self.cl)
+            result = "READY"
+        except UserError as err:
+            result = f"failed: {one_line(err, 300)}"
+        finally:
+            runlock.release()
+            took = time.time() - t0
+            self.record({"started": t0, "ended": time.time(), "verdict": verdict, "evidence": evidence,
+                         "action": "restart", "result": result, "took_s": round(took, 1)})
+            self.mem = Memory()
+            self.log(f"RECOVERED from {verdict} in {took:.0f} s: READY" if result == "READY"
+                     else f"RECOVERY {'FAILED' if result.startswith('failed') else 'STOPPED'} after {took:.0f} s: {result}")
+
+    def blocked(self, now):
+        """Why the watchdog must not act now, or None."""
+        marker = self.gave_up()
+        if marker:
+            return f"it gave up ({marker.get('reason', '?')}); `doit launch` resumes it"
+        holder = runlock.holder(self.state)
+        if holder:
+            return f"a doit run holds the run lock ({holder})"
+        return None
+
+    def publish(self, verdict, evidence):
+        now = time.time()
+        incidents = self.incidents()
+        status = {"schema": SCHEMA, "time": now, "verdict": verdict, "evidence": evidence,
+                  "recoveries_in_window": len(self.recoveries_in_window(now)),
+                  "max_recoveries": self.cfg.watchdog_max_recoveries, "gave_up": self.gave_up(),
+                  "last_incident": incidents[-1] if incidents else None}
+        write_atomic(self.path(names.WATCHDOG_STATUS), json.dumps(status, indent=1) + "\n")
+        if self.cfg.metrics_dir:
+            lines = ["# HELP dsv41_watchdog_verdict The watchdog's verdict (1 for the current one).",
+                     "# TYPE dsv41_watchdog_verdict gauge"]
+            lines += [f'dsv41_watchdog_verdict{{verdict="{v}"}} {int(v == verdict)}' for v in VERDICTS]
+            lines += ["# HELP dsv41_watchdog_recoveries_total Recoveries the watchdog started.",
+                      "# TYPE dsv41_watchdog_recoveries_total counter",
+                      f"dsv41_watchdog_recoveries_total {sum(i.get('action') == 'restart' for i in incidents)}",
+                      "# HELP dsv41_watchdog_gave_up Whether the watchdog gave up (hands off until doit launch).",
+                      "# TYPE dsv41_watchdog_gave_up gauge", f"dsv41_watchdog_gave_up {int(bool(status['gave_up']))}",
+                      "# HELP dsv41_watchdog_last_check_timestamp_seconds When the watchdog last looked.",
+                      "# TYPE dsv41_watchdog_last_check_timestamp_seconds gauge",
+                      f"dsv41_watchdog_last_check_timestamp_seconds {now:.3f}"]
+            write_textfile(self.cfg.metrics_dir, "dsv41_watchdog.prom", lines)
+
+    def run(self):
+        c = self.cfg
+        self.log(f"watchdog started: every {c.watchdog_interval_s} s; wedged after {c.watchdog_stall_s} s without "
+                 f"tokens or an idle probe without a token in {c.watchdog_probe_s} s; at most "
+                 f"{c.watchdog_max_recoveries} recoveries per {c.watchdog_window_s // 60} min")
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.step()
+            except Exception as err:  # noqa: BLE001 - the watchdog never dies from its own error
+                self.log(f"error: {type(err).__name__}: {one_line(err, 300)}")
+            self.stop.wait(max(1.0, c.watchdog_interval_s - (time.monotonic() - t0)))
+
+
+def settings_file(state_dir):
+    return names.state_path(state_dir, names.WATCHDOG_SETTINGS)
+
+
+@cli
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dsv41.head.watchdog", description=__doc__.splitlines()[0])
+    p.add_argument("--state-dir", required=True, help="the head's state dir (it holds watchdog.json)")
+    a = p.parse_args(argv)
+    path = settings_file(os.path.expanduser(a.state_dir))
+    try:
+        with open(path) as f:
+            env = json.load(f)["env"]
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(f"cannot read the watchdog's settings {path} ({err}): run `doit launch`") from None
+    cfg = load_config({**os.environ, **env})
+    w = Watchdog(cfg, log=lambda msg: print(msg, flush=True))
+
+    def on_term(*_):         # also ends a recovery in progress: `doit stop` stops the watchdog first
+        w.stop.set()
+        raise SystemExit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        w.run()
+    finally:
+        w.log("watchdog stopping")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""End to end with the lab's real engine: vLLM 0.32's CPU build as two tensor-parallel ranks (rank 0 on
+the head, rank 1 headless on the worker) over the lab's veth fabric, serving a tiny model (SmolLM2-135M)
+that went the checkpoint's way: downloaded from the Hub stand-in with its split shards, reassembled and
+verified on the head, copied to the worker and verified there, mounted at /model on both. Only what
+conf/lab-vllm.toml lists differs from a Spark's units."""
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import CACHE, LAB_DIR
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+
+MODEL = "/root/lab-model-vllm/DeepSeek-V4.1-Flash-Spark"
+STATE = "/root/.dsv41-two-sparks"
+
+
+def api(lab, path, key=None, body=None):
+    """(HTTP status, body) of a request to the head's API, from the head."""
+    cmd = ["curl", "-sS", "-m", "120", "-w", "\n%{http_code}", f"http://127.0.0.1:8000{path}"]
+    if key:
+        cmd += ["-H", f"Authorization: Bearer {key}"]
+    if body is not None:
+        cmd += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    r = lab.on("head", cmd, check=False, input=json.dumps(body) if body is not None else None)
+    text, _, code = r.stdout.rpartition("\n")
+    return int(code or 0), text
+
+
+@pytest.fixture(scope="module")
+def vllm(lab):
+    if not (CACHE / "vllm" / ".done").exists():
+        pytest.skip("the lab's real engine is not built: run 'LAB_ENGINE=vllm bash tests/lab/cache.sh' "
+                    "(tests/setup/lab.sh does)")
+    r = subprocess.run(["bash", str(LAB_DIR / "up.sh")], env={**__import__("os").environ, "LAB_ENGINE": "vllm"},
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    endpoint = subprocess.run(["bash", str(LAB_DIR / "hub-up.sh")], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    # the watchdog stays off here (these tests repair by hand); test_watchdog shows it on this engine
+    env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint, "WATCHDOG": "0"}
+    lab.doit("stop", check=False)
+    for node, rank in (("head", 0), ("worker", 1)):
+        lab.on(node, f"systemctl stop dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf {STATE} {Path(MODEL).parent} "
+               "/etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
+    t0 = time.monotonic()
+    lab.doit("download", env)
+    launched = lab.doit("launch", env, timeout=1800)
+    took = time.monotonic() - t0
+    print(f"real engine: download + launch from nothing took {took:.0f} s")
+    key = lab.on("head", f"cat {STATE}/api_key").stdout.strip()
+    yield SimpleNamespace(env=env, key=key, launched=launched, took=took)
+    lab.doit("stop", env, check=False)
+
+
+def test_launch_from_nothing_serves_through_two_real_vllm_ranks(lab, vllm):
+    out = vllm.launched.stdout
+    assert "ready: base URL http://198.51.100.11:8000/v1" in out and "ranks (re)started" in out
+    for node, rank in (("head", 0), ("worker", 1)):
+        image = lab.on(node, f"docker inspect --format '{{{{.Config.Image}}}}' dsv41-r{rank}").stdout.strip()
+        assert "/lab/vllm@sha256:" in image
+        args = lab.on(node, f"docker inspect --format '{{{{json .Args}}}}' dsv41-r{rank}").stdout
+        assert "--swa-block-size" not in args and '"--master-addr","198.51.100.11"' in args.replace(", ", ",")
+    assert "--headless" in lab.on("worker", "docker inspect --format '{{json .Args}}' dsv41-r1").stdout
+    # the checkpoint went the whole way: parts reassembled and verified on the head, shards copied
+    for node in ("head", "worker"):
+        listing = lab.on(node, f"ls {MODEL}").stdout.split()
+        assert "model-00005-of-00006.safetensors" in listing and not [n for n in listing if ".part" in n]
+        receipt = json.loads(lab.on(node, f"cat {STATE}/checkpoint-receipt.json").stdout)
+        assert len(receipt["files"]) == 6
+    assert "model-00006-of-00006.safetensors" in lab.on("worker", "docker exec dsv41-r1 ls /model").stdout
+
+
+def test_the_real_api_answers_with_the_key_only(lab, vllm):
+    code, body = api(lab, "/v1/models", vllm.key)
+    model = json.loads(body)["data"][0]
+    assert code == 200 and model["id"] == "deepseek-v4.1-flash" and model["max_model_len"] == 8192
+    assert api(lab, "/v1/models")[0] == 401 and api(lab, "/v1/models", "wrong")[0] == 401
+    code, body = api(lab, "/v1/chat/completions", vllm.key, {
+        "model": "deepseek-v4.1-flash", "messages": [{"role": "user", "content": "Name three colours."}],
+        "max_tokens": 24, "temperature": 0})
+    answer = json.loads(body)
+    assert code == 200 and answer["choices"][0]["message"]["content"].strip()
+    assert answer["usage"]["completion_tokens"] > 0
+    code, body = api(lab, "/v1/completions", vllm.key, {
+        "model": "deepseek-v4.1-flash", "prompt": "The three primary colors are", "max_tokens": 16,
+        "temperature": 0, "stream": True})
+    chunks = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+    assert code == 200 and len(chunks) > 3 and body.rstrip().endswith("data: [DONE]")
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]).strip()
+
+
+def test_smoke_and_bench_report_against_the_real_engine(lab, vllm):
+    r = lab.doit("smoke", vllm.env, check=False)
+    lines = r.stdout.splitlines()
+    for name in ("text", "tools", "vision", "reasoning", "stream"):
+        assert any(re.match(rf"^{name}\s+(PASS|FAIL|SKIP) ", ln) for ln in lines), r.stdout
+    assert any(re.match(r"^stream\s+PASS ", ln) for ln in lines), r.stdout      # the protocol works
+    assert r.returncode in (0, 1)                   # a 135M model may honestly FAIL the arithmetic
+    r = lab.doit("bench -- --out /tmp/lab-bench.json --prefill 256 --conc 1 --reps 1 --dec-reps 1 --kinds short "
+                 "--ctx --request-timeout-s 60",
+                 vllm.env, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(lab.on("head", "cat /tmp/lab-bench.json").stdout)
+    assert result["prefill"] and result["decode"]
+
+
+def test_a_killed_worker_rank_fails_the_api_as_vllm_does_and_launch_repairs_it(lab, vllm):
+    lab.on("worker", "docker kill dsv41-r1")
+    code, body = api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
+                                                        "max_tokens": 4})
+    assert code != 200                              # real vLLM: 500 EngineDeadError, then rank 0 exits
+    deadline = time.monotonic() + 60
+    while True:
+        r = lab.doit("status --json", vllm.env, check=False)
+        report = json.loads(r.stdout)
+        if report["state"] in ("NOT RUNNING", "DEGRADED", "DOWN") and report["nodes"]["head"]["rank_state"] != "active/running":
+            break
+        assert time.monotonic() < deadline, report
+        time.sleep(2)
+    assert r.returncode in (1, 3, 6)
+    t0 = time.monotonic()
+    r = lab.doit("launch", vllm.env, timeout=1800)
+    print(f"real engine: relaunch after a killed worker took {time.monotonic() - t0:.0f} s")
+    assert "ranks (re)started" in r.stdout
+    assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
+    assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
+                                                  "max_tokens": 4})[0] == 200
+
+
+def test_a_warm_cache_launch_is_faster_than_from_nothing(lab, vllm):
+    lab.doit("stop", vllm.env)
+    t0 = time.monotonic()
+    lab.doit("launch", vllm.env, timeout=1800)
+    took = time.monotonic() - t0
+    print(f"real engine: launch with a warm compile cache took {took:.0f} s (from nothing: {vllm.took:.0f} s)")
+    assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
+
+
+def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(lab, vllm):
+    lab.doit("stop", vllm.env)
+    avail = int(lab.on("head", "awk '/MemAvailable/ {print $2}' /proc/meminfo").stdout) / 2**20
+    floor = f"{avail - 2:.2f}"          # two starting ranks take about 6 GiB (the lab nodes share the host's memory)
+    r = lab.doit("launch", {**vllm.env, "MEMGUARD_GIB": floor}, check=False, timeout=1800)
+    assert r.returncode != 0
+    deadline = time.monotonic() + 90
+    while any(lab.on(n, "docker ps -q --filter name=dsv41-r").stdout.strip() for n in ("head", "worker")):
+        assert time.monotonic() < deadline, "a rank container still runs after the trip"
+        time.sleep(2)
+    tripped = [n for n in ("head", "worker") if lab.on(n, f"test -e {STATE}/memguard.tripped", check=False).returncode == 0]
+    assert tripped
+    trip = json.loads(lab.on(tripped[0], f"cat {STATE}/memguard.tripped").stdout)
+    assert trip["mem_available_bytes"] < trip["floor_bytes"] and trip["killed"]
+    r = lab.doit("status", vllm.env, check=False)
+    assert r.returncode == 5 and "TRIPPED" in r.stdout
+    lab.doit("clear-trip", vllm.env)
+    lab.doit("launch", vllm.env, timeout=1800)
+    assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
+
+
+def test_stop_leaves_nothing_running(lab, vllm):
+    lab.doit("stop", vllm.env)
+    for node, rank in (("head", 0), ("worker", 1)):
+        assert lab.on(node, "docker ps -aq --filter name=dsv41-").stdout.strip() == ""
+        states = lab.units(node, [f"dsv41-r{rank}.service", "dsv41-memguard.service"])
+        assert all(p["ActiveState"] != "active" for p in states.values()), states
+    assert ":8000 " not in lab.on("head", "ss -ltn").stdout
+    r = lab.doit("status", vllm.env, check=False)
+    assert r.returncode == 3
+
+
+def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm):
+    env = {**vllm.env, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5"}
+    lab.on("head", f"rm -f {STATE}/incidents.jsonl")
+    lab.doit("launch", env, timeout=1800)
+    killed = time.time()            # the lab's nodes share this machine's clock
+    lab.on("worker", "docker kill dsv41-r1")
+    deadline = time.monotonic() + 900
+    while True:
+        r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
+        done = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        if done and done[-1]["result"] == "READY":
+            break
+        assert time.monotonic() < deadline, done
+        time.sleep(3)
+    inc = done[-1]
+    print(f"real engine: the watchdog saw {inc['verdict']} {inc['started'] - killed:.0f} s after the kill; the API "
+          f"was ready again {inc['ended'] - killed:.0f} s after it")
+    assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"

@@ -1,0 +1,103 @@
+"""The watchdog's judgement as a pure function: a sequence of observations (what the nodes' probes, the
+API's /health, /metrics and the token probe showed, interval after interval) in, verdicts out. The
+lab tests (tests/lab/test_watchdog.py) show the same verdicts acted on against real systemd, Docker and
+the stand-in engine."""
+import pytest
+
+from dsv41.client import metrics
+from dsv41.head.config import load_config
+from dsv41.head.watchdog import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
+                                 TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge)
+
+CFG = load_config({"WORKER": "u@w", "WATCHDOG_STALL_S": "600", "WATCHDOG_PROBE_S": "60", "START_TIMEOUT_MIN": "45"})
+START = 10_000.0          # when the ranks started (each node's clock)
+
+
+def node(rank, state="active", since=START, result="success", clock=0.0, tripped=None):
+    unit = {"installed": True, "ActiveState": state, "SubState": "running" if state == "active" else "dead",
+            "Result": result, "ActiveEnterTimestamp": f"@{since + clock}", "NRestarts": "0"}
+    return {"units": {f"dsv41-r{rank}.service": unit}, "tripped": tripped, "time": None, "_clock": clock}
+
+
+def snapshot(running=0, waiting=0, prompt=100, generation=50):
+    text = (f'vllm:num_requests_running{{engine="0"}} {running}\nvllm:num_requests_waiting{{engine="0"}} {waiting}\n'
+            f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generation}\n')
+    return metrics.parse(text)
+
+
+def look(t, head=None, worker=None, health=200, snap=None, probe=TOKEN):
+    """An observation at t seconds after the ranks started."""
+    nodes = {"head": head or node(0), "worker1": worker or node(1)}
+    for f in nodes.values():
+        if "error" not in f:
+            f["time"] = START + t + f.pop("_clock", 0.0)
+    return Observation(START + t, nodes, health, snap if snap is not None else snapshot(), probe)
+
+
+def run(*observations, mem=None):
+    mem = mem or Memory()
+    return [judge(CFG, o, mem)[0] for o in observations]
+
+
+def test_ready_and_idle_is_healthy():
+    assert run(look(600)) == [HEALTHY]
+
+
+def test_work_with_counters_moving_is_busy_for_as_long_as_it_flows():
+    # a 175k-token prefill followed by decoding: prompt tokens, then generation tokens keep moving
+    obs = [look(600 + 15 * i, snap=snapshot(running=1, prompt=100 + 1000 * i, generation=50 + i), probe=None)
+           for i in range(100)]
+    assert set(run(look(590), *obs)) == {HEALTHY, BUSY}
+
+
+def test_work_with_no_counter_moving_for_the_stall_time_is_wedged():
+    stuck = snapshot(running=1, prompt=500, generation=80)
+    verdicts = run(look(600), *[look(600 + 15 * i, snap=stuck, probe=None) for i in range(1, 45)])
+    first_wedge = verdicts.index(WEDGED)
+    assert set(verdicts[1:first_wedge]) == {BUSY} and 15 * first_wedge >= 600
+    assert first_wedge <= 600 // 15 + 1
+
+
+def test_an_idle_probe_without_a_token_is_wedged_but_not_during_start_up():
+    assert run(look(600), look(615, probe=NO_TOKEN)) == [HEALTHY, WEDGED]
+    assert run(look(30, probe=NO_TOKEN)) == [STARTING]            # first boot: no token yet is normal
+    assert run(look(30), look(45, probe=NO_TOKEN)) == [HEALTHY, WEDGED]   # once ready, it counts
+
+
+def test_an_api_that_does_not_answer_or_answers_5xx_two_intervals_in_a_row_is_dead():
+    assert run(look(600), look(615, health=None, snap=None, probe=None),
+               look(630, health=None, snap=None, probe=None)) == [HEALTHY, SUSPECT, DEAD]
+    assert run(look(600), look(615, probe="error 500"), look(630, probe="error 500")) == [HEALTHY, SUSPECT, DEAD]
+    assert run(look(600), look(615, probe="error 500"), look(630), look(645, probe="error 500")) == [
+        HEALTHY, SUSPECT, HEALTHY, SUSPECT]
+    # never ready since the ranks started (the watchdog itself just started): a start-up, not a death
+    assert run(look(600, probe="error 500"), look(615, probe="error 500")) == [STARTING, STARTING]
+
+
+def test_a_slow_first_start_is_starting_until_its_timeout():
+    quiet = dict(health=None, snap=None, probe=None)
+    assert run(look(60, **quiet), look(1800, **quiet), look(2699, **quiet)) == [STARTING] * 3
+    assert run(look(2701, **quiet), look(2716, **quiet)) == [SUSPECT, DEAD]
+
+
+def test_a_rank_down_or_a_worker_that_restarted_alone_is_degraded():
+    assert run(look(600, worker=node(1, state="failed", result="exit-code"))) == [DEGRADED]
+    assert run(look(600, head=node(0, state="inactive"), worker=node(1, state="activating"))) == [DEGRADED]
+    assert run(look(600, worker=node(1, since=START + 300))) == [DEGRADED]          # restarted after the head
+    assert run(look(600, worker=node(1, clock=30))) == [HEALTHY]      # the same start, a clock 30 s ahead
+
+
+def test_every_rank_stopped_cleanly_is_left_alone():
+    assert run(look(600, head=node(0, state="inactive"), worker=node(1, state="inactive"))) == [STOPPED]
+
+
+def test_a_tripped_guard_or_a_node_without_fresh_facts_is_never_acted_on():
+    assert run(look(600, worker=node(1, state="inactive", tripped={"time": "t"}))) == [TRIPPED]
+    verdict, why = judge(CFG, look(600, worker={"error": "worker1 did not answer within 10 s"}), Memory())
+    assert verdict == UNKNOWN and "worker1 did not answer" in why
+
+
+@pytest.mark.parametrize("verdict", [HEALTHY, BUSY, STARTING, STOPPED, SUSPECT, TRIPPED, UNKNOWN])
+def test_only_degraded_dead_and_wedged_call_for_a_recovery(verdict):
+    from dsv41.head.watchdog import ACT_ON
+    assert verdict not in ACT_ON and set(ACT_ON) == {DEGRADED, DEAD, WEDGED}
