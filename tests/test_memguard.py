@@ -370,3 +370,95 @@ def test_logs_top_memory_holders_when_low(tmp_path):
     m = re.search(r"low memory: MemAvailable [\d.]+ GiB \(floor 0\.50 GiB\); top: (.*)", lines[1])
     assert m and len(re.findall(r"\S+\[\d+\] [\d.]+ GiB", m.group(1))) == 3
     assert (tmp_path / "memguard.log").read_text().splitlines()[:2] == [ln.rstrip("\n") for ln in lines]
+
+
+# ---- textfile metrics (METRICS_DIR) -----------------------------------------------------------------
+
+def prom(path, timeout=20, until=lambda m: True):
+    """{sample name or name{label=value}: value} of the guard's .prom file once `until` holds, parsed
+    with prometheus_client's parser (what node_exporter's textfile collector accepts)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    end, m = time.monotonic() + timeout, None
+    while time.monotonic() < end:
+        if path.exists():
+            fams = list(text_string_to_metric_families(path.read_text()))
+            m = {s.name + "".join(f"{{{k}={v}}}" for k, v in s.labels.items()): s.value
+                 for f in fams for s in f.samples}
+            m["types"] = {f.name: f.type for f in fams}
+            if until(m):
+                return m
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never showed what was expected: {m}")
+
+
+def test_metrics_lines_are_prometheus_text_with_conventional_names():
+    from prometheus_client.parser import text_string_to_metric_families
+    text = "\n".join(memguard.metrics_lines(5 * GIB, GIB, "observe", 2, 1700000000.25, True)) + "\n"
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {n: f.type for n, f in fams.items()} == {
+        "dsv41_memguard_mem_available_bytes": "gauge", "dsv41_memguard_floor_bytes": "gauge",
+        "dsv41_memguard_mode": "gauge", "dsv41_memguard_trips": "counter",
+        "dsv41_memguard_last_trip_timestamp_seconds": "gauge", "dsv41_memguard_tripped": "gauge"}
+    assert fams["dsv41_memguard_trips"].samples[0].name == "dsv41_memguard_trips_total"
+    assert {s.labels["mode"]: s.value for s in fams["dsv41_memguard_mode"].samples} == {"enforce": 0, "observe": 1}
+    assert fams["dsv41_memguard_last_trip_timestamp_seconds"].samples[0].value == 1700000000.25
+    assert all(f.documentation for f in fams.values())
+
+
+def test_observe_mode_trip_is_counted_in_the_metrics_file(tmp_path):
+    # observe mode kills nothing, so the guard can run as a plain process; its floor is above
+    # MemAvailable, so it trips at once
+    floor = round(mem_available() / GIB + 4, 2)
+    guard = subprocess.Popen([sys.executable, "-m", "dsv41.node.memguard", "--floor-gib", str(floor),
+                              "--mode", "observe", "--state-dir", str(tmp_path / "state"),
+                              "--metrics-dir", str(tmp_path / "textfile")],
+                             env={**os.environ, "PYTHONPATH": LIB}, stdout=subprocess.DEVNULL)
+    try:
+        m = prom(tmp_path / "textfile" / "dsv41_memguard.prom", until=lambda m: m["dsv41_memguard_trips_total"] == 1)
+    finally:
+        guard.send_signal(signal.SIGTERM)
+        assert guard.wait(10) == 0
+    assert m["dsv41_memguard_floor_bytes"] == int(floor * GIB)
+    assert 0 < m["dsv41_memguard_mem_available_bytes"] < m["dsv41_memguard_floor_bytes"]
+    assert (m["dsv41_memguard_mode{mode=observe}"], m["dsv41_memguard_mode{mode=enforce}"]) == (1, 0)
+    assert abs(m["dsv41_memguard_last_trip_timestamp_seconds"] - time.time()) < 600
+    assert m["dsv41_memguard_tripped"] == 0                 # observe mode leaves no marker
+    log = (tmp_path / "state" / "memguard.log").read_text()
+    assert f"metrics in {tmp_path}/textfile/dsv41_memguard.prom every 5 s" in log
+    assert not [p for p in (tmp_path / "textfile").iterdir() if p.name != "dsv41_memguard.prom"]  # no temp files
+
+
+def test_enforced_trip_shows_tripped_and_metrics_follow_the_settings_file(tmp_path, nodes):
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
+        pytest.skip("needs root and util-linux (the guard in its own PID namespace)")
+    bindir, calls = tmp_path / "bin", tmp_path / "systemctl.calls"
+    fake_systemctl(bindir, calls)
+    textfile = tmp_path / "textfile"
+    settings = tmp_path / "memguard.json"
+    settings.write_text(json.dumps({"floor_gib": 0.25, "mode": "enforce", "metrics_dir": str(textfile)}))
+    node = nodes(tmp_path, 0.25, extra=["--settings", str(settings)], path=f"{bindir}:{os.environ['PATH']}")
+    path = textfile / "dsv41_memguard.prom"
+    m = prom(path)
+    assert (m["dsv41_memguard_trips_total"], m["dsv41_memguard_tripped"]) == (0, 0)
+    assert m["dsv41_memguard_last_trip_timestamp_seconds"] == 0 and m["dsv41_memguard_mode{mode=enforce}"] == 1
+
+    above = round(mem_available() / GIB + 4, 2)          # a floor above MemAvailable: trips at once
+    settings.write_text(json.dumps({"floor_gib": above, "mode": "enforce", "metrics_dir": str(textfile)}))
+    os.kill(node.guard_pid, signal.SIGHUP)
+    m = prom(path, until=lambda m: m["dsv41_memguard_trips_total"] == 1)
+    assert m["dsv41_memguard_tripped"] == 1 and m["dsv41_memguard_floor_bytes"] == int(above * GIB)
+    assert memguard.read_trip(node.state)["trips"] == 1
+
+    settings.write_text(json.dumps({"floor_gib": above, "mode": "enforce", "metrics_dir": "textfile"}))
+    os.kill(node.guard_pid, signal.SIGHUP)
+    node.wait_log("ignored (UserError: metrics_dir='textfile' is not valid: expected an absolute directory")
+
+    settings.write_text(json.dumps({"floor_gib": above, "mode": "enforce"}))   # METRICS_DIR unset
+    os.kill(node.guard_pid, signal.SIGHUP)
+    node.wait_log("no metrics file (METRICS_DIR unset)")
+    end = time.monotonic() + 10
+    while path.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not path.exists()                                 # nothing stale left for node_exporter
+    assert node.proc.poll() is None
+

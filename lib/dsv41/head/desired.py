@@ -21,9 +21,13 @@ class Desired(NamedTuple):
 
 
 def guard_settings(cfg):
-    """The memory guard's floor and mode: a file the guard re-reads on `systemctl reload`, so a new
-    MEMGUARD_GIB changes neither its unit nor the ranks."""
-    return json.dumps({"floor_gib": cfg.memguard_gib, "mode": cfg.memguard_mode}) + "\n"
+    """The memory guard's floor and mode, and METRICS_DIR when set (where it keeps its textfile
+    metrics): a file the guard re-reads on `systemctl reload`, so a new MEMGUARD_GIB or METRICS_DIR
+    changes neither its unit nor the ranks."""
+    settings = {"floor_gib": cfg.memguard_gib, "mode": cfg.memguard_mode}
+    if cfg.metrics_dir:
+        settings["metrics_dir"] = cfg.metrics_dir
+    return json.dumps(settings) + "\n"
 
 
 def read_key(cfg):

@@ -8,6 +8,11 @@ Runs on the node with the system python3, standard library only:
 Marker `$STATE_DIR/memguard.tripped` (JSON): time (of the reading), killed_at, host, mode,
 mem_available_gib, floor_gib (and _bytes), killed [{pid, rank, comm, rss_gib, how, result}], units,
 top [{pid, comm, rss_gib}], trips.
+
+With a metrics dir (METRICS_DIR, "metrics_dir" in the settings file) it keeps
+<dir>/dsv41_memguard.prom for node_exporter's textfile collector: MemAvailable, the floor, the mode,
+trips since it started and the last trip's time, whether the trip marker exists; written every
+METRICS_EVERY_S and at each trip, by a thread of its own so that a slow disk never delays a reading.
 """
 import argparse
 import ctypes
@@ -20,10 +25,11 @@ import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 from dsv41.errors import UserError, cli
-from dsv41.files import fsync_dir, write_atomic
+from dsv41.files import fsync_dir, write_atomic, write_textfile
 from dsv41.names import CIDFILE_RE, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, TRIP_MARKER, rank_unit
 
 GIB = 1 << 30
@@ -43,6 +49,8 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
 MODES = ("enforce", "observe")
+METRICS_FILE = "dsv41_memguard.prom"
+METRICS_EVERY_S = 5.0          # the metrics file is rewritten at most this often (and at each trip)
 
 
 def check_floor(value, var="MEMGUARD_GIB"):
@@ -62,6 +70,13 @@ def check_mode(value, var="MEMGUARD_MODE"):
     if value not in MODES:
         raise UserError(f"{var}={value!r} is not valid: expected {' or '.join(MODES)}")
     return value
+
+
+def check_metrics_dir(value, var="METRICS_DIR"):
+    """The metrics dir: an absolute directory, or empty for no metrics file."""
+    if not isinstance(value, str) or (value and not os.path.isabs(value)) or "\0" in value:
+        raise UserError(f"{var}={value!r} is not valid: expected an absolute directory, or empty for no metrics file")
+    return value.rstrip("/") or ("/" if value else "")
 
 
 def now_iso():
@@ -221,6 +236,84 @@ def poll_interval(headroom, rate):
     return min(cap, max(MIN_S, headroom / (2 * max(rate, ASSUMED_RATE))))
 
 
+# --- textfile metrics --------------------------------------------------------------------------
+
+def metrics_lines(avail, floor, mode, trips, last_trip, tripped):
+    """The guard's metrics in Prometheus' text format, for node_exporter's textfile collector."""
+    return [
+        "# HELP dsv41_memguard_mem_available_bytes MemAvailable at the guard's last reading.",
+        "# TYPE dsv41_memguard_mem_available_bytes gauge",
+        f"dsv41_memguard_mem_available_bytes {avail}",
+        "# HELP dsv41_memguard_floor_bytes Below this MemAvailable the guard stops the ranks (MEMGUARD_GIB).",
+        "# TYPE dsv41_memguard_floor_bytes gauge",
+        f"dsv41_memguard_floor_bytes {floor}",
+        "# HELP dsv41_memguard_mode The guard's mode, 1 for the current one (observe only logs).",
+        "# TYPE dsv41_memguard_mode gauge",
+        *(f'dsv41_memguard_mode{{mode="{m}"}} {int(m == mode)}' for m in MODES),
+        "# HELP dsv41_memguard_trips_total Times MemAvailable fell below the floor since the guard started.",
+        "# TYPE dsv41_memguard_trips_total counter",
+        f"dsv41_memguard_trips_total {trips}",
+        "# HELP dsv41_memguard_last_trip_timestamp_seconds When the guard last tripped (0: not since it started).",
+        "# TYPE dsv41_memguard_last_trip_timestamp_seconds gauge",
+        f"dsv41_memguard_last_trip_timestamp_seconds {last_trip:.3f}",
+        "# HELP dsv41_memguard_tripped 1 while the trip marker blocks the rank units (until doit clear-trip).",
+        "# TYPE dsv41_memguard_tripped gauge",
+        f"dsv41_memguard_tripped {int(tripped)}",
+    ]
+
+
+class Textfile:
+    """Writes the metrics file on a thread of its own (write_textfile fsyncs; the guard's loop never
+    waits for a disk). Only the newest lines are written; a failure is kept in .error for the guard
+    to log from its own thread."""
+
+    STACK = 256 << 10      # mlockall(MCL_FUTURE) locks a thread's stack too: keep it small
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.pending = None             # (directory, lines or None to remove the file)
+        self.error = None
+        self.done = False
+        old = threading.stack_size(self.STACK)
+        try:
+            self.thread = threading.Thread(target=self.run, name="metrics", daemon=True)
+            self.thread.start()
+        finally:
+            threading.stack_size(old)
+
+    def submit(self, directory, lines):
+        with self.cv:
+            self.pending = (directory, lines)
+            self.cv.notify()
+
+    def run(self):
+        while True:
+            with self.cv:
+                while self.pending is None and not self.done:
+                    self.cv.wait()
+                if self.pending is None:
+                    return
+                (directory, lines), self.pending = self.pending, None
+            try:
+                if lines is None:
+                    try:
+                        os.unlink(os.path.join(directory, METRICS_FILE))
+                    except FileNotFoundError:
+                        pass
+                else:
+                    write_textfile(directory, METRICS_FILE, lines)
+                self.error = None
+            except OSError as err:
+                self.error = f"{err.filename or directory}: {err.strerror}"
+
+    def close(self, timeout=2.0):
+        """Write what is pending, then stop."""
+        with self.cv:
+            self.done = True
+            self.cv.notify()
+        self.thread.join(timeout)
+
+
 # --- the guard ---------------------------------------------------------------------------------
 
 class Log:
@@ -345,9 +438,14 @@ def open_psi(path="/proc/pressure/memory"):
 
 
 class Guard:
-    def __init__(self, floor, mode, state_dir, log, settings=None):
+    def __init__(self, floor, mode, state_dir, log, settings=None, metrics_dir=""):
         self.floor, self.mode, self.state_dir, self.log = floor, mode, state_dir, log
         self.settings, self.reload = settings, settings is not None
+        self.cli_metrics_dir = self.metrics_dir = metrics_dir
+        self.trips, self.last_trip = 0, 0.0          # since this process started
+        self.next_metrics = 0.0
+        self.textfile = None
+        self.metrics_error = None                    # the write error last logged
         self.mem = MemInfo()
         self.armed = True
         self.running = True
@@ -380,6 +478,7 @@ class Guard:
                 data = json.load(f)
             floor = int(check_floor(data["floor_gib"], "floor_gib") * GIB)
             mode = check_mode(data.get("mode", self.mode), "mode")
+            metrics_dir = check_metrics_dir(data.get("metrics_dir", self.cli_metrics_dir), "metrics_dir")
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError, UserError) as err:
@@ -389,6 +488,12 @@ class Guard:
         if (floor, mode) != (self.floor, self.mode):
             self.floor, self.mode, self.armed = floor, mode, True
             self.log(f"settings from {self.settings}: floor {gib(floor):.2f} GiB, mode {mode}")
+            self.next_metrics = 0.0
+        if metrics_dir != self.metrics_dir:
+            if self.metrics_dir:           # no stale file left where node_exporter still reads
+                self.writer().submit(self.metrics_dir, None)
+            self.metrics_dir, self.next_metrics = metrics_dir, 0.0
+            self.log(f"settings from {self.settings}: " + self.describe_metrics())
 
     def start(self):
         if self.reload:
@@ -407,7 +512,8 @@ class Guard:
         locked = "memory locked" if locked is None else f"memory not locked ({locked})"
         psi = f"PSI trigger {psi}" if self.psi_fd is not None else f"no PSI trigger ({psi}), polling only"
         self.log(f"memguard started: mode {self.mode}, floor {gib(self.floor):.2f} GiB, "
-                 f"MemAvailable {gib(avail):.2f} GiB, pid {os.getpid()}, {oom}, {locked}, {psi}")
+                 f"MemAvailable {gib(avail):.2f} GiB, pid {os.getpid()}, {oom}, {locked}, {psi}, "
+                 + self.describe_metrics())
         trip = read_trip(self.state_dir)
         if trip is not None:
             self.log(f"trip marker {trip_path(self.state_dir)} present (from {trip.get('time', '?')}): "
@@ -424,7 +530,30 @@ class Guard:
                 self.log(f"error: {type(err).__name__}: {err}")
                 delay = FAST_S
             self.wait(delay)
+        if self.textfile:
+            self.textfile.close()
         self.log("memguard stopping (signal)")
+
+    def describe_metrics(self):
+        if not self.metrics_dir:
+            return "no metrics file (METRICS_DIR unset)"
+        return f"metrics in {os.path.join(self.metrics_dir, METRICS_FILE)} every {METRICS_EVERY_S:g} s"
+
+    def writer(self):
+        if self.textfile is None:
+            self.textfile = Textfile()
+        return self.textfile
+
+    def publish(self, avail, now):
+        """Hand the metrics to the writer thread (at most every METRICS_EVERY_S, and at each trip);
+        log a write failure once, and its end."""
+        self.next_metrics = now + METRICS_EVERY_S
+        w = self.writer()
+        if w.error != self.metrics_error:
+            self.log(f"cannot write metrics: {w.error}" if w.error else f"metrics written again to {self.metrics_dir}")
+            self.metrics_error = w.error
+        w.submit(self.metrics_dir, metrics_lines(avail, self.floor, self.mode, self.trips, self.last_trip,
+                                                 os.path.exists(trip_path(self.state_dir))))
 
     def wait(self, delay):
         for fd, ev in self.poller.poll(delay * 1000):
@@ -453,7 +582,10 @@ class Guard:
         if avail < self.floor:
             if self.armed:
                 self.armed = False
+                self.trips, self.last_trip = self.trips + 1, time.time()
                 self.trip(avail)
+                if self.metrics_dir:
+                    self.publish(avail, now)
         elif not self.armed and avail > self.floor + REARM_GIB * GIB:
             self.armed = True
             self.log(f"re-armed: MemAvailable {gib(avail):.2f} GiB is back above floor "
@@ -463,6 +595,8 @@ class Guard:
             _, sizes = scan({}, want_ranks=False)
             self.log(f"low memory: MemAvailable {gib(avail):.2f} GiB (floor {gib(self.floor):.2f} GiB); "
                      f"top: {fmt_top(top_holders(sizes))}")
+        if self.metrics_dir and now >= self.next_metrics:
+            self.publish(avail, now)
         delay = poll_interval(avail - self.floor, self.rate)
         return min(delay, FAST_S) if now < self.psi_until else delay
 
@@ -537,10 +671,15 @@ def parse_args(argv=None, env=None):
     p.add_argument("--state-dir", default=env.get("STATE_DIR", "~/.dsv41-two-sparks"))
     p.add_argument("--log", default=None, help="log file (default $STATE_DIR/memguard.log)")
     p.add_argument("--settings", default=None,
-                   help="JSON file {floor_gib, mode} overriding the two options; re-read on SIGHUP")
+                   help="JSON file {floor_gib, mode, metrics_dir} overriding those options; re-read on SIGHUP")
+    p.add_argument("--metrics-dir", default=env.get("METRICS_DIR", ""),
+                   help=f"node_exporter textfile collector dir for {METRICS_FILE} (env METRICS_DIR; empty: none)")
     args = p.parse_args(argv)
     args.floor = int(check_floor(args.floor_gib, "--floor-gib (MEMGUARD_GIB)") * GIB)
     check_mode(args.mode, "--mode (MEMGUARD_MODE)")
+    if args.metrics_dir:
+        args.metrics_dir = os.path.abspath(os.path.expanduser(args.metrics_dir))
+    args.metrics_dir = check_metrics_dir(args.metrics_dir, "--metrics-dir (METRICS_DIR)")
     args.state_dir = os.path.abspath(os.path.expanduser(args.state_dir))
     args.log = os.path.abspath(os.path.expanduser(args.log or os.path.join(args.state_dir, GUARD_LOG)))
     return args
@@ -556,7 +695,7 @@ def main(argv=None):
         raise UserError(f"memory guard cannot write {err.filename or args.state_dir}: {err.strerror}; "
                         f"point --state-dir/--log at a writable directory") from None
     settings = os.path.abspath(os.path.expanduser(args.settings)) if args.settings else None
-    Guard(args.floor, args.mode, args.state_dir, log, settings).run()
+    Guard(args.floor, args.mode, args.state_dir, log, settings, args.metrics_dir).run()
 
 
 if __name__ == "__main__":
