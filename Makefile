@@ -19,7 +19,7 @@ test: install
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-lab-up: install
+lab-up: install        # LAB_NODES=3 for three nodes; LAB_ENGINE=vllm to push the real engine too
 	bash tests/lab/up.sh
 
 lab-down:

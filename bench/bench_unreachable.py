@@ -18,7 +18,7 @@ def main():
     lab.launched()
     up = [lab.timed("status")[0] for _ in range(RUNS)]
     frozen = []
-    lab.freeze("worker", True)
+    lab.freeze("worker1", True)
     try:
         for _ in range(RUNS):
             took, r = lab.timed("status")
@@ -26,7 +26,7 @@ def main():
                 raise SystemExit(f"status with the worker frozen exited {r.returncode}, not 4 (UNREACHABLE)")
             frozen.append(took)
     finally:
-        lab.freeze("worker", False)
+        lab.freeze("worker1", False)
     base, slow = statistics.median(up), statistics.median(frozen)
     print(f"doit status, worker up (baseline):   median {base:5.2f} s  ({', '.join(f'{t:.2f}' for t in up)})")
     print(f"doit status, worker frozen:          median {slow:5.2f} s  ({', '.join(f'{t:.2f}' for t in frozen)})")

@@ -33,7 +33,7 @@ def main():
     lab.on("head", f"rm -f {STATE}/incidents.jsonl {STATE}/watchdog.gaveup")
     lab.doit("launch")                                  # the default watchdog settings
     rows = []
-    for fault, node, cmd in (("killed worker rank", "worker", "docker kill dsv41-r1"),
+    for fault, node, cmd in (("killed worker rank", "worker1", "docker kill dsv41-r1"),
                              ("wedged engine", "head", "docker kill --signal USR1 dsv41-r0")):
         time.sleep(20)                                  # a quiet interval first
         t0 = time.time()
@@ -41,7 +41,7 @@ def main():
         inc = recovered(t0)
         rows.append((fault, inc["verdict"], inc["started"] - t0, inc["ended"] - t0))
     lab.on("head", "systemctl stop dsv41-watchdog")       # baseline: a person relaunches at once
-    lab.on("worker", "docker kill dsv41-r1")
+    lab.on("worker1", "docker kill dsv41-r1")
     t0 = time.time()
     lab.doit("launch", check=False)
     by_hand = time.time() - t0

@@ -48,7 +48,7 @@ def setup(worker_sshd, tmp_path, monkeypatch):
 
 def no_copy(monkeypatch):
     monkeypatch.setattr(head_copy, "_rsync", lambda *a: pytest.fail("rsync ran"))
-    monkeypatch.setattr(head_copy, "_remote_verify", lambda *a: pytest.fail("verified again"))
+    monkeypatch.setattr(head_copy, "_start_verify", lambda *a: pytest.fail("verified again"))
 
 
 def test_copy_verifies_on_the_worker_and_second_copy_is_a_noop(setup, monkeypatch):
@@ -185,3 +185,35 @@ def test_killed_copy_leaves_no_rsync_behind_and_frees_the_run_lock(setup, tmp_pa
     gone, alive = psutil.wait_procs(running, timeout=5)
     assert not alive, [p.info["cmdline"] for p in alive]
     assert runlock.holder(s.cfg.state_dir) is None
+
+
+def test_two_workers_are_copied_at_once_and_verified_each(setup, worker_sshd, tmp_path):
+    """Two workers: the module's sshd and a second one with its own HOME, reached as w1 and w2 through
+    an ssh config; each gets the checkpoint, verified, and later only what it lacks."""
+    s = setup
+    home2 = tmp_path / "worker2-home"
+    home2.mkdir()
+    (tmp_path / "sshd2").mkdir()
+    proc, second = start_sshd(tmp_path / "sshd2", f"SetEnv HOME={home2}\n")
+    (second.dir / "authorized_keys").write_text(open(worker_sshd.key + ".pub").read())   # one client key for both
+    conf = tmp_path / "ssh_config"
+    conf.write_text("".join(f"Host {name}\n  HostName 127.0.0.1\n  Port {port}\n" for name, port in
+                            (("w1", worker_sshd.port), ("w2", second.port)))
+                    + f"Host *\n  IdentityFile {worker_sshd.key}\n  StrictHostKeyChecking no\n"
+                      "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    dirs = [worker_sshd.home / f"w2-{tmp_path.name}", home2 / "m"]
+    cfg = load_config({"HOME": str(s.model.parents[1]), "MODEL_DIR": str(s.model), "STATE_DIR": f"~/st-{tmp_path.name}",
+                       "WORKERS": "root@w1,root@w2", "SSH_OPTS": f"-F {conf}",
+                       "R1_MODEL_DIR": str(dirs[0]), "R2_MODEL_DIR": str(dirs[1])})
+    try:
+        assert not head_copy.fresh_on_workers(cfg)
+        head_copy.copy(cfg)
+        for d in dirs:
+            assert sorted(p.name for p in d.glob("model-*.safetensors")) == sorted(s.facts["shards"])
+        assert head_copy.fresh_on_workers(cfg)
+        (dirs[1] / shard_name(2)).unlink()                      # one worker loses a shard: it gets it back
+        head_copy.copy(cfg)
+        assert (dirs[1] / shard_name(2)).exists() and head_copy.fresh_on_workers(cfg)
+    finally:
+        stop_sshd(proc)
+        shutil.rmtree(dirs[0], ignore_errors=True)

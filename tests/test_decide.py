@@ -116,7 +116,7 @@ TABLE = [
       (Kind.RESTART_WATCHDOG, "head")], ""),
     ("a new image", {}, new_image, KEY, PLAN, [(R, "all")], "runs an older image"),
     ("a stopped guard and a failed rank", {}, lambda f: (guard_stopped(f), rank_failed(f)), KEY, PLAN,
-     [(Kind.START_GUARD, "worker1"), (R, "all")], "dsv41-r1.service is failed"),
+     [(Kind.START_GUARD, "worker1"), (R, "all")], "dsv41-r1.service on worker1 is failed"),
     ("a worker restarted on its own", {}, worker_restarted_alone, KEY, PLAN, [(R, "all")],
      "dsv41-r1.service on worker1 (bob@10.10.10.11) restarted after the head's rank (NRestarts=1)"),
     ("clock skew is not a restart", {}, worker_clock_ahead, KEY, PLAN, [], ""),

@@ -317,3 +317,23 @@ def test_unreachable_worker_is_a_fail_line(tmp_path, capsys):
     assert preflight.task(cfg) is False
     out = capsys.readouterr().out
     assert "FAIL  reachable        worker1: cannot reach worker1 (root@127.0.0.1)" in out
+
+
+def test_three_nodes_every_pair_pings_both_ways():
+    cfg = load_config({"WORKERS": "u@198.51.100.13,u@198.51.100.14"})
+    f = good()
+    f[2] = node_facts("198.51.100.14")
+    f[0]["pings"].append({"peer": "198.51.100.14", "ok": True, "size": 8972, "ifname": "enp1s0f1np1"})
+    f[1]["pings"].append({"peer": "198.51.100.14", "ok": True, "size": 8972, "ifname": "enp1s0f1np1"})
+    f[2]["pings"] = [{"peer": ip, "ok": True, "size": 8972, "ifname": "enp1s0f1np1"}
+                     for ip in ("198.51.100.11", "198.51.100.13")]
+    res = run(cfg, f)
+    pairs = sorted(c.detail.split(":")[0] for c in get(res, "ping"))
+    assert pairs == sorted(f"{a} -> {b} {ip}" for a, b, ip in (
+        ("head", "worker1", "198.51.100.13"), ("worker1", "head", "198.51.100.11"),
+        ("head", "worker2", "198.51.100.14"), ("worker2", "head", "198.51.100.11"),
+        ("worker1", "worker2", "198.51.100.14"), ("worker2", "worker1", "198.51.100.13")))
+    assert status(res, "ping") == {"PASS"}
+    f[2]["pings"][1].update(ok=False, error="100% packet loss")             # worker2 cannot reach worker1
+    [bad] = [c for c in get(run(cfg, f), "ping") if c.status == "FAIL"]
+    assert bad.detail.startswith("worker2 -> worker1 198.51.100.13")

@@ -6,7 +6,7 @@
     lab.ssh_argv(node) -> list[str]  (host -> node ssh prefix, via `ip netns exec head`)
     lab.repo         the repo path inside head (same as on the host)
     lab.engine_ref   "198.51.100.11:5000/lab/engine@sha256:..." (the stand-in serving image)
-    lab.ip           {"head": "198.51.100.11", "worker": "198.51.100.13"}
+    lab.ip           {"head": "198.51.100.11", "worker1": "198.51.100.13", ...} (the nodes that are up)
     lab.venv         "/opt/dsv41-venv" on head (doit, sh, requests, huggingface_hub, psutil, jinja2)
     lab.doit(args, env=None, check=True) -> CompletedProcess of `doit ARGS` on the head (lab profile)
     lab.units(node, units, props) -> {unit: {prop: value}} from `systemctl show` on the node
@@ -33,17 +33,24 @@ STATE = Path(os.environ.get("LAB_STATE", "/var/lib/dsv41-lab"))
 
 
 class Lab:
-    ip = {"head": "198.51.100.11", "worker": "198.51.100.13"}
     venv = "/opt/dsv41-venv"
 
     def __init__(self):
         self.repo = str(REPO)
         self.ssh_config = str(STATE / "ssh_config")
         self.engine_ref = (STATE / "engine.ref").read_text().strip()
+        self.ip = {}                  # from up.sh's ssh_config: "Host <node>" then "HostName <address>"
+        host = None
+        for line in Path(self.ssh_config).read_text().splitlines():
+            words = line.split()
+            if words[:1] == ["Host"] and len(words) == 2:
+                host = words[1]
+            elif words[:1] == ["HostName"] and host:
+                self.ip[host] = words[1]
 
     def ssh_argv(self, node):
         if node not in self.ip:
-            raise ValueError(f"no lab node {node!r}: use head or worker")
+            raise ValueError(f"no lab node {node!r}: use one of {', '.join(self.ip)}")
         return ["ip", "netns", "exec", "head", "ssh", "-F", self.ssh_config, node, "--"]
 
     def _argv(self, node, cmd):
@@ -72,10 +79,8 @@ class Lab:
             raise AssertionError(f"doit {args} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
         return r
 
-    VETH = {"head": "veth-h", "worker": "veth-w"}
-
     def link(self, node, up):
-        subprocess.run(["ip", "-n", node, "link", "set", self.VETH[node], "up" if up else "down"], check=True)
+        subprocess.run(["ip", "-n", node, "link", "set", "fab0", "up" if up else "down"], check=True)
         deadline = time.monotonic() + 20
         while up and self.on(node, "true", check=False, timeout=10).returncode != 0:
             assert time.monotonic() < deadline, f"{node} did not answer after its link came up"
@@ -119,14 +124,19 @@ def lab():
 MODEL = "/root/lab-model/DeepSeek-V4.1-Flash-Spark"
 
 
-@pytest.fixture(scope="session")
-def launched(lab):
-    """A fixture checkpoint on the head, then verify, copy and launch from nothing."""
-    for node, rank in (("head", 0), ("worker", 1)):
-        lab.on(node, f"systemctl stop dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
+def launch_from_nothing(lab, env=None, mb=4):
+    """Nothing of dsv41 on any node, a fixture checkpoint on the head, then verify, copy and launch."""
+    for rank, node in enumerate(lab.ip):
+        lab.on(node, "systemctl stop dsv41-watchdog dsv41-r* dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
                "/root/lab-model /etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
-    lab.on("head", f"{lab.venv}/bin/python {shlex.quote(lab.repo)}/tests/fixture_checkpoint.py {MODEL} --mb 4")
+    lab.on("head", f"{lab.venv}/bin/python {shlex.quote(lab.repo)}/tests/fixture_checkpoint.py {MODEL} --mb {mb}")
     t0 = time.monotonic()
-    r = lab.doit("launch")
+    r = lab.doit("launch", env)
     print(f"launch from nothing took {time.monotonic() - t0:.1f} s")
     return r
+
+
+@pytest.fixture(scope="session")
+def launched(lab):
+    """The stand-in cluster launched from nothing (tests that break it put it back)."""
+    return launch_from_nothing(lab)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # make demo: the lab up, then the real doit tasks on the head node, as on a Spark: the checkpoint (the
 # real engine's tiny model from the Hub stand-in, or the stand-in engine's fixture checkpoint),
-# verify, copy to the worker over the veth fabric, image pull by digest, units installed and started
-# under systemd, readiness, smoke and status. LAB_ENGINE=vllm (the default here) serves through two
-# real vLLM ranks; LAB_ENGINE=standin through the fast stand-in.
-export LAB_ENGINE=${LAB_ENGINE:-vllm}
+# verify, copy to the workers over the veth fabric, image pull by digest, units installed and started
+# under systemd, readiness, smoke and status. LAB_ENGINE=vllm (the default with two nodes) serves
+# through two real vLLM ranks; LAB_ENGINE=standin (the default with LAB_NODES=3 or more: the tiny
+# model's 4 key-value heads split only 2 ways, and the 2 cores hold two CPU ranks) through the stand-in.
+export LAB_NODES=${LAB_NODES:-2}
+[ "$LAB_NODES" = 2 ] && export LAB_ENGINE=${LAB_ENGINE:-vllm} || export LAB_ENGINE=${LAB_ENGINE:-standin}
 source "$(dirname "$0")/lib.sh"
 need_root
 start=$SECONDS
@@ -20,14 +22,17 @@ doit() {  # doit "VAR=value ..." TASK [ARGS]: doit on the head with those settin
     local settings=$1; shift
     on "cd $(printf %q "$REPO") && env $settings PYTHONPATH=$(printf %q "$REPO/lib") /opt/dsv41-venv/bin/doit $*"
 }
+[ "$LAB_ENGINE" = standin ] || [ "$LAB_NODES" = 2 ] || die "the real engine runs on 2 lab nodes: use LAB_ENGINE=standin with LAB_NODES=$LAB_NODES"
+workers=$(for n in "${NODES[@]:1}"; do printf 'root@%s,' "${IP[$n]}"; done)
+workers="WORKERS=${workers%,}"
 if [ "$LAB_ENGINE" = vllm ]; then
-    profile=DSV41_PROFILE=lab-vllm
-    say "engine: vLLM 0.32 (CPU build), two tensor-parallel ranks on head and worker, serving SmolLM2-135M;"
+    profile="DSV41_PROFILE=lab-vllm $workers"
+    say "engine: vLLM 0.32 (CPU build), two tensor-parallel ranks on head and worker1, serving SmolLM2-135M;"
     say "a 135M model answers hard questions wrongly, so smoke's arithmetic check may honestly FAIL"
     endpoint=$(bash "$LAB_DIR/hub-up.sh")
     doit "$profile HF_ENDPOINT=$endpoint" download
 else
-    profile=DSV41_PROFILE=lab
+    profile="DSV41_PROFILE=lab $workers"
     say "engine: the STAND-IN (tests/lab/engine/engine.py: no model, answers by rule)"
     model=/root/lab-model/DeepSeek-V4.1-Flash-Spark
     if ! on test -e "$model/sha256-manifest.txt"; then
@@ -43,7 +48,7 @@ cat <<MSG
 
 The API answers on the head at http://${IP[head]}:8000/v1 (model deepseek-v4.1-flash). Try it:
   tests/lab/on head 'curl -s http://127.0.0.1:8000/v1/chat/completions -H "Authorization: Bearer \$(cat ~/.dsv41-two-sparks/api_key)" -H "Content-Type: application/json" -d "{\"model\": \"deepseek-v4.1-flash\", \"messages\": [{\"role\": \"user\", \"content\": \"Name three colours.\"}]}"'
-  tests/lab/on head 'systemctl status dsv41-r0'       tests/lab/on worker 'journalctl -u dsv41-memguard'
+  tests/lab/on head 'systemctl status dsv41-r0'       tests/lab/on worker1 'journalctl -u dsv41-memguard'
   tests/lab/on head 'cd $REPO && $profile PYTHONPATH=lib /opt/dsv41-venv/bin/doit status'
 Clean up with: make lab-down
 MSG

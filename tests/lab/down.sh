@@ -7,6 +7,8 @@ exec 9>/run/dsv41-lab.lock.down
 flock 9
 start=$SECONDS
 
+mapfile -t NODES < <(lab_nodes)          # the lab that is up, whatever LAB_NODES says now
+NETNS=("${NODES[@]}" fabric)
 pids=()
 for n in "${NODES[@]}"; do
     p=$(node_pid "$n") || continue
@@ -25,15 +27,15 @@ fi
 lab_cgroups() { find /sys/fs/cgroup/*/ -maxdepth 1 -type d \( -name 'lab-head*' -o -name 'lab-worker*' \) 2>/dev/null; }
 # Stragglers: processes still in our namespaces or our cgroups.
 for i in 1 2 3; do
-    left=$( { for n in "${NODES[@]}"; do ip netns pids "$n" 2>/dev/null; done
+    left=$( { for n in "${NETNS[@]}"; do ip netns pids "$n" 2>/dev/null; done
               for c in $(lab_cgroups); do find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null; done; } | sort -u)
     [ -z "$left" ] && break
     kill -KILL $left 2>/dev/null || true
     sleep 0.3
-    left=$( { for n in "${NODES[@]}"; do ip netns pids "$n" 2>/dev/null; done
+    left=$( { for n in "${NETNS[@]}"; do ip netns pids "$n" 2>/dev/null; done
               for c in $(lab_cgroups); do find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null; done; } | sort -u)
 done
-for n in "${NODES[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+for n in $(ip netns list | awk '{print $1}' | grep -xE 'head|worker[0-9]*|fabric'); do ip netns del "$n" 2>/dev/null || true; done
 for c in $(lab_cgroups); do find "$c" -depth -type d -exec rmdir {} + 2>/dev/null || true; done
 
 for r in "$STATE"/nodes/*/root; do mountpoint -q "$r" && umount "$r"; done
@@ -43,9 +45,9 @@ fi
 rm -rf --one-file-system "$STATE"
 
 leftover=()
-for n in "${NODES[@]}"; do ip netns list | grep -qw "^$n" && leftover+=("netns $n"); done
+for n in $(ip netns list | awk '{print $1}' | grep -xE 'head|worker[0-9]*|fabric'); do leftover+=("netns $n"); done
 [ -z "$(lab_cgroups)" ] || leftover+=("cgroups $(lab_cgroups | tr '\n' ' ')")
-grep -qE "/run/netns/(head|worker) " /proc/self/mountinfo && leftover+=("netns mounts")
+grep -qE "/run/netns/(head|worker[0-9]*|fabric) " /proc/self/mountinfo && leftover+=("netns mounts")
 [ -z "${left:-}" ] || leftover+=("processes $left")
 [ ${#leftover[@]} = 0 ] || die "down, but left behind: ${leftover[*]}"
 say "down in $((SECONDS - start)) s: no namespace, mount, cgroup or process left"

@@ -5,9 +5,15 @@ LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$LAB_DIR/../.." && pwd)
 CACHE=${LAB_CACHE:-/var/cache/dsv41-lab}
 STATE=${LAB_STATE:-/var/lib/dsv41-lab}
-NODES=(head worker)
-declare -A IP=([head]=198.51.100.11 [worker]=198.51.100.13)
-declare -A VETH=([head]=veth-h [worker]=veth-w)
+# LAB_NODES nodes: head (198.51.100.11) and worker1..workerN-1 (198.51.100.13, .14, ...), each in its
+# own network namespace, all on one "fabric": a bridge in the namespace `fabric`, reached from every
+# node through its interface fab0.
+LAB_NODES=${LAB_NODES:-2}
+[[ $LAB_NODES =~ ^[2-8]$ ]] || { printf 'lab: LAB_NODES=%s: expected 2 to 8 nodes\n' "$LAB_NODES" >&2; exit 2; }
+NODES=(head)
+declare -A IP=([head]=198.51.100.11)
+for ((i = 1; i < LAB_NODES; i++)); do NODES+=("worker$i"); IP[worker$i]=198.51.100.$((12 + i)); done
+FABRIC_IF=fab0
 REGISTRY=198.51.100.11:5000
 SUITE=bookworm
 NODE_PKGS=systemd,systemd-sysv,dbus,openssh-server,rsync,python3,python3-venv,iproute2,iputils-ping,docker.io,iptables,curl,ca-certificates,procps
@@ -53,6 +59,10 @@ mirror() {
     fi
     [ -n "$m" ] || die "no Debian $SUITE mirror in /etc/apt/sources.list*: set LAB_MIRROR=<url>"
     echo "$m"
+}
+
+lab_nodes() {  # the nodes of the lab that is up (whatever LAB_NODES says now)
+    [ -d "$STATE/nodes" ] && ls "$STATE/nodes"
 }
 
 lab_ssh() {  # lab_ssh NODE CMD... : run on a node from the host

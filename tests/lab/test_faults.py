@@ -22,17 +22,17 @@ def timed(lab, args, env=None):
 def restore(lab, launched):
     """Whatever the test breaks: link up, nothing frozen, the cluster launched again."""
     yield
-    lab.freeze("worker", False)
-    lab.link("worker", True)
+    lab.freeze("worker1", False)
+    lab.link("worker1", True)
     lab.doit("launch")
 
 
 @pytest.mark.parametrize("fault", ["link down", "frozen"])
 def test_status_reports_a_dead_worker_in_seconds_and_the_head_at_once(lab, restore, fault):
     if fault == "link down":
-        lab.link("worker", False)
+        lab.link("worker1", False)
     else:
-        lab.freeze("worker", True)
+        lab.freeze("worker1", True)
     r, took = timed(lab, "status")
     lines = r.stdout.splitlines()
     assert r.returncode == 4, r.stdout + r.stderr                        # UNREACHABLE
@@ -47,7 +47,7 @@ def test_status_reports_a_dead_worker_in_seconds_and_the_head_at_once(lab, resto
 
 
 def test_launch_with_a_frozen_worker_fails_fast_in_one_line(lab, restore):
-    lab.freeze("worker", True)
+    lab.freeze("worker1", True)
     r, took = timed(lab, "launch")
     assert r.returncode != 0 and took < 4 + 20, took
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41: ")]
@@ -55,7 +55,7 @@ def test_launch_with_a_frozen_worker_fails_fast_in_one_line(lab, restore):
 
 
 def test_stop_stops_what_it_can_reach_and_names_the_rest(lab, restore):
-    lab.link("worker", False)
+    lab.link("worker1", False)
     r, took = timed(lab, "stop")
     assert r.returncode != 0 and took < 4 + 30
     assert "[head] stopped dsv41-r0.service" in r.stdout and "[head] stopped the memory guard" in r.stdout
@@ -64,13 +64,13 @@ def test_stop_stops_what_it_can_reach_and_names_the_rest(lab, restore):
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41: ")]
     assert ("worker1 (root@198.51.100.13) did not answer" in line
             and "dsv41-r1.service and dsv41-memguard.service may still run there" in line)
-    lab.link("worker", True)         # stop never reached it: its guard still runs
-    assert lab.units("worker", ["dsv41-memguard.service"])["dsv41-memguard.service"]["ActiveState"] == "active"
+    lab.link("worker1", True)         # stop never reached it: its guard still runs
+    assert lab.units("worker1", ["dsv41-memguard.service"])["dsv41-memguard.service"]["ActiveState"] == "active"
 
 
-@pytest.mark.parametrize("node", ["worker", "head"])
+@pytest.mark.parametrize("node", ["worker1", "head"])
 def test_a_killed_guard_comes_back_without_touching_the_ranks(lab, launched, node):
-    rank = "dsv41-r1.service" if node == "worker" else "dsv41-r0.service"
+    rank = "dsv41-r1.service" if node == "worker1" else "dsv41-r0.service"
     before = lab.units(node, ["dsv41-memguard.service", rank], ("MainPID", "ActiveEnterTimestamp"))
     lab.on(node, "systemctl kill -s KILL dsv41-memguard")
     deadline = time.monotonic() + 60
@@ -86,14 +86,14 @@ def test_a_killed_guard_comes_back_without_touching_the_ranks(lab, launched, nod
 
 
 def test_model_replaced_under_a_running_worker_rank_restarts_the_ranks(lab, launched):
-    lab.on("worker", f"rm -rf {MODEL}")
-    assert lab.on("worker", "docker exec dsv41-r1 ls /model").stdout.strip() == ""   # what the rank sees now
+    lab.on("worker1", f"rm -rf {MODEL}")
+    assert lab.on("worker1", "docker exec dsv41-r1 ls /model").stdout.strip() == ""   # what the rank sees now
     lab.doit("copy")
     plan = lab.doit("plan").stdout
     assert f"restart-ranks on all: model files in {MODEL} on worker1 changed after dsv41-r1.service started" in plan
     r = lab.doit("launch")
     assert "(re)starting the ranks: model files in" in r.stdout and "ranks (re)started" in r.stdout
-    assert "model-00001-of-00006.safetensors" in lab.on("worker", "docker exec dsv41-r1 ls /model").stdout
+    assert "model-00001-of-00006.safetensors" in lab.on("worker1", "docker exec dsv41-r1 ls /model").stdout
     assert "nothing changed" in lab.doit("launch").stdout
 
 

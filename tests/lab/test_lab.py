@@ -55,7 +55,7 @@ def ranks_ready(lab):
     prep = ("set -e; rm -rf /tmp/lab; mkdir -p /tmp/lab/model /tmp/lab/plans; echo '{}' > /tmp/lab/model/config.json; "
             "echo '{\"qdir\": \"/model/exl3/qn\"}' > /tmp/lab/plans/plan.json; "
             f"umask 077; echo VLLM_API_KEY={KEY} > /tmp/lab/key.env; docker pull -q {lab.engine_ref} >/dev/null")
-    for node in ("head", "worker"):
+    for node in ("head", "worker1"):
         lab.on(node, prep)
     return lab
 
@@ -73,12 +73,12 @@ def curl(lab, path, key=KEY, body=None, check=True):
 
 def remove_ranks(lab):
     lab.on("head", "docker rm -f lab-r0 >/dev/null 2>&1", check=False)
-    lab.on("worker", "docker rm -f lab-r1 >/dev/null 2>&1", check=False)
+    lab.on("worker1", "docker rm -f lab-r1 >/dev/null 2>&1", check=False)
 
 
 def start_ranks(lab):
     remove_ranks(lab)
-    r1 = lab.popen("worker", rank_cmd(lab, "worker", 1))
+    r1 = lab.popen("worker1", rank_cmd(lab, "worker1", 1))
     r0 = lab.popen("head", rank_cmd(lab, "head", 0))
     end = time.time() + 60
     while curl(lab, "/v1/models", check=False)[0] != 200:
@@ -106,15 +106,15 @@ def test_nodes_boot_real_systemd_on_their_own_addresses(lab):
 
 
 def test_head_reaches_worker_by_ssh_and_rsync(lab):
-    assert lab.on("head", "ssh -o BatchMode=yes worker hostname").stdout.strip() == "worker"
-    lab.on("head", "head -c 1000000 /dev/urandom > /tmp/blob && rsync -a /tmp/blob worker:/tmp/blob")
+    assert lab.on("head", "ssh -o BatchMode=yes worker1 hostname").stdout.strip() == "worker1"
+    lab.on("head", "head -c 1000000 /dev/urandom > /tmp/blob && rsync -a /tmp/blob worker1:/tmp/blob")
     sums = {n: lab.on(n, "sha256sum < /tmp/blob").stdout for n in lab.ip}
-    assert sums["head"] == sums["worker"]
+    assert sums["head"] == sums["worker1"]
 
 
 def test_password_login_is_refused(lab):
     r = lab.on("head", "ssh -o BatchMode=yes -o PubkeyAuthentication=no -o PreferredAuthentications=password "
-               "worker true", check=False)
+               "worker1 true", check=False)
     assert r.returncode == 255 and "Permission denied" in r.stderr
 
 
@@ -131,13 +131,13 @@ def test_both_nodes_pull_the_engine_by_digest_to_the_same_image(lab):
     for node in lab.ip:
         lab.on(node, f"docker pull -q {lab.engine_ref}")
         ids[node] = lab.on(node, f"docker image inspect --format '{{{{.Id}}}}' {lab.engine_ref}").stdout.strip()
-    assert ids["head"] == ids["worker"] and ids["head"].startswith("sha256:")
+    assert ids["head"] == ids["worker1"] and ids["head"].startswith("sha256:")
 
 
 def test_engine_refuses_to_start_without_model_or_plan(lab):
-    r = lab.on("worker", f"docker run --rm {lab.engine_ref} /model --nnodes 2", check=False)
+    r = lab.on("worker1", f"docker run --rm {lab.engine_ref} /model --nnodes 2", check=False)
     assert r.returncode == 1 and "/model is not mounted" in r.stdout + r.stderr
-    r = lab.on("worker", f"mkdir -p /tmp/m && docker run --rm -v /tmp/m:/model:ro {lab.engine_ref} /model", check=False)
+    r = lab.on("worker1", f"mkdir -p /tmp/m && docker run --rm -v /tmp/m:/model:ro {lab.engine_ref} /model", check=False)
     assert r.returncode == 1 and "ST_EXL3_PLAN" in r.stdout + r.stderr
 
 
@@ -194,7 +194,7 @@ def test_rank0_answers_smoke_prompts_and_dies_after_losing_the_worker(ranks_read
             {"type": "text", "text": "Describe the colours."}, {"type": "image_url", "image_url": {"url": url}}]}]})
         assert "red on the left, blue on the right" in json.loads(body)["choices"][0]["message"]["content"]
 
-        lab.on("worker", "docker kill lab-r1")
+        lab.on("worker1", "docker kill lab-r1")
         r1.wait(timeout=30)
         time.sleep(0.5)
         assert curl(lab, "/health", key=None)[0] == 200      # real vLLM: nothing shows while idle

@@ -41,22 +41,22 @@ def test_launch_from_nothing_serves_the_api(lab, launched):
     out = launched.stdout + launched.stderr
     assert "ready: base URL http://198.51.100.11:8000/v1" in out
     assert "model deepseek-v4.1-flash" in out and "/root/.dsv41-two-sparks/api_key" in out
-    for node, units in (("head", UNITS), ("worker", WUNITS)):
+    for node, units in (("head", UNITS), ("worker1", WUNITS)):
         props = unit_props(lab, node, units)
         assert all(p["ActiveState"] == "active" for p in props.values()), props
     assert api(lab, "/v1/models", key(lab)) == "200"
     assert api(lab, "/v1/models", "wrong") == "401"
     # the checkpoint was copied over the fabric and verified on the worker
-    assert lab.on("worker", f"test -s {MODEL}/model-00005-of-00006.safetensors").returncode == 0
-    assert lab.on("worker", f"ls {MODEL} | grep -c part", check=False).stdout.strip() == "0"
+    assert lab.on("worker1", f"test -s {MODEL}/model-00005-of-00006.safetensors").returncode == 0
+    assert lab.on("worker1", f"ls {MODEL} | grep -c part", check=False).stdout.strip() == "0"
 
 
 def test_second_launch_changes_nothing(lab, launched):
-    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
     t0 = time.monotonic()
     r = doit(lab, "launch")
     took = time.monotonic() - t0
-    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
     assert before == after
     assert "nothing changed" in r.stdout
     assert "installed" not in r.stdout and "started" not in r.stdout
@@ -65,7 +65,7 @@ def test_second_launch_changes_nothing(lab, launched):
 
 def test_key_never_in_units_argv_or_systemctl_show(lab, launched):
     k = key(lab)
-    for node, units in (("head", UNITS), ("worker", WUNITS)):
+    for node, units in (("head", UNITS), ("worker1", WUNITS)):
         assert k not in lab.on(node, "cat /etc/systemd/system/dsv41-*.service").stdout
         assert k not in lab.on(node, ["systemctl", "show", *units]).stdout
         assert k not in lab.on(node, "ps -eo args").stdout
@@ -98,41 +98,41 @@ def test_status_shows_every_node(lab, launched):
 
 
 def test_rank_setting_change_restarts_ranks_only_worker_first(lab, launched):
-    guards = {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker")}
+    guards = {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker1")}
     r = doit(lab, "launch", env={"KV_BYTES": "2600000000"})
     assert "--kv-cache-memory-bytes 2600000000" in lab.on("head", "cat /etc/systemd/system/dsv41-r0.service").stdout
-    assert guards == {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker")}
+    assert guards == {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker1")}
     r0 = unit_props(lab, "head", ["dsv41-r0.service"])["dsv41-r0.service"]
-    r1 = unit_props(lab, "worker", ["dsv41-r1.service"])["dsv41-r1.service"]
+    r1 = unit_props(lab, "worker1", ["dsv41-r1.service"])["dsv41-r1.service"]
     assert r1["ActiveEnterTimestamp"] <= r0["ActiveEnterTimestamp"], (r0, r1)
     assert r.stdout.index("[worker1] started") < r.stdout.index("[head] started")
     doit(lab, "launch")  # back to the defaults
 
 
 def test_plan_shows_the_diff_and_changes_nothing(lab, launched):
-    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
     r = doit(lab, "plan", env={"KV_BYTES": "2500000000"})
     assert "nothing:" not in r.stdout
     assert re.search(r"^-.*--kv-cache-memory-bytes 2700000000", r.stdout, re.M)
     assert re.search(r"^\+.*--kv-cache-memory-bytes 2500000000", r.stdout, re.M)
     assert "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed" in r.stdout
-    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker", WUNITS))}
+    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
     assert before == after
     assert "nothing: everything is installed, running and unchanged" in doit(lab, "plan").stdout
 
 
 def test_memguard_setting_change_restarts_only_the_guards(lab, launched):
-    ranks = {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker", "dsv41-r1.service"))}
+    ranks = {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker1", "dsv41-r1.service"))}
     doit(lab, "launch", env={"MEMGUARD_GIB": "0.6"})
-    assert ranks == {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker", "dsv41-r1.service"))}
-    assert '"floor_gib": 0.6' in lab.on("worker", "cat /root/.dsv41-two-sparks/memguard.json").stdout
-    for node in ("head", "worker"):  # the same guard process took the new floor
+    assert ranks == {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker1", "dsv41-r1.service"))}
+    assert '"floor_gib": 0.6' in lab.on("worker1", "cat /root/.dsv41-two-sparks/memguard.json").stdout
+    for node in ("head", "worker1"):  # the same guard process took the new floor
         assert "floor 0.60 GiB" in lab.on(node, "journalctl --no-pager -u dsv41-memguard").stdout
     doit(lab, "launch")
 
 
 def test_killed_worker_container_is_degraded_and_reported(lab, launched):
-    lab.on("worker", "docker kill dsv41-r1")
+    lab.on("worker1", "docker kill dsv41-r1")
     time.sleep(1)
     r = doit(lab, "status --json", check=False)
     assert json.loads(r.stdout)["state"] == "DEGRADED" and r.returncode == 1
@@ -155,14 +155,14 @@ def test_memguard_trip_stops_ranks_for_good_until_cleared(lab, launched):
     doit(lab, "launch", env={"MEMGUARD_GIB": "1000"}, check=False)
     deadline = time.time() + 30
     while time.time() < deadline:
-        if lab.on("worker", "test -e /root/.dsv41-two-sparks/memguard.tripped", check=False).returncode == 0:
+        if lab.on("worker1", "test -e /root/.dsv41-two-sparks/memguard.tripped", check=False).returncode == 0:
             break
         time.sleep(0.5)
     time.sleep(3)
-    props = unit_props(lab, "worker", ["dsv41-r1.service"])["dsv41-r1.service"]
+    props = unit_props(lab, "worker1", ["dsv41-r1.service"])["dsv41-r1.service"]
     assert props["ActiveState"] in ("inactive", "failed"), props
     time.sleep(5)  # no restart after a guard stop
-    assert unit_props(lab, "worker", ["dsv41-r1.service"])["dsv41-r1.service"]["ActiveState"] != "active"
+    assert unit_props(lab, "worker1", ["dsv41-r1.service"])["dsv41-r1.service"]["ActiveState"] != "active"
     r = doit(lab, "status", check=False)
     assert r.returncode == 5 and "TRIPPED" in r.stdout and "`doit clear-trip`" in r.stdout
     assert re.search(r"MemAvailable \d+\.\d{3} GiB < floor 1000\.000 GiB", r.stdout), r.stdout
@@ -177,29 +177,29 @@ def test_preflight_passes_while_running_and_refuses_a_stale_container(lab, launc
     r = doit(lab, "preflight --json")
     report = json.loads(r.stdout)
     assert not [c for c in report["checks"] if c["status"] == "FAIL"], report
-    lab.on("worker", f"docker run -d --rm --name dsv41-r5 --entrypoint sleep {lab.engine_ref} 300")
+    lab.on("worker1", f"docker run -d --rm --name dsv41-r5 --entrypoint sleep {lab.engine_ref} 300")
     try:
         r = doit(lab, "preflight", check=False)
         assert r.returncode != 0
         fail = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
         assert len(fail) == 1 and "stale-containers" in fail[0] and "dsv41-r5" in fail[0]
         assert "docker rm -f dsv41-r5" in fail[0] or "docker" in fail[0].split("fix:")[-1]
-        units_before = mtimes(lab, "worker", WUNITS)
+        units_before = mtimes(lab, "worker1", WUNITS)
         r = doit(lab, "launch", check=False)
         assert r.returncode != 0 and "preflight" in r.stderr
-        assert mtimes(lab, "worker", WUNITS) == units_before
+        assert mtimes(lab, "worker1", WUNITS) == units_before
     finally:
-        lab.on("worker", "docker rm -f dsv41-r5", check=False)
+        lab.on("worker1", "docker rm -f dsv41-r5", check=False)
 
 
 def test_copy_is_verified_on_the_worker_and_resumes(lab, launched):
-    receipt = lab.on("worker", "cat /root/.dsv41-two-sparks/checkpoint-receipt.json").stdout
+    receipt = lab.on("worker1", "cat /root/.dsv41-two-sparks/checkpoint-receipt.json").stdout
     assert "model-00005-of-00006.safetensors" in receipt
-    lab.on("worker", f"rm {MODEL}/model-00002-of-00006.safetensors")
+    lab.on("worker1", f"rm {MODEL}/model-00002-of-00006.safetensors")
     r = doit(lab, "copy")
     out = r.stdout + r.stderr
     assert "copy: 1 file(s)" in out and "verified (6 shards" in out  # only the missing file went
-    assert lab.on("worker", f"test -s {MODEL}/model-00002-of-00006.safetensors").returncode == 0
+    assert lab.on("worker1", f"test -s {MODEL}/model-00002-of-00006.safetensors").returncode == 0
     r = doit(lab, "copy")
     assert "-- copy" in r.stderr  # up to date: nothing copied again
 
@@ -207,7 +207,7 @@ def test_copy_is_verified_on_the_worker_and_resumes(lab, launched):
 def test_stop_then_status_says_nothing_runs(lab, launched):
     doit(lab, "stop")
     doit(lab, "stop")  # idempotent
-    for node, units in (("head", UNITS), ("worker", WUNITS)):
+    for node, units in (("head", UNITS), ("worker1", WUNITS)):
         assert all(p["ActiveState"] != "active" for p in unit_props(lab, node, units).values())
     r = doit(lab, "status", check=False)
     assert r.returncode == 3 and "NOT RUNNING: nothing is running" in r.stdout

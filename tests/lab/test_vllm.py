@@ -44,7 +44,7 @@ def vllm(lab):
     # the watchdog stays off here (these tests repair by hand); test_watchdog shows it on this engine
     env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint, "WATCHDOG": "0"}
     lab.doit("stop", check=False)
-    for node, rank in (("head", 0), ("worker", 1)):
+    for node, rank in (("head", 0), ("worker1", 1)):
         lab.on(node, f"systemctl stop dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf {STATE} {Path(MODEL).parent} "
                "/etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
     t0 = time.monotonic()
@@ -60,19 +60,19 @@ def vllm(lab):
 def test_launch_from_nothing_serves_through_two_real_vllm_ranks(lab, vllm):
     out = vllm.launched.stdout
     assert "ready: base URL http://198.51.100.11:8000/v1" in out and "ranks (re)started" in out
-    for node, rank in (("head", 0), ("worker", 1)):
+    for node, rank in (("head", 0), ("worker1", 1)):
         image = lab.on(node, f"docker inspect --format '{{{{.Config.Image}}}}' dsv41-r{rank}").stdout.strip()
         assert "/lab/vllm@sha256:" in image
         args = lab.on(node, f"docker inspect --format '{{{{json .Args}}}}' dsv41-r{rank}").stdout
         assert "--swa-block-size" not in args and '"--master-addr","198.51.100.11"' in args.replace(", ", ",")
-    assert "--headless" in lab.on("worker", "docker inspect --format '{{json .Args}}' dsv41-r1").stdout
+    assert "--headless" in lab.on("worker1", "docker inspect --format '{{json .Args}}' dsv41-r1").stdout
     # the checkpoint went the whole way: parts reassembled and verified on the head, shards copied
-    for node in ("head", "worker"):
+    for node in ("head", "worker1"):
         listing = lab.on(node, f"ls {MODEL}").stdout.split()
         assert "model-00005-of-00006.safetensors" in listing and not [n for n in listing if ".part" in n]
         receipt = json.loads(lab.on(node, f"cat {STATE}/checkpoint-receipt.json").stdout)
         assert len(receipt["files"]) == 6
-    assert "model-00006-of-00006.safetensors" in lab.on("worker", "docker exec dsv41-r1 ls /model").stdout
+    assert "model-00006-of-00006.safetensors" in lab.on("worker1", "docker exec dsv41-r1 ls /model").stdout
 
 
 def test_the_real_api_answers_with_the_key_only(lab, vllm):
@@ -110,7 +110,7 @@ def test_smoke_and_bench_report_against_the_real_engine(lab, vllm):
 
 
 def test_a_killed_worker_rank_fails_the_api_as_vllm_does_and_launch_repairs_it(lab, vllm):
-    lab.on("worker", "docker kill dsv41-r1")
+    lab.on("worker1", "docker kill dsv41-r1")
     code, body = api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
                                                         "max_tokens": 4})
     assert code != 200                              # real vLLM: 500 EngineDeadError, then rank 0 exits
@@ -148,10 +148,10 @@ def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(l
     r = lab.doit("launch", {**vllm.env, "MEMGUARD_GIB": floor}, check=False, timeout=1800)
     assert r.returncode != 0
     deadline = time.monotonic() + 90
-    while any(lab.on(n, "docker ps -q --filter name=dsv41-r").stdout.strip() for n in ("head", "worker")):
+    while any(lab.on(n, "docker ps -q --filter name=dsv41-r").stdout.strip() for n in ("head", "worker1")):
         assert time.monotonic() < deadline, "a rank container still runs after the trip"
         time.sleep(2)
-    tripped = [n for n in ("head", "worker") if lab.on(n, f"test -e {STATE}/memguard.tripped", check=False).returncode == 0]
+    tripped = [n for n in ("head", "worker1") if lab.on(n, f"test -e {STATE}/memguard.tripped", check=False).returncode == 0]
     assert tripped
     trip = json.loads(lab.on(tripped[0], f"cat {STATE}/memguard.tripped").stdout)
     assert trip["mem_available_bytes"] < trip["floor_bytes"] and trip["killed"]
@@ -164,7 +164,7 @@ def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(l
 
 def test_stop_leaves_nothing_running(lab, vllm):
     lab.doit("stop", vllm.env)
-    for node, rank in (("head", 0), ("worker", 1)):
+    for node, rank in (("head", 0), ("worker1", 1)):
         assert lab.on(node, "docker ps -aq --filter name=dsv41-").stdout.strip() == ""
         states = lab.units(node, [f"dsv41-r{rank}.service", "dsv41-memguard.service"])
         assert all(p["ActiveState"] != "active" for p in states.values()), states
@@ -178,7 +178,7 @@ def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm):
     lab.on("head", f"rm -f {STATE}/incidents.jsonl")
     lab.doit("launch", env, timeout=1800)
     killed = time.time()            # the lab's nodes share this machine's clock
-    lab.on("worker", "docker kill dsv41-r1")
+    lab.on("worker1", "docker kill dsv41-r1")
     deadline = time.monotonic() + 900
     while True:
         r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)

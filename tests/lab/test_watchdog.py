@@ -57,7 +57,7 @@ def watched(lab, launched):
 
 def test_a_killed_worker_rank_is_repaired_with_no_command_typed(lab, watched):
     t0 = time.time()
-    lab.on("worker", "docker kill dsv41-r1")
+    lab.on("worker1", "docker kill dsv41-r1")
     [inc] = wait_for("a recovery", lambda: [i for i in incidents(lab) if i["result"] == "READY"])
     assert inc["verdict"] in ("DEGRADED", "DEAD") and inc["action"] == "restart"
     assert ready(lab)
@@ -94,10 +94,10 @@ def test_a_long_request_with_tokens_flowing_is_never_a_wedge(lab, watched):
 
 def test_three_faults_two_recoveries_then_it_gives_up_until_launch(lab, watched):
     for n in (1, 2):
-        lab.on("worker", "docker kill dsv41-r1")
+        lab.on("worker1", "docker kill dsv41-r1")
         wait_for(f"recovery {n}", lambda: len([i for i in incidents(lab) if i["result"] == "READY"]) == n)
         wait_for("READY", lambda: ready(lab))
-    lab.on("worker", "docker kill dsv41-r1")
+    lab.on("worker1", "docker kill dsv41-r1")
     gave_up = wait_for("giving up", lambda: [i for i in incidents(lab) if i["action"] == "gave up"])
     assert "after 2 recoveries within 60 min" in gave_up[0]["result"]
     r = lab.doit("status", check=False)
@@ -112,7 +112,7 @@ def test_three_faults_two_recoveries_then_it_gives_up_until_launch(lab, watched)
 def test_no_recovery_while_a_guard_is_tripped(lab, watched):
     t0 = time.time()
     lab.doit("launch", {**FAST, "MEMGUARD_GIB": "1000"}, check=False)    # every guard trips at once
-    wait_for("the trip", lambda: lab.on("worker", f"test -e {STATE}/memguard.tripped", check=False).returncode == 0)
+    wait_for("the trip", lambda: lab.on("worker1", f"test -e {STATE}/memguard.tripped", check=False).returncode == 0)
     time.sleep(10)                                                          # five intervals
     assert [i for i in incidents(lab) if i["action"] == "restart"] == []
     assert "TRIPPED: the memory guard is tripped on" in journal(lab, t0)
@@ -121,7 +121,7 @@ def test_no_recovery_while_a_guard_is_tripped(lab, watched):
 def test_after_doit_stop_nothing_restarts(lab, watched):
     lab.doit("stop")
     time.sleep(8)                                                           # four intervals
-    for node, rank in (("head", 0), ("worker", 1)):
+    for node, rank in (("head", 0), ("worker1", 1)):
         assert lab.units(node, [f"dsv41-r{rank}.service"])[f"dsv41-r{rank}.service"]["ActiveState"] != "active"
     assert lab.units("head", ["dsv41-watchdog.service"])["dsv41-watchdog.service"]["ActiveState"] != "active"
     assert incidents(lab) == []

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make lab-up: two systemd-nspawn nodes (head, worker) on a veth fabric 198.51.100.0/24, a registry on
-# the head's address, and the stand-in engine image pushed to it. Idempotent; cleans up after a failure.
+# make lab-up: LAB_NODES (2) systemd-nspawn nodes (head, worker1, ...) on a bridged veth fabric
+# 198.51.100.0/24, a registry on the head's address, and the engine images pushed to it. Idempotent
+# (a lab with another node count is replaced); cleans up after a failure.
 source "$(dirname "$0")/lib.sh"
 need_root
 need_tools
@@ -19,14 +20,14 @@ wait_for() {  # wait_for SECONDS WHAT LOG CMD...: poll CMD; on timeout fail with
 
 lab_is_up() {
     local n
-    for n in "${NODES[@]}"; do node_pid "$n" >/dev/null || return 1; done
-    [ -s "$STATE/engine.ref" ] && kill -0 "$(cat "$STATE/registry.pid" 2>/dev/null)" 2>/dev/null \
-        && lab_ssh head true 2>/dev/null && lab_ssh worker true 2>/dev/null
+    [ "$(lab_nodes | sort | tr '\n' ' ')" = "$(printf '%s\n' "${NODES[@]}" | sort | tr '\n' ' ')" ] || return 1
+    for n in "${NODES[@]}"; do node_pid "$n" >/dev/null && lab_ssh "$n" true 2>/dev/null || return 1; done
+    [ -s "$STATE/engine.ref" ] && kill -0 "$(cat "$STATE/registry.pid" 2>/dev/null)" 2>/dev/null
 }
 already_up=
 if lab_is_up; then
     already_up=1
-elif [ -e "$STATE" ] || ip netns list | grep -qwE '^(head|worker)'; then
+elif [ -e "$STATE" ] || ip netns list | grep -qwE '^(head|worker[0-9]*|fabric)'; then
     say "clearing a partial lab first"
     bash "$LAB_DIR/down.sh" 9>&-
 fi
@@ -36,13 +37,17 @@ bash "$LAB_DIR/cache.sh" 9>&-
 trap 'rc=$?; if [ $rc != 0 ]; then say "lab-up failed; removing what it made"; bash "$LAB_DIR/down.sh" 9>&- || true; fi' EXIT
 mkdir -p "$STATE"
 
-say "network namespaces head/worker, veth fabric 198.51.100.0/24"
-for n in "${NODES[@]}"; do ip netns add "$n"; done
-ip link add veth-h netns head type veth peer name veth-w netns worker
+say "network namespaces ${NODES[*]}, a bridged veth fabric 198.51.100.0/24"
+ip netns add fabric
+ip -n fabric link add br0 type bridge
+ip -n fabric link set br0 up
 for n in "${NODES[@]}"; do
-    ip -n "$n" addr add "${IP[$n]}/24" dev "${VETH[$n]}"
+    ip netns add "$n"
+    ip link add "$FABRIC_IF" netns "$n" type veth peer name "$n" netns fabric
+    ip -n fabric link set "$n" master br0 up
+    ip -n "$n" addr add "${IP[$n]}/24" dev "$FABRIC_IF"
     ip -n "$n" link set lo up
-    ip -n "$n" link set "${VETH[$n]}" up
+    ip -n "$n" link set "$FABRIC_IF" up
 done
 
 say "node roots: overlays on the template"
@@ -52,7 +57,8 @@ for n in "${NODES[@]}"; do
     mkdir -p "$d/upper" "$d/work" "$r" "$d/docker"
     mount -t overlay overlay -o "lowerdir=$CACHE/template,upperdir=$d/upper,workdir=$d/work" "$r"
     echo "$n" > "$r/etc/hostname"
-    printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost\n%s\thead\n%s\tworker\n' "${IP[head]}" "${IP[worker]}" > "$r/etc/hosts"
+    { printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost\n'; for m in "${NODES[@]}"; do printf '%s\t%s\n' "${IP[$m]}" "$m"; done; } \
+        > "$r/etc/hosts"
     : > "$r/etc/machine-id"
     ssh-keygen -q -t ed25519 -N '' -C "$n" -f "$r/etc/ssh/ssh_host_ed25519_key"
     hostkeys+=("$n,${IP[$n]} $(cut -d' ' -f1,2 "$r/etc/ssh/ssh_host_ed25519_key.pub")")
@@ -67,22 +73,14 @@ for n in "${NODES[@]}"; do cp "$STATE/known_hosts" "$STATE/nodes/$n/root/root/.s
 install -m 600 "$CACHE/ssh/head_id_ed25519" "$STATE/nodes/head/root/root/.ssh/id_ed25519"
 install -m 644 "$CACHE/ssh/head_id_ed25519.pub" "$STATE/nodes/head/root/root/.ssh/id_ed25519.pub"
 
-cat > "$STATE/ssh_config" <<CONF
-# Reach the lab nodes from the host: ip netns exec head ssh -F $STATE/ssh_config head|worker CMD
-Host head worker
-    User root
-    IdentityFile $CACHE/ssh/id_ed25519
-    IdentitiesOnly yes
-    UserKnownHostsFile $STATE/known_hosts
-    StrictHostKeyChecking yes
-    BatchMode yes
-    ConnectTimeout 3
-    LogLevel ERROR
-Host head
-    HostName ${IP[head]}
-Host worker
-    HostName ${IP[worker]}
-CONF
+{
+    echo "# Reach the lab nodes from the host: ip netns exec head ssh -F $STATE/ssh_config NODE CMD"
+    echo "Host ${NODES[*]}"
+    printf '    %s\n' "User root" "IdentityFile $CACHE/ssh/id_ed25519" "IdentitiesOnly yes" \
+        "UserKnownHostsFile $STATE/known_hosts" "StrictHostKeyChecking yes" "BatchMode yes" "ConnectTimeout 3" \
+        "LogLevel ERROR"
+    for n in "${NODES[@]}"; do printf 'Host %s\n    HostName %s\n' "$n" "${IP[$n]}"; done
+} > "$STATE/ssh_config"
 
 say "registry on $REGISTRY (storage $CACHE/registry)"
 mkdir -p "$CACHE/registry"
@@ -97,7 +95,7 @@ ip netns exec head setsid docker-registry serve "$STATE/registry.yml" \
 echo $! > "$STATE/registry.pid"
 wait_for 20 "registry on $REGISTRY" "$STATE/registry.log" ip netns exec head curl -sf "http://$REGISTRY/v2/"
 
-say "booting head and worker (systemd-nspawn)"
+say "booting ${NODES[*]} (systemd-nspawn)"
 for n in "${NODES[@]}"; do
     # /var/lib/docker on the host's filesystem: overlay2 cannot stack on the overlay root.
     binds=("--bind=$STATE/nodes/$n/docker:/var/lib/docker")
@@ -171,5 +169,5 @@ if [ "$LAB_ENGINE" = vllm ]; then
 fi
 trap - EXIT
 [ -z "$already_up" ] || { say "already up (engines: $(cat "$STATE"/engine*.ref | tr '\n' ' '))"; exit 0; }
-say "up in $((SECONDS - start)) s: head ${IP[head]}, worker ${IP[worker]}, engines: $(cat "$STATE"/engine*.ref | tr '\n' ' ')"
-say "run on a node: tests/lab/on head|worker CMD...; repo at $REPO in head"
+say "up in $((SECONDS - start)) s: $(for n in "${NODES[@]}"; do printf '%s %s, ' "$n" "${IP[$n]}"; done)engines: $(cat "$STATE"/engine*.ref | tr '\n' ' ')"
+say "run on a node: tests/lab/on NODE CMD... (${NODES[*]}); repo at $REPO in head"

@@ -271,11 +271,13 @@ def load_config(env=None):
     sources = {k: "default" for k in raw}
     profile = env.get("DSV41_PROFILE", "").strip()
     engine = {"args": {}, "env": {}}
+    profiled = {}                                       # per-node values a profile gave, for ranks it may not have
     for name in _profile_chain(profile):
         prof = _load_toml(CONF_DIR / f"{name}.toml")
         prof.pop("base", None)
         for k, v in prof.pop("overrides", {}).items():  # per-node values, env-style names
-            env.setdefault(k, str(v))
+            if k not in env:
+                env[k], profiled[k] = str(v), name
         for table in ("args", "env"):                   # the engine's argv and environment, changed
             for k, v in prof.pop(table, {}).items():
                 engine[table][k] = (_engine_change(name, table, k, v), f"profile {name}")
@@ -326,7 +328,7 @@ def load_config(env=None):
     key_raw = str(get("api_key_file")).strip()
     api_key_file = os.path.expanduser(_path("API_KEY_FILE", key_raw)) if key_raw else state_dir + "/api_key"
 
-    nodes = _nodes(env, get, sources)
+    nodes = _nodes(env, get, sources, profiled)
     count = len(nodes)
     tp_size = _int("TP_SIZE", get("tp_size"), 0, 1024) or count
     nnodes = _int("NNODES", get("nnodes"), 0, 1024) or count
@@ -431,7 +433,7 @@ def _image_from_file(path):
                           "image reference there (for the lab: make lab-up) or set IMG") from None
 
 
-def _nodes(env, get, sources):
+def _nodes(env, get, sources, profiled=()):
     workers_raw = str(get("workers")).strip()
     if workers_raw:
         var = "WORKERS"
@@ -453,7 +455,8 @@ def _nodes(env, get, sources):
             ["WORKER_" + key] if rank == 1 else [])
         for name in names:
             if env.get(name, "").strip():
-                sources[f"r{rank}.{key.lower()}"] = f"environment ({name})"
+                sources[f"r{rank}.{key.lower()}"] = (f"profile {profiled[name]} ({name})" if name in profiled
+                                                     else f"environment ({name})")
                 return parse(name, env[name].strip())
         return None
 
@@ -468,7 +471,7 @@ def _nodes(env, get, sources):
             hcas=per_rank(rank, "HCAS", _hcas), gid_index=gid))
     known = {f"R{s.rank}_{k}" for s in specs for k in ("IP", "IFNAME", "HCAS", "GID_INDEX", "MODEL_DIR")}
     for name in env:
-        if PER_NODE_RE.match(name) and name.startswith("R") and name not in known:
+        if PER_NODE_RE.match(name) and name.startswith("R") and name not in known and name not in profiled:
             raise ConfigError(f"{name} is set but there is no rank {name[1:].split('_')[0]}: "
                               f"ranks are r0 (head) to r{len(specs) - 1}; check WORKER/WORKERS")
     return tuple(specs)

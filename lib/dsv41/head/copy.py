@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
@@ -79,14 +80,44 @@ def fresh_on_workers(cfg):
 
 
 def copy(cfg):
-    """Copy the verified checkpoint to every worker's model dir, verify it there, compare with the head."""
+    """Copy the verified checkpoint to every worker's model dir at once, verify it on each, compare
+    with the head's receipt."""
     workers = cfg.require_workers()
     head = verify(cfg)
-    for spec in workers:
-        _copy_to(cfg, spec, head)
+    files = ck.listing(cfg.model_dir)
+    todo = [t for t in (_plan(cfg, spec, head, files) for spec in workers) if t]
+    sending = [t for t in todo if t.send]
+    if sending:
+        for t in sending:
+            print(f"copy: {len(t.send)} file(s), {gb(t.need)} to {t.node.label}:{t.mdir}", file=sys.stderr)
+            t.node.run(["mkdir", "-p", t.mdir])
+        _rsync(sending, cfg.model_dir, files)
+        _drop_cache(cfg.model_dir, {r for t in sending for r in t.send})
+    checks = [_start_verify(t.node, t.mdir, t.sdir, cfg) for t in todo]
+    for t, check in zip(todo, checks):
+        rec = _finish_verify(check)
+        why = same_copy(head, rec)
+        if why:
+            raise UserError(f"{t.node.label}: the copy in {t.mdir} does not match the head's: {why}; "
+                            f"run `doit copy` again")
+        print(f"copy: {t.node.label} verified ({len(rec['files'])} shards, {rec.get('exl3_files')} EXL3 files)",
+              file=sys.stderr)
 
 
-def _copy_to(cfg, spec, head):
+class Transfer(NamedTuple):
+    node: Node
+    mdir: str
+    sdir: str
+    groups: dict          # "whole", "resume", "force" -> [relative paths]
+    need: int             # bytes to send
+
+    @property
+    def send(self):
+        return [r for g in self.groups.values() for r in g]
+
+
+def _plan(cfg, spec, head, files):
+    """What one worker lacks (a Transfer), or None when it already holds a verified copy."""
     node = Node.from_spec(spec, cfg)
     mdir, sdir = _worker_paths(cfg, spec, node)
     probe = _probe(node, cfg, mdir, sdir)
@@ -98,9 +129,8 @@ def _copy_to(cfg, spec, head):
                             f"install python3 (>= 3.10)")
     if probe["fresh"] and not same_copy(head, probe["receipt"]):
         print(f"copy: {node.label} already holds a verified copy in {mdir}", file=sys.stderr)
-        return
-    ship_code(node, sdir)                                 # the verifier below is this version's
-    files = ck.listing(cfg.model_dir)
+        return None
+    ship_code(node, sdir)                                 # the verifier is this version's
     wrec = probe["receipt"] or {}
     wfiles, failed = wrec.get("files", {}), wrec.get("failed", {})
     fresh, remote, partials = set(probe["fresh_files"]), probe["listing"], probe["partials"]
@@ -112,29 +142,17 @@ def _copy_to(cfg, spec, head):
         if rel in failed and remote.get(rel) == failed[rel]:
             groups["force"].append(rel)                    # failed verification there: send again
         elif remote.get(rel) == [size, mtime]:
-            continue                                      # sent before; the verify below hashes it
+            continue                                      # sent before; the verify hashes it
         elif rel in partials:
             groups["resume"].append(rel)
         else:
             groups["whole"].append(rel)
-    send = [r for g in groups.values() for r in g]
-    need = sum(files[r][0] - (partials.get(r, 0) if r in groups["resume"] else 0) for r in send)
+    need = sum(files[r][0] - (partials.get(r, 0) if r in groups["resume"] else 0) for g in groups.values() for r in g)
     if need > probe["free"]:
         raise UserError(f"{node.label}: {mdir} needs {gb(need)} free for the copy but has "
                         f"{gb(probe['free'])}: free {gb(need - probe['free'])} more or set "
                         f"WORKER_MODEL_DIR to a bigger disk")
-    if send:
-        print(f"copy: {len(send)} file(s), {gb(need)} to {node.label}:{mdir}", file=sys.stderr)
-        node.run(["mkdir", "-p", mdir])
-        _rsync(node, cfg.model_dir, mdir, groups, files)
-        _drop_cache(cfg.model_dir, send)
-    rec = _remote_verify(node, mdir, sdir, cfg)
-    why = same_copy(head, rec)
-    if why:
-        raise UserError(f"{node.label}: the copy in {mdir} does not match the head's: {why}; "
-                        f"run `doit copy` again")
-    print(f"copy: {node.label} verified ({len(rec['files'])} shards, {rec.get('exl3_files')} EXL3 files)",
-          file=sys.stderr)
+    return Transfer(node, mdir, sdir, groups, need)
 
 
 def _bins(rels, sizes, n):
@@ -163,42 +181,43 @@ def rsync_argv(node, src, dest, list_file, kind):
 _PROGRESS_RE = re.compile(rb"^\s*([\d,]+)\s+\d+%")
 
 
-def _rsync(node, src, dest, groups, sizes):
-    """A few rsync processes over disjoint file lists (whole files; interrupted files resume from their
-    partial), with one aggregate progress bar."""
-    total = sum(sizes[r][0] for g in groups.values() for r in g)
-    bar = progress.bar(f"copy to {node.name}", total)
+def _rsync(transfers, src, sizes):
+    """A few rsync processes per worker over disjoint file lists, every worker at once (whole files;
+    interrupted files resume from their partial), with one aggregate progress bar."""
+    total = sum(sizes[r][0] for t in transfers for r in t.send)
+    bar = progress.bar(f"copy to {', '.join(t.node.name for t in transfers)}", total)
     jobs = []
     with tempfile.TemporaryDirectory(prefix="dsv41-copy-") as tmp:
-        for kind, rels in groups.items():
-            for i, chunk in enumerate(_bins(rels, sizes, COPY_STREAMS)):
-                lst = os.path.join(tmp, f"{kind}{i}")
-                with open(lst, "wb") as f:
-                    f.write(b"\0".join(os.fsencode(r) for r in chunk) + b"\0")
-                jobs.append(rsync_argv(node, src, dest, lst, kind))
+        for t in transfers:
+            for kind, rels in t.groups.items():
+                for i, chunk in enumerate(_bins(rels, sizes, COPY_STREAMS)):
+                    lst = os.path.join(tmp, f"{t.node.name}-{kind}{i}")
+                    with open(lst, "wb") as f:
+                        f.write(b"\0".join(os.fsencode(r) for r in chunk) + b"\0")
+                    jobs.append((t, rsync_argv(t.node, src, t.mdir, lst, kind)))
         procs, threads, counts = [], [], [0] * len(jobs)
         errs = [b""] * len(jobs)
         try:
-            for i, argv in enumerate(jobs):
+            for i, (_, argv) in enumerate(jobs):
                 p = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 procs.append(p)
                 for target, args in ((_read_progress, (p, i, counts, bar)), (_read_err, (p, i, errs))):
-                    t = threading.Thread(target=target, args=args, daemon=True)
-                    t.start()
-                    threads.append(t)
+                    th = threading.Thread(target=target, args=args, daemon=True)
+                    th.start()
+                    threads.append(th)
             codes = [p.wait() for p in procs]
         except BaseException:
             for p in procs:
                 end(p)
             bar.close()
             raise
-        for t in threads:
-            t.join()
+        for th in threads:
+            th.join()
         bar.close()
-    for code, err in zip(codes, errs):
+    for (t, _), code, err in zip(jobs, codes, errs):
         if code:
             tail = one_line(err.decode(errors="replace")[-300:]) or "no output"
-            raise UserError(f"{node.label}: rsync to {dest} failed (exit {code}): {tail}; "
+            raise UserError(f"{t.node.label}: rsync to {t.mdir} failed (exit {code}): {tail}; "
                             f"run `doit copy` again (it resumes)")
 
 
@@ -238,9 +257,9 @@ def _drop_cache(model_dir, rels):
 _NODE_PROGRESS_RE = re.compile(r"^progress (\d+) (\d+)$")
 
 
-def _remote_verify(node, mdir, sdir, cfg):
-    """Run the shipped verifier on the worker; its `progress <done> <total>` lines (--machine-progress) drive
-    this head's bar, its other stderr lines are passed through. Returns its receipt."""
+def _start_verify(node, mdir, sdir, cfg):
+    """Start the shipped verifier on a worker; its `progress <done> <total>` lines (--machine-progress)
+    drive this head's bar, its other stderr lines are passed through. _finish_verify collects it."""
     argv = node.argv_for(_checkpoint_argv(sdir, "verify", mdir, "--receipt", names.state_path(sdir, names.RECEIPT),
                                           "--plan", cfg.plan_name, "--json", "--machine-progress",
                                           *(["--keep-parts"] if cfg.keep_parts else [])))
@@ -265,6 +284,12 @@ def _remote_verify(node, mdir, sdir, cfg):
 
     t = threading.Thread(target=relay, daemon=True)
     t.start()
+    return node, p, t, last, bars
+
+
+def _finish_verify(check):
+    """Wait for a verifier started by _start_verify; returns the worker's receipt."""
+    node, p, t, last, bars = check
     try:
         out = p.stdout.read()
         code = p.wait()

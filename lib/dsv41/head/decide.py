@@ -109,7 +109,7 @@ def decide(specs, desired, facts):
         if (s.name, unit) in changed:
             rank_reasons.append(f"{unit} changed")
         elif u.get("ActiveState") != "active":
-            rank_reasons.append(f"{unit} is {u.get('ActiveState', 'not installed')}")
+            rank_reasons.append(f"{unit} on {s.name} is {u.get('ActiveState', 'not installed')}")
         elif container and f["image_id"] and container["image"] != f["image_id"]:
             rank_reasons.append(f"{unit} runs an older image")
         elif (f.get("model_changed_at") or 0) > _since(u):

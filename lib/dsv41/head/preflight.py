@@ -244,20 +244,23 @@ def mtu(ctx):
 
 @check("ping")
 def ping(ctx):
-    """Don't-fragment pings of the full MTU, both ways between the head and each worker."""
+    """Don't-fragment pings of the full MTU, both ways between every two nodes (tensor-parallel ranks
+    all talk to each other)."""
     if 0 not in ctx.fab:
         return
-    for r in ctx.workers:
-        for a, b in ((0, r), (r, 0)):
-            p = next((p for p in ctx.ok[a].get("pings", []) if p.get("peer") == ctx.fab[b]["ip"]), None)
-            label = f"{ctx.name(a)} -> {ctx.name(b)} {ctx.fab[b]['ip']}"
-            if p is None:
-                yield WARN, f"{label}: not run", "run `doit preflight` again"
-            elif p.get("ok"):
-                yield PASS, f"{label}: {p['size']} bytes, don't fragment"
-            else:
-                yield (FAIL, f"{label}: {p.get('size')} bytes don't fragment failed: {p.get('error')}",
-                       f"check MTU on both ends, cable and addresses: {p.get('command') or 'ping -M do'}")
+    ranks = [0] + ctx.workers
+    for i, r in enumerate(ranks):
+        for q in ranks[i + 1:]:
+            for a, b in ((r, q), (q, r)):
+                p = next((p for p in ctx.ok[a].get("pings", []) if p.get("peer") == ctx.fab[b]["ip"]), None)
+                label = f"{ctx.name(a)} -> {ctx.name(b)} {ctx.fab[b]['ip']}"
+                if p is None:
+                    yield WARN, f"{label}: not run", "run `doit preflight` again"
+                elif p.get("ok"):
+                    yield PASS, f"{label}: {p['size']} bytes, don't fragment"
+                else:
+                    yield (FAIL, f"{label}: {p.get('size')} bytes don't fragment failed: {p.get('error')}",
+                           f"check MTU on both ends, cable and addresses: {p.get('command') or 'ping -M do'}")
 
 
 @check("link-speed", per_node=True)
@@ -472,7 +475,8 @@ def gather(cfg, progress=None):
             out[s.rank] = {"error": str(err)}
             continue
         args = ["--model-dir", model_dir, *_override_args(s)]
-        args += ["--peer", head_ip, "--ping", head_ip] if head_ip else []
+        peers = [head_ip] * bool(head_ip) + [ip for r, ip in known.items() if ip and r != s.rank]
+        args += (["--peer", head_ip] if head_ip else []) + (["--ping", ",".join(peers)] if peers else [])
         out[s.rank] = _facts_call(cfg, s, n, args)
     decided = fabric.decide_all(cfg, _answered(out))
     # a second head call pings the workers whose fabric address became known only now
