@@ -328,3 +328,18 @@ def test_head_verify_updates_one_bar_in_place_on_a_terminal(tmp_path):
     assert out.count("\n") == 1 and out.endswith("\n") and "\r" in out, repr(out)   # tqdm, redrawn in place
     final = out.rstrip("\n").rsplit("\r", 1)[-1]
     assert final.startswith(f"verify {d}: 100%|") and "120MB/120MB [" in final and "B/s]" in final, repr(final)
+
+
+def test_manifest_lines_for_part_files_do_not_outlive_the_parts(tmp_path):
+    """A manifest may list the .partNN files too: the rebuilt shard's hash covers them, and once the
+    parts are removed the checkpoint stays verified."""
+    d = tmp_path / "m"
+    facts = make_checkpoint(str(d), shard_bytes=300_000, parts=2)
+    with open(d / "sha256-manifest.txt", "a") as f:
+        for parts in facts["parts"].values():
+            for p in parts:
+                f.write(f"{hashlib.sha256((d / p).read_bytes()).hexdigest()}  {p}\n")
+    ck = checkpoint.Checkpoint(str(d), str(tmp_path / "receipt.json"), plan=facts["plan"])
+    rec = ck.verify()
+    assert set(rec["files"]) == set(facts["shards"]) and not list(d.glob("*.part*"))
+    assert ck.check()[0]

@@ -337,3 +337,14 @@ def test_three_nodes_every_pair_pings_both_ways():
     f[2]["pings"][1].update(ok=False, error="100% packet loss")             # worker2 cannot reach worker1
     [bad] = [c for c in get(run(cfg, f), "ping") if c.status == "FAIL"]
     assert bad.detail.startswith("worker2 -> worker1 198.51.100.13")
+
+
+def test_json_shape_is_versioned(cfg, capsys):
+    """`doit preflight --json` is for scripts: its shape is pinned (bump the schema to change it)."""
+    report(cfg, good(), as_json=True)
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"schema", "ok", "checks"} and doc["schema"] == "dsv41.preflight/1"
+    assert isinstance(doc["ok"], bool) and doc["checks"]
+    for c in doc["checks"]:
+        assert set(c) == {"name", "status", "detail", "fix", "node"} and c["status"] in ("PASS", "WARN", "FAIL")
+        assert all(isinstance(v, str) for v in c.values())

@@ -1,13 +1,12 @@
 """doit launch: preflight, image, then facts -> decide -> apply, then wait until the API generates a
 token. Ranks start workers first and the head last, and stop head first (a stale rendezvous races)."""
 import os
-import sys
 import time
 
 from dsv41 import names
 from dsv41.client.api import Client
 from dsv41.errors import UserError
-from dsv41.head import commands, fabric, image, preflight, units
+from dsv41.head import commands, fabric, image, preflight, progress, units
 from dsv41.head.cluster import Cluster, say
 from dsv41.head.decide import Kind, decide
 from dsv41.head.desired import desired, read_head_plan, read_or_create_key
@@ -146,26 +145,26 @@ def wait_ready(cl):
     unit stays active. A failed rank stops the wait at once with its journal."""
     cfg = cl.cfg
     client = Client(cfg.api_url, read_or_create_key(cfg), read_timeout=60)
-    started = time.monotonic()
-    deadline = started + cfg.start_timeout_s
-    last_note = 0.0
-    while True:
-        problem = ranks_down(cl)
-        if problem:
-            show_rank_logs(cl)
-            raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
-        if client.generates(cfg.served_model_name):
-            break
-        now = time.monotonic()
-        if now > deadline:
-            show_rank_logs(cl)
-            raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
-                            "(START_TIMEOUT_MIN); the ranks' journals are above")
-        if now - last_note >= (5 if sys.stderr.isatty() else 30):
-            print(f"waiting for the API at {client.base}: {fmt_elapsed(now - started)} elapsed "
-                  f"(first start takes about 12 min)", flush=True)
-            last_note = now
-        time.sleep(2)
+    started = last = time.monotonic()
+    with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
+                      cfg.start_timeout_s, unit="s") as wait:
+        while True:
+            problem = ranks_down(cl)
+            if problem:
+                wait.close()
+                show_rank_logs(cl)
+                raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
+            if client.generates(cfg.served_model_name):
+                return
+            now = time.monotonic()
+            wait.update(now - last)
+            last = now
+            if now - started > cfg.start_timeout_s:
+                wait.close()
+                show_rank_logs(cl)
+                raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
+                                "(START_TIMEOUT_MIN); the ranks' journals are above")
+            time.sleep(2)
 
 
 def fmt_elapsed(s):

@@ -18,6 +18,8 @@ MAX_SKEW_S = 2.0
 # (kernel release prefix, boot option that avoids the problem, the problem)
 KNOWN_BAD_KERNELS = (("7.0.0-1019", "kho=off", "NCCL memory registration (ibv_reg_mr) fails with ENOMEM"),)
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+# --json: {"schema": SCHEMA, "ok": bool, "checks": [{"name", "status", "detail", "fix", "node"}]}
+SCHEMA = "dsv41.preflight/1"
 
 
 class Check(NamedTuple):
@@ -495,7 +497,7 @@ def report(cfg, gathered, as_json=False, brief=False):
     results = checks(cfg, gathered.facts, skip_set(cfg), gathered.decided)
     failed = any(c.status == FAIL for c in results)
     if as_json:
-        print(json.dumps({"ok": not failed, "checks": [c._asdict() for c in results]}, indent=2))
+        print(json.dumps({"schema": SCHEMA, "ok": not failed, "checks": [c._asdict() for c in results]}, indent=2))
     else:
         for c in results:
             if not brief or c.status == FAIL or (c.status == WARN and "skipped on request" not in c.detail):

@@ -50,6 +50,8 @@ def read_manifest(model_dir):
         rel = m and os.path.normpath(m.group(2))
         if not m or rel.startswith(("/", "..")) or rel == ".":
             raise UserError(f"{path} line {i} is not `<sha256>  <relative path>`: {one_line(line, 120)}")
+        if PART_RE.match(os.path.basename(rel)):
+            continue        # a .partNN line: its shard's own hash covers the joined parts, which go after
         entries[rel] = m.group(1).lower()
     if not entries:
         raise UserError(f"{path} lists no files: download it again")

@@ -1,0 +1,51 @@
+"""`doit status` for real on this machine as a one-node cluster (nothing deployed here): the verdict, the
+exit code a monitor reads, and the --json shape, which is versioned."""
+import json
+import os
+import subprocess
+import sys
+
+from dsv41.head.status import EXIT_CODES, verdict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def doit(args, tmp_path, **env):
+    e = {k: v for k, v in os.environ.items() if k not in ("WORKER", "WORKERS", "DSV41_PROFILE")}
+    e.update({"STATE_DIR": str(tmp_path / "state"), "PORT": "18999", "MPORT": "18998", **env})
+    return subprocess.run([sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py"), *args],
+                          capture_output=True, text=True, env=e, cwd=ROOT, timeout=120)
+
+
+def test_nothing_deployed_is_not_running_exit_3_with_the_versioned_json(tmp_path):
+    r = doit(["status", "--json"], tmp_path)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 3 and doc["state"] == "NOT RUNNING" and doc["exit_code"] == 3
+    assert set(doc) == {"schema", "state", "exit_code", "nodes", "api", "stale", "watchdog"}
+    assert doc["schema"] == "dsv41.status/1" and list(doc["nodes"]) == ["head"]
+    head = doc["nodes"]["head"]
+    assert set(head) == {"memguard", "rank_unit", "rank_state", "since", "container", "mem_available_gib",
+                         "gpu_memory", "tripped"}
+    assert head["rank_unit"] == "dsv41-r0.service" and head["mem_available_gib"] > 0
+    assert set(doc["api"]) == {"url", "health", "models"} and doc["api"]["health"] is None
+    assert doc["watchdog"]["enabled"] is True and doc["watchdog"]["unit"] in ("not installed", "inactive")
+    r = doit(["status"], tmp_path)
+    assert r.returncode == 3 and "NOT RUNNING: nothing is running: start it with `doit launch`" in r.stdout
+
+
+def test_the_verdict_and_its_exit_code():
+    up = {"rank_state": "active/running", "container": "running", "tripped": None}
+    down = {"rank_state": "failed/failed", "container": "none", "tripped": None}
+    serving, silent = {"models": ["m"]}, {"models": None}
+    cases = [
+        ({"a": up, "b": up}, serving, [], "READY"),
+        ({"a": up, "b": down}, serving, [], "DEGRADED"),
+        ({"a": up, "b": up}, serving, ["r1 restarted after the head's rank"], "DEGRADED"),
+        ({"a": up, "b": up}, silent, [], "DOWN"),
+        ({"a": down, "b": down}, silent, [], "NOT RUNNING"),
+        ({"a": up, "b": {**down, "tripped": {"time": "t"}}}, serving, [], "TRIPPED"),
+        ({"a": up, "b": {"error": "did not answer"}}, serving, [], "UNREACHABLE"),
+    ]
+    for nodes, api, stale, want in cases:
+        assert verdict(nodes, api, stale) == want
+    assert EXIT_CODES == {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6}
