@@ -25,11 +25,8 @@ def recovered(since, timeout=600):
 
 
 def main():
-    why = lab.unavailable()
-    if why:
-        print(f"skipped: {why}")
+    if lab.skipped():
         return 0
-    lab.launched()
     lab.on("head", f"rm -f {STATE}/incidents.jsonl {STATE}/watchdog.gaveup")
     lab.doit("launch")                                  # the default watchdog settings
     rows = []

@@ -40,6 +40,16 @@ def timed(args, env=None):
     return time.monotonic() - t0, r
 
 
+def skipped():
+    """True (after saying why) when the lab cannot run here; else the lab is up and launched."""
+    why = unavailable()
+    if why:
+        print(f"skipped: {why}")
+        return True
+    launched()
+    return False
+
+
 def launched():
     """The lab up (cached: seconds) and the cluster launched with the stand-in engine."""
     subprocess.run(["bash", str(LAB / "up.sh")], check=True, capture_output=True)
