@@ -5,7 +5,10 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from dsv41.errors import UserError, one_line
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -26,6 +29,11 @@ class Snapshot:
         """A sample summed over its label sets (engines, models); default when absent."""
         series = self.samples.get(name)
         return sum(series.values()) if series else default
+
+    def peak(self, name, default=None):
+        """A gauge's largest value over its label sets (a fraction such as KV-cache usage)."""
+        series = self.samples.get(name)
+        return max(series.values()) if series else default
 
     def buckets(self, name):
         """A histogram's cumulative bucket counts {upper bound: count}, summed over label sets."""
@@ -69,3 +77,55 @@ def quantile(a, b, name, q):
             return prev_le + (le - prev_le) * ((rank - prev_count) / width if width else 0.0)
         prev_le, prev_count = le, count
     return None
+
+
+def metrics_url(api_url):
+    """vLLM's /metrics beside an OpenAI-compatible base URL: http://h:8000/v1 -> http://h:8000/metrics."""
+    url = api_url.rstrip("/")
+    return (url[: -len("/v1")] if url.endswith("/v1") else url) + "/metrics"
+
+
+def scrape(url, timeout=5.0):
+    """A Snapshot of one GET of url (timed when the answer arrived); UserError in one line when the
+    server does not answer, answers with an error, or answers with something that is not Prometheus text."""
+    try:
+        r = requests.get(url, timeout=(min(2.0, timeout), timeout))
+    except requests.exceptions.ConnectionError as err:
+        why = "connection refused" if "refused" in str(err).lower() else one_line(err, 120)
+        raise UserError(f"no answer from {url} ({why})") from None
+    except requests.exceptions.RequestException as err:
+        why = "timed out" if isinstance(err, requests.exceptions.Timeout) else one_line(err, 120)
+        raise UserError(f"no answer from {url} ({why})") from None
+    at = time.time()
+    if r.status_code != 200:
+        raise UserError(f"{url} answered HTTP {r.status_code}: {one_line(r.text, 120) or 'no body'}")
+    try:
+        return parse(r.text, at)
+    except ValueError as err:
+        raise UserError(f"{url} did not answer Prometheus text ({one_line(err, 120)})") from None
+
+
+def engine(a, b):
+    """What the engine is doing, from snapshot b and, for the last interval, the earlier snapshot a
+    (None: rates and percentiles are None). Percentiles come from the histogram bucket deltas, so
+    they describe the requests of the interval, not everything since the server started.
+
+    running, waiting: requests now; kv_cache_usage_pct: 0..100 (the fullest engine);
+    prompt_tokens_per_s, generation_tokens_per_s: counter increase / interval; ttft_p50_s, ttft_p95_s,
+    itl_p50_s, itl_p95_s: seconds (None when nothing was observed); preemptions_total, and
+    preemptions_in_interval; interval_s: b.time - a.time."""
+    kv = b.peak(KV_USAGE)
+    out = {"running": b.value(RUNNING), "waiting": b.value(WAITING),
+           "kv_cache_usage_pct": None if kv is None else round(kv * 100, 3),
+           "preemptions_total": b.value(PREEMPTIONS), "interval_s": None,
+           "prompt_tokens_per_s": None, "generation_tokens_per_s": None, "preemptions_in_interval": None,
+           "ttft_p50_s": None, "ttft_p95_s": None, "itl_p50_s": None, "itl_p95_s": None}
+    if a is None or b.time <= a.time:
+        return out
+    pa, pb = a.value(PREEMPTIONS), b.value(PREEMPTIONS)
+    out.update(interval_s=round(b.time - a.time, 3),
+               prompt_tokens_per_s=rate(a, b, PROMPT_TOKENS), generation_tokens_per_s=rate(a, b, GENERATION_TOKENS),
+               preemptions_in_interval=pb - pa if pa is not None and pb is not None and pb >= pa else None,
+               ttft_p50_s=quantile(a, b, TTFT, 0.5), ttft_p95_s=quantile(a, b, TTFT, 0.95),
+               itl_p50_s=quantile(a, b, ITL, 0.5), itl_p95_s=quantile(a, b, ITL, 0.95))
+    return out
