@@ -13,7 +13,7 @@ from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (config, copy, desired, download, endpoint, fabric_bench, image, launch, logs,  # noqa: E402
-                        pi, plan, preflight, status, stop, verify)
+                        pi, plan, preflight, status, stop, top, verify)
 from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
 
 try:
@@ -104,6 +104,13 @@ def task_launch():
 def task_status():
     """Per-node table: memory guard, rank units, containers, MemAvailable, GPU memory, API health."""
     return {"actions": [call(status.status)], "params": [JSON], "uptodate": [False]}
+
+
+def task_top():
+    """Live view: each node's memory against its guard's floor, guard and rank; the engine; the watchdog."""
+    return {"actions": [call(top.top)], "uptodate": [False], "io": {"capture": False}, "params": [  # frames: no copy
+        JSON, {"name": "once", "long": "once", "type": bool, "default": False, "help": "print one snapshot and exit"},
+        {"name": "interval", "long": "interval", "type": float, "default": 2.0, "help": "seconds between refreshes"}]}
 
 
 def task_logs():

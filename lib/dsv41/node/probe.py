@@ -3,8 +3,8 @@
 `python3 -m dsv41.node.probe '<json request>'` with {"state_dir", "model_dir", "units": [...], "image",
 "containers": [...], "files": [...]} prints: installed unit files (text and sha256), systemd states,
 containers, the image ID, the trip marker, when the model dir last changed, MemAvailable, GPU memory,
-state file hashes. Launch, plan and status
-read a node through this one call."""
+state file hashes, memory and swap from /proc/meminfo, and the memory guard's settings (memguard.json:
+its floor and mode). Launch, plan, status and top read a node through this one call."""
 import hashlib
 import json
 import os
@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 
-from dsv41.names import UNIT_DIR
+from dsv41.names import GUARD_SETTINGS, UNIT_DIR
 from dsv41.node.facts import memory_facts, run_quiet
 from dsv41.node.memguard import read_trip
 
@@ -77,6 +77,35 @@ def gpu_memory():
     return stdout.strip() if code == 0 else None
 
 
+MEMINFO = {"MemTotal": "total_bytes", "MemAvailable": "available_bytes", "SwapTotal": "swap_total_bytes",
+           "SwapFree": "swap_free_bytes"}
+
+
+def meminfo(path="/proc/meminfo"):
+    """Memory and swap in bytes ({"total_bytes", "available_bytes", "swap_total_bytes", "swap_free_bytes"})."""
+    out = dict.fromkeys(MEMINFO.values())
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in MEMINFO:
+                    out[MEMINFO[key]] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def guard_settings(state_dir):
+    """The guard's memguard.json ({"floor_gib", "mode", ...}) as written by launch; None when absent
+    or unreadable (the guard then keeps its command-line floor)."""
+    try:
+        with open(os.path.join(state_dir, GUARD_SETTINGS)) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
 def newest_change(model_dir):
     """ctime of the newest change under the model dir (it, its files and dirs; hidden ones skipped),
     or None when it does not exist. A rank started before this holds files that have been replaced."""
@@ -114,6 +143,8 @@ def main():
         "mem_available_kib": memory_facts()["available_bytes"] // 1024,
         "gpu_memory": gpu_memory(),
         "files": files,
+        "memory": meminfo(),
+        "guard_settings": guard_settings(state),
     }))
 
 
