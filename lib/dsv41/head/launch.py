@@ -78,10 +78,7 @@ def apply(cl, want, steps):
         by_name[name].run(cl.priv(by_name[name], commands.systemctl("daemon-reload")))
     for s in steps:
         if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
-            node, verb = by_name[s.node], s.kind.value.split("-")[0]
-            node.run(cl.priv(node, commands.systemctl(verb, names.MEMGUARD_UNIT)))
-            node.run(cl.priv(node, commands.systemctl("enable", "--quiet", names.MEMGUARD_UNIT)))
-            say(node, f"{verb}ed the memory guard")
+            control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
@@ -105,12 +102,16 @@ def pause_watchdog(cl, facts, steps):
 def apply_watchdog(cl, steps, paused):
     """The watchdog steps, after the API is ready (a paused watchdog starts again, unless WATCHDOG=0)."""
     kinds = [s.kind for s in steps if s.kind in WATCHDOG_STEPS] or ([Kind.START_WATCHDOG] if paused else [])
-    for kind in kinds:
-        verb = kind.value.split("-")[0]          # start, restart (starts a stopped one) or stop
-        cl.head.run(cl.priv(cl.head, commands.systemctl(verb, names.WATCHDOG_UNIT)))
-        cl.head.run(cl.priv(cl.head, commands.systemctl("disable" if verb == "stop" else "enable",
-                                                        "--quiet", names.WATCHDOG_UNIT)))
-        say(cl.head, f"{verb}{'ped' if verb == 'stop' else 'ed'} the watchdog")
+    for kind in kinds:                           # restart starts a stopped one
+        control(cl, cl.head, kind, names.WATCHDOG_UNIT, "watchdog")
+
+
+def control(cl, node, kind, unit, what):
+    """systemctl start, restart, reload or stop of a service kept enabled (disabled when stopped)."""
+    verb = kind.value.split("-")[0]
+    node.run(cl.priv(node, commands.systemctl(verb, unit)))
+    node.run(cl.priv(node, commands.systemctl("disable" if verb == "stop" else "enable", "--quiet", unit)))
+    say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
 
 
 def install_unit(cl, node, name, text):
