@@ -31,6 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOIT = [sys.executable, "-m", "doit", "-f", str(ROOT / "dodo.py")]
 GIB = 1 << 30
 COLS, ROWS = 120, 40
+# what a frozen worker is reported as: top's own deadline, or ssh's (its master's keep-alive, the
+# banner exchange), whichever ran out first
+FROZEN = re.compile(r"worker1 \(root@127\.0\.0\.1\)(:| did not answer).*(within \d+ s|timed out|not responding)",
+                    re.S)
 
 
 # ---- figures from a probe ---------------------------------------------------------------------------
@@ -236,7 +240,7 @@ def test_once_json_shows_nodes_engine_watchdog_and_a_frozen_worker_as_stale(clus
         cluster.thaw()
     w = v["nodes"]["worker1"]
     assert w["state"] == "stale" and w["seen_s_ago"] is None and w["mem_available_bytes"] is None
-    assert "worker1 (root@127.0.0.1) did not answer" in w["error"] and "frozen" in w["error"]
+    assert FROZEN.search(w["error"]), w["error"]
     assert v["nodes"]["head"]["state"] == "ok"                      # the rest of the screen is fresh
     assert v["engine"]["state"] == "ok" and v["engine"]["generation_tokens_per_s"] is None   # one scrape: no rates
 
@@ -341,7 +345,7 @@ def test_live_screen_shows_every_field_keeps_going_while_a_node_is_frozen_and_q_
     cluster.freeze()
     try:
         t.wait_for(lambda t: "STALE" in t.row("worker1 "), timeout=30)
-        assert "did not answer within 2 s (SSH_TIMEOUT_S)" in t.text()
+        assert FROZEN.search(t.text()), t.text()
         first = clock(t)
         t.wait_for(lambda t: clock(t) != first and "STALE" in t.row("worker1 "))   # still drawing
         assert "ago" in t.row("head ")
