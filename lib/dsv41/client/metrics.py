@@ -115,9 +115,9 @@ def engine(a, b):
     itl_p50_s, itl_p95_s: seconds (None when nothing was observed); preemptions_total, and
     preemptions_in_interval; interval_s: b.time - a.time."""
     kv = b.peak(KV_USAGE)
-    out = {"running": b.value(RUNNING), "waiting": b.value(WAITING),
+    out = {"running": _count(b.value(RUNNING)), "waiting": _count(b.value(WAITING)),
            "kv_cache_usage_pct": None if kv is None else round(kv * 100, 3),
-           "preemptions_total": b.value(PREEMPTIONS), "interval_s": None,
+           "preemptions_total": _count(b.value(PREEMPTIONS)), "interval_s": None,
            "prompt_tokens_per_s": None, "generation_tokens_per_s": None, "preemptions_in_interval": None,
            "ttft_p50_s": None, "ttft_p95_s": None, "itl_p50_s": None, "itl_p95_s": None}
     if a is None or b.time <= a.time:
@@ -125,7 +125,12 @@ def engine(a, b):
     pa, pb = a.value(PREEMPTIONS), b.value(PREEMPTIONS)
     out.update(interval_s=round(b.time - a.time, 3),
                prompt_tokens_per_s=rate(a, b, PROMPT_TOKENS), generation_tokens_per_s=rate(a, b, GENERATION_TOKENS),
-               preemptions_in_interval=pb - pa if pa is not None and pb is not None and pb >= pa else None,
+               preemptions_in_interval=_count(pb - pa) if pa is not None and pb is not None and pb >= pa else None,
                ttft_p50_s=quantile(a, b, TTFT, 0.5), ttft_p95_s=quantile(a, b, TTFT, 0.95),
                itl_p50_s=quantile(a, b, ITL, 0.5), itl_p95_s=quantile(a, b, ITL, 0.95))
     return out
+
+
+def _count(v):
+    """A count as an int (Prometheus sends floats); None stays None."""
+    return int(v) if v is not None and math.isfinite(v) and v == int(v) else v
