@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib
 from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
-from dsv41.head import (config, copy, desired, download, endpoint, fabric_bench, image, launch, logs,  # noqa: E402
-                        pi, plan, preflight, status, stop, top, verify)
+from dsv41.head import (completion, config, copy, desired, download, endpoint, fabric_bench, image,  # noqa: E402
+                        launch, logs, pi, plan, preflight, status, stop, top, verify)
 from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
 
 try:
@@ -157,3 +157,8 @@ def task_pi():
 def task_fabric_bench():
     """Measure the fabric between head and worker with ib_write_bw and compare with expectations."""
     return {"basename": "fabric-bench", "actions": [call(fabric_bench.bench_task)], "uptodate": [False]}
+
+
+def task_completion():
+    """Print bash completion for doit with every task's options: eval "$(doit completion)"."""
+    return {"actions": [call(completion.show)], "uptodate": [False]}

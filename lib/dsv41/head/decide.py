@@ -102,7 +102,7 @@ def decide(specs, desired, facts):
             steps.append(Step(Kind.START_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard not running"))
         elif f["files"].get(names.GUARD_SETTINGS) != sha(desired.files[s.name][names.GUARD_SETTINGS][0]):
             steps.append(Step(Kind.RELOAD_GUARD, s.name, names.MEMGUARD_UNIT,
-                              "MEMGUARD_GIB or MEMGUARD_MODE changed"))
+                              "MEMGUARD_GIB, MEMGUARD_MODE or METRICS_DIR changed"))
         unit = names.rank_unit(s.rank)
         u = f["units"].get(unit, {})
         container = f["containers"].get(names.rank_name(s.rank))
