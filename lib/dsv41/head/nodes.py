@@ -1,9 +1,10 @@
 """Node: run an argv on the head (locally) or on a worker over ssh, read and write files there, and ship
-the node code. Commands on nodes go through Node.run (copy's rsync and fabric-bench's server start
-their processes from Node's argv). ssh is always BatchMode with one multiplexed master per node
-(ControlMaster/ControlPersist, socket under the state dir); remote commands are one shlex.join'ed
-string after `--` and the target, so spaces, quotes, `$` and backticks arrive literally and nothing
-becomes an option.
+the node code. Commands on nodes go through Node.run; what must run beside it (copy's rsyncs and
+verifiers, fabric-bench's server, top's background probes) starts from Node.argv_for or
+Node.ssh_command, with spawn() where it must end with doit. ssh is always BatchMode with one
+multiplexed master per node (ControlMaster/ControlPersist, socket under the state dir); remote commands
+are one shlex.join'ed string after `--` and the target, so spaces, quotes, `$` and backticks arrive
+literally and nothing becomes an option.
 
 A dead, frozen or cut-off node costs about SSH_TIMEOUT_S once per run: ssh's connect timeout and
 keep-alives are derived from it, the first contact is bounded by it, every remote command has a
