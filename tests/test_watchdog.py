@@ -1,6 +1,6 @@
 """The watchdog's judgement as a pure function: a sequence of observations (what the nodes' probes, the
 API's /health, /metrics and the token probe showed, interval after interval) in, verdicts out. The
-lab tests (tests/lab/test_watchdog.py) show the same verdicts acted on against real systemd, Docker and
+lab tests (tests/lab/test_self_healing.py) show the same verdicts acted on against real systemd, Docker and
 the stand-in engine."""
 import pytest
 
