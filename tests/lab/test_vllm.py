@@ -41,7 +41,7 @@ def vllm(lab):
     assert r.returncode == 0, r.stderr[-3000:]
     endpoint = subprocess.run(["bash", str(LAB_DIR / "hub-up.sh")], capture_output=True, text=True,
                               check=True).stdout.strip()
-    # the watchdog stays off here (these tests repair by hand); test_watchdog shows it on this engine
+    # the watchdog stays off here (these tests repair by hand); the last test shows it on this engine
     env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint, "WATCHDOG": "0"}
     lab.doit("stop", check=False)
     for node, rank in (("head", 0), ("worker1", 1)):
