@@ -8,7 +8,7 @@ from dsv41.errors import UserError, one_line
 from dsv41.head import nodes, preflight
 from dsv41.head.fabric import resolve
 
-EXPECTED_WRITE_GBPS = 112.0        # ib_write_bw on one HCA (field notes)
+EXPECTED_WRITE_GBPS = 112.0        # ib_write_bw on one HCA, as reported between two Sparks
 NCCL_FLOOR_GBPS = 175.0            # NCCL bus bandwidth between two Sparks, all HCAs
 
 
