@@ -8,7 +8,8 @@
     lab.engine_ref   "198.51.100.11:5000/lab/engine@sha256:..." (the stand-in serving image)
     lab.ip           {"head": "198.51.100.11", "worker1": "198.51.100.13", ...} (the nodes that are up)
     lab.venv         "/opt/dsv41-venv" on head (doit, sh, requests, huggingface_hub, psutil, jinja2)
-    lab.doit(args, env=None, check=True) -> CompletedProcess of `doit ARGS` on the head (lab profile)
+    lab.doit(args, env=None, check=True) -> CompletedProcess of `doit ARGS` on the head (lab profile,
+        WATCHDOG=0 unless env turns it on)
     lab.units(node, units, props) -> {unit: {prop: value}} from `systemctl show` on the node
     lab.link(node, up) / lab.freeze(node, frozen)  faults from the host: the node's fabric link down,
         or every process of the node frozen (its cgroup), as a hung or cut-off Spark would be
@@ -71,7 +72,8 @@ class Lab:
         return all(self.on(n, "true", check=False, timeout=10).returncode == 0 for n in self.ip)
 
     def doit(self, args, env=None, check=True, timeout=900):
-        env = {"DSV41_PROFILE": "lab", **(env or {})}
+        # the watchdog is off unless a test turns it on: it would repair the faults tests make on purpose
+        env = {"DSV41_PROFILE": "lab", "WATCHDOG": "0", **(env or {})}
         cmd = (f"cd {shlex.quote(self.repo)} && env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} "
                f"PYTHONPATH={shlex.quote(self.repo + '/lib')} {self.venv}/bin/doit {args}")
         r = self.on("head", cmd, check=False, timeout=timeout)

@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.lab
 
 STATE = "/root/.dsv41-two-sparks"
-FAST = {"WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12",
+FAST = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12",
         "WATCHDOG_MAX_RECOVERIES": "2", "WATCHDOG_WINDOW_MIN": "60", "SSH_TIMEOUT_S": "5"}
 
 

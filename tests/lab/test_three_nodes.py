@@ -12,7 +12,7 @@ from conftest import LAB_DIR, Lab, launch_from_nothing
 pytestmark = pytest.mark.lab
 
 WORKERS = {"WORKERS": "root@198.51.100.13,root@198.51.100.14"}
-FAST = {**WORKERS, "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "SSH_TIMEOUT_S": "5"}
+FAST = {**WORKERS, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "SSH_TIMEOUT_S": "5"}
 
 
 def lab_with(nodes):
@@ -27,7 +27,7 @@ def three(lab):
     lab3 = lab_with(3)
     assert list(lab3.ip) == ["head", "worker1", "worker2"]
     t0 = time.monotonic()
-    launched = launch_from_nothing(lab3, {**WORKERS, "WATCHDOG": "0"}, mb=32)
+    launched = launch_from_nothing(lab3, WORKERS, mb=32)
     print(f"three nodes: launch from nothing took {time.monotonic() - t0:.1f} s")
     yield lab3, launched
     launch_from_nothing(lab_with(2))
@@ -83,7 +83,7 @@ def test_the_middle_worker_lost_is_degraded_by_name_and_launch_restores_it(three
     assert report["nodes"]["worker1"]["rank_state"] != "active/running"
     assert report["nodes"]["worker2"]["rank_state"] == "active/running"
     assert "dsv41-r1.service on worker1 is " in lab.doit("plan", WORKERS).stdout
-    lab.doit("launch", {**WORKERS, "WATCHDOG": "0"})
+    lab.doit("launch", WORKERS)
     assert json.loads(lab.doit("status --json", WORKERS).stdout)["state"] == "READY"
 
 

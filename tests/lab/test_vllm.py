@@ -41,8 +41,8 @@ def vllm(lab):
     assert r.returncode == 0, r.stderr[-3000:]
     endpoint = subprocess.run(["bash", str(LAB_DIR / "hub-up.sh")], capture_output=True, text=True,
                               check=True).stdout.strip()
-    # the watchdog stays off here (these tests repair by hand); the last test shows it on this engine
-    env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint, "WATCHDOG": "0"}
+    # the watchdog stays off (lab.doit's default: these tests repair by hand); the last test turns it on
+    env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint}
     lab.doit("stop", check=False)
     for node, rank in (("head", 0), ("worker1", 1)):
         lab.on(node, f"systemctl stop dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf {STATE} {Path(MODEL).parent} "
