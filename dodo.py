@@ -135,7 +135,7 @@ def task_plan():
 
 
 def task_clear_trip():
-    """Clear a tripped memory guard on every node (after lowering KV_BYTES or GPU_UTIL)."""
+    """Clear a tripped memory guard on every node (after lowering KV_BYTES or GPU_UTIL); launch next."""
     return {"basename": "clear-trip", "actions": [call(stop.clear_trip, mutates=True)], "uptodate": [False]}
 
 

@@ -49,3 +49,16 @@ def test_the_verdict_and_its_exit_code():
     for nodes, api, stale, want in cases:
         assert verdict(nodes, api, stale) == want
     assert EXIT_CODES == {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6}
+
+
+def test_the_watchdog_line_reports_what_runs_whatever_the_setting_says():
+    from dsv41.head.status import watchdog_line
+    seen = {"verdict": "HEALTHY", "time": 0, "evidence": "every rank is up"}
+    last = {"started": 0, "verdict": "DEGRADED", "action": "restart", "result": "READY", "took_s": 13}
+    assert watchdog_line({"enabled": False, "unit": "inactive"}) == "watchdog: off (WATCHDOG=0)"
+    line = watchdog_line({"enabled": False, "unit": "active", **seen, "last_incident": last})
+    assert line.startswith("watchdog: active, saw HEALTHY") and "(WATCHDOG=0: the next launch stops it)" in line
+    assert "last incident" in line and "DEGRADED, restart, READY (13 s)" in line
+    line = watchdog_line({"enabled": True, "unit": "active", **seen, "gave_up": {"reason": "DEAD again"}})
+    assert "GAVE UP (DEAD again): hands off until `doit launch`" in line
+    assert watchdog_line({"enabled": True, "unit": "inactive", **seen}) == "watchdog: inactive"

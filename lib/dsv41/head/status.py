@@ -106,10 +106,13 @@ def watchdog_entry(cfg, head_facts):
 
 
 def watchdog_line(w):
-    if not w["enabled"]:
+    """What the watchdog is doing, from its unit and its status file (the setting only adds a note)."""
+    running = w["unit"] == "active"
+    if not running and not w["enabled"]:
         return "watchdog: off (WATCHDOG=0)"
-    seen = (f", saw {w['verdict']} {time.time() - w['time']:.0f} s ago: {w['evidence']}" if "verdict" in w else "")
-    line = f"watchdog: {w['unit']}{seen}"
+    seen = (f", saw {w['verdict']} {time.time() - w['time']:.0f} s ago: {w['evidence']}"
+            if running and "verdict" in w else "")
+    line = f"watchdog: {w['unit']}{seen}" + ("" if w["enabled"] else " (WATCHDOG=0: the next launch stops it)")
     if w.get("gave_up"):
         line += f"; GAVE UP ({w['gave_up'].get('reason', '?')}): hands off until `doit launch`"
     last = w.get("last_incident")

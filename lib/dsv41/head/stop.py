@@ -39,11 +39,15 @@ def stop(cfg):
 
 
 def clear_trip(cfg):
+    """Remove every trip marker. The watchdog stops too, until the next `doit launch` starts it: it
+    would otherwise restart the ranks with the settings that tripped the guard."""
     cl = Cluster(cfg)
     cl.connect()
+    cl.head.run(cl.priv(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT)), check=False)
     for n in cl.nodes:
         marker = commands.tripped_marker(cl.paths(n).state_dir)
         r = n.run(commands.rm_f("--", marker), check=False)
         if not r.ok:
             raise UserError(f"{n.label}: could not remove {marker}: {one_line(r.stderr) or f'exit {r.code}'}")
         say(n, f"cleared {marker}")
+    say(cl.head, "the watchdog is stopped until the next `doit launch`")
