@@ -340,7 +340,7 @@ def test_live_screen_shows_every_field_keeps_going_while_a_node_is_frozen_and_q_
     assert re.search(r"requests +1 running, 1 waiting +KV cache +\d+\.\d %", text)
     assert re.search(r"tokens/s +prompt \d+\.\d, generation \d+\.\d +preemptions +0", text)
     assert re.search(r"TTFT +p50 (-|\d+ ms), p95 (-|\d+ ms) +inter-token +p50 \d+ ms, p95 \d+ ms", text)
-    assert "watchdog: not installed, saw HEALTHY" in text
+    assert "watchdog: not installed" in text and "saw HEALTHY" not in text    # no stale verdict from a stopped one
 
     cluster.freeze()
     try:

@@ -479,7 +479,7 @@ def engine_lines(view):
 def watchdog_text(view):
     w = view["watchdog"]
     line = watchdog_line(w)
-    style = ("dim" if not w["enabled"] else "bold red" if w.get("gave_up")
+    style = ("bold red" if w.get("gave_up") else "dim" if w["unit"] != "active"
              else VERDICT_STYLE.get(w.get("verdict"), "red" if "verdict" in w else ""))
     return Text(line, style=style)
 
