@@ -64,7 +64,7 @@ def same_copy(head, worker):
 
 
 def fresh_on_workers(cfg):
-    """doit uptodate: every worker holds a verified copy equal to the head's (one ssh call per worker)."""
+    """doit uptodate: every worker holds a verified copy equal to the head's (two ssh calls per worker: its home, then the probe)."""
     ok, reason, head, _ = checkpoint(cfg).check()
     if not ok:
         return False
@@ -120,17 +120,18 @@ def _plan(cfg, spec, head, files):
     """What one worker lacks (a Transfer), or None when it already holds a verified copy."""
     node = Node.from_spec(spec, cfg)
     mdir, sdir = _worker_paths(cfg, spec, node)
-    probe = _probe(node, cfg, mdir, sdir)
+    probe, shipped = _probe(node, cfg, mdir, sdir), False
     if probe is None:                                     # first contact: ship the verifier, ask again
         ship_code(node, sdir)
-        probe = _probe(node, cfg, mdir, sdir)
+        probe, shipped = _probe(node, cfg, mdir, sdir), True
         if probe is None:
             raise UserError(f"{node.label}: cannot run python3 -m dsv41.node.checkpoint there: "
                             f"install python3 (>= 3.10)")
     if probe["fresh"] and not same_copy(head, probe["receipt"]):
         print(f"copy: {node.label} already holds a verified copy in {mdir}", file=sys.stderr)
         return None
-    ship_code(node, sdir)                                 # the verifier is this version's
+    if not shipped:
+        ship_code(node, sdir)                             # the verifier is this version's
     wrec = probe["receipt"] or {}
     wfiles, failed = wrec.get("files", {}), wrec.get("failed", {})
     fresh, remote, partials = set(probe["fresh_files"]), probe["listing"], probe["partials"]
@@ -185,9 +186,9 @@ def _rsync(transfers, src, sizes):
     """A few rsync processes per worker over disjoint file lists, every worker at once (whole files;
     interrupted files resume from their partial), with one aggregate progress bar."""
     total = sum(sizes[r][0] for t in transfers for r in t.send)
-    bar = progress.bar(f"copy to {', '.join(t.node.name for t in transfers)}", total)
     jobs = []
-    with tempfile.TemporaryDirectory(prefix="dsv41-copy-") as tmp:
+    with (progress.bar(f"copy to {', '.join(t.node.name for t in transfers)}", total) as bar,
+          tempfile.TemporaryDirectory(prefix="dsv41-copy-") as tmp):
         for t in transfers:
             for kind, rels in t.groups.items():
                 for i, chunk in enumerate(_bins(rels, sizes, COPY_STREAMS)):
@@ -209,11 +210,9 @@ def _rsync(transfers, src, sizes):
         except BaseException:
             for p in procs:
                 end(p)
-            bar.close()
             raise
         for th in threads:
             th.join()
-        bar.close()
     for (t, _), code, err in zip(jobs, codes, errs):
         if code:
             tail = one_line(err.decode(errors="replace")[-300:]) or "no output"

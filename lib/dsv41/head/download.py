@@ -153,6 +153,10 @@ def download(cfg):
     def incomplete(f):
         return os.path.join(state_dir, "download", f"{f.path}.{_etag(f)}.incomplete")
 
+    def resumed(f):
+        """Bytes of f already here from an interrupted run (hf_hub_download never resumes)."""
+        return 0 if by_hub_download(f) else min(_size(incomplete(f)), f.size)
+
     def done(f, receipt):
         try:
             st = os.stat(os.path.join(model_dir, f.path))
@@ -237,7 +241,7 @@ def download(cfg):
         if not files:
             return
         files = sorted(files, key=lambda f: -f.size)
-        have = sum(min(_size(incomplete(f)), f.size) for f in files if not by_hub_download(f))
+        have = sum(resumed(f) for f in files)
         stop = threading.Event()
         with progress.bar(f"download {cfg.hf_repo}", sum(f.size for f in files), initial=have) as bar, \
                 cf.ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
@@ -271,15 +275,14 @@ def download(cfg):
             groups.setdefault(os.path.join(os.path.dirname(f.path), m.group("base")), []).append(f)
     present = {b for b in groups if b in manifest and os.path.isfile(os.path.join(model_dir, b))}
     if present:
-        checker.verify(only=present, assemble=False, strict=False)
-    receipt = checker.load_receipt()
+        receipt = checker.verify(only=present, assemble=False, strict=False)
     verified = {b for b in present if checker._fresh_entry(receipt, b, manifest[b])}
     skip = {f.path for b in verified for f in groups[b]}
 
     # 3. free space: what is left to fetch plus the shards still to be rebuilt from parts
     _drop_stale_hub_partials(model_dir)
     todo = [f for f in tree.values() if f.path not in skip and not done(f, receipt)]
-    fetch_bytes = sum(f.size - (0 if by_hub_download(f) else min(_size(incomplete(f)), f.size)) for f in todo)
+    fetch_bytes = sum(f.size - resumed(f) for f in todo)
     rebuild = sum(f.size for b, fs in groups.items() if b in manifest and b not in verified for f in fs)
     need, free = fetch_bytes + rebuild, ck.free_bytes(model_dir)
     if need > free:
