@@ -9,6 +9,7 @@ import time
 import pytest
 
 from dsv41.head import fabric as head_fabric, fabric_bench, preflight
+from dsv41.head.cluster import Cluster
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
 from sshd import loopback_sshd  # noqa: F401  (fixture)
@@ -295,7 +296,7 @@ def test_gather_facts_head_and_worker_over_ssh(loopback_sshd, tmp_path, capsys):
                        "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "models" / "M"),
                        "HEAD_IP": "127.0.0.1", "HEAD_IFNAME": "lo", "WORKER_IP": "127.0.0.1",
                        "WORKER_IFNAME": "lo"})
-    facts = preflight.gather(cfg).facts
+    facts = preflight.gather(Cluster(cfg)).facts
     assert capsys.readouterr().err.splitlines() == ["facts: head", f"facts: worker1 ({loopback_sshd.target})"]
     assert set(facts) == {0, 1} and "error" not in facts[0] and "error" not in facts[1], facts
     assert facts[0]["ports"] == {"8000": False, "29655": False} and facts[1]["ports"] == {}

@@ -82,7 +82,7 @@ def render(cfg):
     fab = fabric.from_overrides(cfg)
     offline = fab is not None
     if not offline:
-        fab = fabric.resolve(cfg, preflight.gather(cfg).decided)
+        fab = fabric.resolve(cfg, preflight.gather(cl).decided)
     else:
         for n in cl.workers:
             user = n.target.split("@")[0] if "@" in n.target else os.environ.get("USER", "root")

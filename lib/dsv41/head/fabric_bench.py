@@ -5,7 +5,8 @@ import subprocess
 import time
 
 from dsv41.errors import UserError, one_line
-from dsv41.head import nodes, preflight
+from dsv41.head import preflight
+from dsv41.head.cluster import Cluster
 from dsv41.head.fabric import resolve
 
 EXPECTED_WRITE_GBPS = 112.0        # ib_write_bw on one HCA, as reported between two Sparks
@@ -35,7 +36,8 @@ def fabric_bench(cfg, seconds=10, progress=None):
         raise UserError("ib_write_bw is not installed on the head: sudo apt-get install perftest "
                         "(on every node)")
     w = cfg.require_workers()[0]
-    gathered = preflight.gather(cfg, progress)
+    cl = Cluster(cfg)
+    gathered = preflight.gather(cl, progress)
     facts = gathered.facts
     for r in (0, w.rank):
         if "error" in facts[r]:
@@ -46,14 +48,14 @@ def fabric_bench(cfg, seconds=10, progress=None):
     h, wk = fab[0], fab[w.rank]
     hca_h, hca_w = h.hcas[0].split(":")[0], wk.hcas[0].split(":")[0]
     base = ["ib_write_bw", "-F", "--report_gbits", "-D", str(seconds)]
-    server = nodes.Node.from_spec(w, cfg).argv_for(
+    server = cl.workers[0].argv_for(
         ["timeout", str(seconds + 60), *base, "-d", hca_w, "-x", str(wk.gid_index)])
     say(f"fabric-bench: {seconds} s ib_write_bw {cfg.head.name} {hca_h} -> {w.name} {hca_w} ({wk.ip})")
     srv = subprocess.Popen(server, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     try:
         time.sleep(2)
-        r = nodes.Node("head").run([*base, "-d", hca_h, "-x", str(h.gid_index), wk.ip],
+        r = cl.head.run([*base, "-d", hca_h, "-x", str(h.gid_index), wk.ip],
                                    check=False, timeout=seconds + 60)
     finally:
         try:

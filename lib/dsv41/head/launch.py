@@ -17,7 +17,7 @@ def launch(cfg):
     t0 = time.monotonic()
     cfg.require_workers()
     cl = Cluster(cfg)
-    gathered = preflight.for_launch(cfg)
+    gathered = preflight.for_launch(cl)
     fab = fabric.resolve(cfg, gathered.decided)
     facts = cl.probe_all()
     refuse_if_tripped(cl, facts)

@@ -11,7 +11,7 @@ from dsv41.head.desired import desired, read_head_plan, read_key
 def plan(cfg):
     cfg.require_workers()
     cl = Cluster(cfg)
-    fab = fabric.resolve(cfg, preflight.gather(cfg).decided)
+    fab = fabric.resolve(cfg, preflight.gather(cl).decided)
     facts = cl.probe_all()
     print("settings:")
     for key in ("image", "model_dir", "state_dir", "kv_bytes", "max_len", "max_seqs", "nspec",

@@ -8,7 +8,9 @@ import time
 from typing import NamedTuple
 
 from dsv41.errors import UserError, one_line
-from dsv41.head import fabric, nodes
+from dsv41.head import fabric
+from dsv41.head.cluster import Cluster
+from dsv41.head.nodes import FACTS_TIMEOUT_S
 from dsv41.names import rank_name
 from dsv41.node.fabric import ROCE_V2, explain, summary
 
@@ -430,11 +432,11 @@ def tools(ctx, s, f):
 
 # ---- gathering (one facts call per node) ----------------------------------------------------------
 
-def _facts_call(cfg, spec, node, args):
+def _facts_call(cl, node, args):
     try:
-        argv = nodes.ship_code(node, cfg.state_dir_on(spec, node.home())) + ["dsv41.node.facts", *args]
+        argv = cl.module(node, "facts", *args)
         t0 = time.time()
-        r = node.run(argv, timeout=nodes.FACTS_TIMEOUT_S)
+        r = node.run(argv, timeout=FACTS_TIMEOUT_S)
         t1 = time.time()
     except UserError as err:
         return {"error": str(err)}
@@ -451,11 +453,13 @@ def _override_args(spec):
     return (["--ip", spec.ip] if spec.ip else []) + (["--ifname", spec.ifname] if spec.ifname else [])
 
 
-def gather(cfg, progress=None):
-    """Gathered({rank: facts or {"error": ...}}, the fabric decision). One facts call per node; pings
-    are folded in when the peer's address is known beforehand, else the head pings in a second call."""
+def gather(cl, progress=None):
+    """Gathered({rank: facts or {"error": ...}}, the fabric decision) for the Cluster's nodes. One facts
+    call per node; pings are folded in when the peer's address is known beforehand, else the head pings
+    in a second call. The code shipped and the homes learned here are the Cluster's for the rest of the run."""
+    cfg = cl.cfg
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    ns = {s.rank: nodes.Node.from_spec(s, cfg) for s in cfg.nodes}
+    ns = {cl.spec(n).rank: n for n in cl.nodes}
     known = {s.rank: s.ip or fabric.target_ip(s) for s in cfg.workers}
     out = {}
     head = cfg.head
@@ -465,27 +469,27 @@ def gather(cfg, progress=None):
     pinged = [ip for ip in known.values() if ip]
     args += ["--ping", ",".join(pinged)] if pinged else []
     say(f"facts: {ns[0].label}")
-    out[0] = _facts_call(cfg, head, ns[0], args)
+    out[0] = _facts_call(cl, ns[0], args)
     head_ip = fabric.decide_all(cfg, {0: out[0]})[0]["ip"] if "error" not in out[0] else None
-    nodes.connect(list(ns.values()))        # a dead worker costs SSH_TIMEOUT_S once, not once each
+    cl.connect()                            # a dead worker costs SSH_TIMEOUT_S once, not once each
     for s in cfg.workers:
         n = ns[s.rank]
         say(f"facts: {n.label}")
         try:
-            model_dir = cfg.model_dir_on(s, n.home())
+            model_dir = cl.paths(n).model_dir
         except UserError as err:
             out[s.rank] = {"error": str(err)}
             continue
         args = ["--model-dir", model_dir, *_override_args(s)]
         peers = [head_ip] * bool(head_ip) + [ip for r, ip in known.items() if ip and r != s.rank]
         args += (["--peer", head_ip] if head_ip else []) + (["--ping", ",".join(peers)] if peers else [])
-        out[s.rank] = _facts_call(cfg, s, n, args)
+        out[s.rank] = _facts_call(cl, n, args)
     decided = fabric.decide_all(cfg, _answered(out))
     # a second head call pings the workers whose fabric address became known only now
     late = [decided[r]["ip"] for r in known if decided[r]["ip"] and decided[r]["ip"] not in pinged]
     if late and "error" not in out[0] and decided[0]["ifname"]:
         say(f"ping: {ns[0].label} -> {', '.join(late)}")
-        extra = _facts_call(cfg, head, ns[0], ["--ping-only", "--ping", ",".join(late),
+        extra = _facts_call(cl, ns[0], ["--ping-only", "--ping", ",".join(late),
                                                "--ifname", decided[0]["ifname"]])
         out[0]["pings"] = out[0].get("pings", []) + extra.get("pings", [])
     return Gathered(out, decided)
@@ -510,14 +514,14 @@ def report(cfg, gathered, as_json=False, brief=False):
 def task(cfg, json=False):
     """`doit preflight [--json]`: False (the task fails) on any FAIL."""
     skip_set(cfg)
-    return report(cfg, gather(cfg), as_json=json) == 0
+    return report(cfg, gather(Cluster(cfg)), as_json=json) == 0
 
 
-def for_launch(cfg):
+def for_launch(cl):
     """The first step of `doit launch`: print the problems, stop on any FAIL, return what was gathered."""
-    skip_set(cfg)
-    gathered = gather(cfg)
-    if report(cfg, gathered, brief=True):
+    skip_set(cl.cfg)
+    gathered = gather(cl)
+    if report(cl.cfg, gathered, brief=True):
         raise UserError("preflight failed: fix the FAIL lines above, then launch again "
                         "(SKIP_CHECKS=name,... turns a check that cannot pass into a warning)")
     return gathered
