@@ -21,8 +21,8 @@ UNIT_DIR = "/etc/systemd/system"
 MEMGUARD_UNIT = "dsv41-memguard.service"
 WATCHDOG_UNIT = "dsv41-watchdog.service"
 RANK_PREFIX = "dsv41-r"
-RANK_NAME_RE = re.compile(r"^dsv41-r(\d+)$")
-RANK_UNIT_RE = re.compile(r"\bdsv41-r(\d+)\.service\b")
+RANK_NAME_RE = re.compile(rf"^{re.escape(RANK_PREFIX)}(\d+)$")
+RANK_UNIT_RE = re.compile(rf"\b{re.escape(RANK_PREFIX)}(\d+)\.service\b")
 RANK_ENV = "DSV41_RANK"               # set in every rank container: the guard finds rank processes by it
 
 LIB = "lib"
@@ -50,14 +50,14 @@ def rank_name(rank):
 
 
 def rank_unit(rank):
-    return f"{RANK_PREFIX}{rank}.service"
+    return f"{rank_name(rank)}.service"
 
 
 def cidfile(rank):
     return f"{RUN}/{rank_name(rank)}.cid"
 
 
-CIDFILE_RE = re.compile(r"^dsv41-r(\d+)\.cid$")
+CIDFILE_RE = re.compile(rf"^{re.escape(RANK_PREFIX)}(\d+)\.cid$")
 
 
 def state_path(state_dir, name):

@@ -7,13 +7,14 @@ WORKER_* is R1_* (the original two-node names).
 """
 import dataclasses
 import ipaddress
-import json
+import json as _json
 import os
 import re
 import shlex
 import tomllib
 from pathlib import Path
 
+from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.node import memguard
 
@@ -272,8 +273,7 @@ def load_config(env=None):
     profile = env.get("DSV41_PROFILE", "").strip()
     engine = {"args": {}, "env": {}}
     profiled = {}                                       # per-node values a profile gave, for ranks it may not have
-    for name in _profile_chain(profile):
-        prof = _load_toml(CONF_DIR / f"{name}.toml")
+    for name, prof in _profile_chain(profile):
         prof.pop("base", None)
         for k, v in prof.pop("overrides", {}).items():  # per-node values, env-style names
             if k not in env:
@@ -326,7 +326,7 @@ def load_config(env=None):
     state_dir = os.path.expanduser(state_raw)
     model_dir = os.path.expanduser(_path("MODEL_DIR", get("model_dir")))
     key_raw = str(get("api_key_file")).strip()
-    api_key_file = os.path.expanduser(_path("API_KEY_FILE", key_raw)) if key_raw else state_dir + "/api_key"
+    api_key_file = os.path.expanduser(_path("API_KEY_FILE", key_raw)) if key_raw else names.state_path(state_dir, names.KEY)
 
     nodes = _nodes(env, get, sources, profiled)
     count = len(nodes)
@@ -401,17 +401,18 @@ def _memlock(value):
 
 
 def _profile_chain(profile):
-    """The profile and the profiles it is based on (`base = "..."`), the most basic first."""
-    chain = []
+    """[(name, its settings)] for the profile and the profiles it is based on (`base = "..."`), the most
+    basic first."""
+    chain = {}
     while profile:
         if not re.match(r"^[A-Za-z0-9_-]+$", profile) or not (CONF_DIR / f"{profile}.toml").exists():
-            names = sorted(p.stem for p in CONF_DIR.glob("*.toml") if p.stem != "defaults")
-            raise _bad("DSV41_PROFILE", profile, f"one of {', '.join(names)} (files in conf/)")
+            known = sorted(p.stem for p in CONF_DIR.glob("*.toml") if p.stem != "defaults")
+            raise _bad("DSV41_PROFILE", profile, f"one of {', '.join(known)} (files in conf/)")
         if profile in chain:
             raise ConfigError(f"conf/{profile}.toml: its `base` chain comes back to itself")
-        chain.insert(0, profile)
-        profile = str(_load_toml(CONF_DIR / f"{profile}.toml").get("base", "")).strip()
-    return chain
+        chain[profile] = _load_toml(CONF_DIR / f"{profile}.toml")
+        profile = str(chain[profile].get("base", "")).strip()
+    return list(chain.items())[::-1]
 
 
 def _engine_change(profile, table, key, value):
@@ -534,6 +535,3 @@ def show(cfg, json=False):
     vwidth = min(60, max(len(v) for _, v, _ in rows))
     for k, v, s in rows:
         print(f"{k:<{width}}  {v:<{vwidth}}  ({s})")
-
-
-_json = json

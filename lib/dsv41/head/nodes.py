@@ -276,10 +276,6 @@ def _socket_dir(d):
     return os.path.join(tempfile.gettempdir(), f"dsv41-ssh-{os.getuid()}-{h}")
 
 
-def nodes(cfg):
-    return [Node.from_spec(s, cfg) for s in cfg.nodes]
-
-
 def _text(b):
     return b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else (b or "")
 

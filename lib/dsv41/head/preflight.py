@@ -11,7 +11,7 @@ from dsv41.errors import UserError, one_line
 from dsv41.head import fabric
 from dsv41.head.cluster import Cluster
 from dsv41.head.nodes import FACTS_TIMEOUT_S
-from dsv41.names import rank_name
+from dsv41.names import RANK_PREFIX, rank_name
 from dsv41.node.fabric import ROCE_V2, explain, summary
 
 GIB = 1024 ** 3
@@ -56,14 +56,15 @@ def check(name, per_node=False):
 
 
 class Context:
-    """The facts every check reads: the configured nodes, the nodes that answered, the fabric decision
-    and the nodes whose fabric is settled."""
+    """The facts every check reads: the configured nodes, the nodes that answered, the fabric decision,
+    what is wrong with each answering node's fabric (None when settled) and the nodes whose fabric is settled."""
 
     def __init__(self, cfg, facts, decided):
         self.cfg, self.all_facts, self.decided = cfg, facts, decided
         self.specs = {s.rank: s for s in cfg.nodes}
-        self.ok = {r: f for r, f in facts.items() if f is not None and "error" not in f}
-        self.fab = {r: decided[r] for r in self.ok if not fabric_problem(self, r)}
+        self.ok = _answered(facts)
+        self.problems = {r: fabric_problem(self, r) for r in self.ok}
+        self.fab = {r: decided[r] for r, problem in self.problems.items() if not problem}
 
     def name(self, rank):
         return self.specs[rank].name
@@ -113,7 +114,7 @@ def _gib(n):
 def _running_ranks(f):
     active = (f.get("units") or {}).get("active") or {}
     return sorted(u[:-8] for u, st in active.items()
-                  if u.startswith(rank_name("")) and st in ("active", "activating", "reloading"))
+                  if u.startswith(RANK_PREFIX) and st in ("active", "activating", "reloading"))
 
 
 def _net(ip, prefixlen):
@@ -154,7 +155,7 @@ def fabric_problem(ctx, r):
 
 @check("fabric", per_node=True)
 def fabric_settled(ctx, s, f):
-    problem = fabric_problem(ctx, s.rank)
+    problem = ctx.problems[s.rank]
     if problem:
         yield FAIL, *problem
     else:
@@ -384,7 +385,7 @@ def stale_containers(ctx, s, f):
     stale = [c for c in dk.get("containers", [])
              if not (c.get("state") == "running" and active.get(c["name"] + ".service") == "active")]
     if not stale:
-        yield PASS, f"no {rank_name('')}* container outside its unit"
+        yield PASS, f"no {RANK_PREFIX}* container outside its unit"
         return
     desc = ", ".join(f"{c['name']} ({c['state']}, unit {active.get(c['name'] + '.service', 'unknown')})"
                      for c in stale)

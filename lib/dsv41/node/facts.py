@@ -107,14 +107,20 @@ def disk_facts(model_dir):
             "model_bytes": present}
 
 
-def memory_facts():
-    info = {}
-    with open("/proc/meminfo") as f:
+MEMINFO = {"MemTotal": "total_bytes", "MemAvailable": "available_bytes", "SwapTotal": "swap_total_bytes",
+           "SwapFree": "swap_free_bytes"}
+
+
+def memory_facts(path="/proc/meminfo"):
+    """Memory and swap in bytes ({"total_bytes", "available_bytes", "swap_total_bytes", "swap_free_bytes"},
+    None for a line that is missing); raises OSError when the file cannot be read."""
+    out = dict.fromkeys(MEMINFO.values())
+    with open(path) as f:
         for line in f:
-            k, _, v = line.partition(":")
-            if k in ("MemTotal", "MemAvailable"):
-                info[k] = int(v.split()[0]) * 1024
-    return {"total_bytes": info.get("MemTotal"), "available_bytes": info.get("MemAvailable")}
+            key, _, value = line.partition(":")
+            if key in MEMINFO:
+                out[MEMINFO[key]] = int(value.split()[0]) * 1024
+    return out
 
 
 def listening_ports():

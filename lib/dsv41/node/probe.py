@@ -13,7 +13,7 @@ import sys
 import time
 
 from dsv41.names import GUARD_SETTINGS, UNIT_DIR
-from dsv41.node.facts import memory_facts, run_quiet
+from dsv41.node.facts import MEMINFO, memory_facts, run_quiet
 from dsv41.node.memguard import read_trip
 
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState", "UnitFileState",
@@ -77,22 +77,12 @@ def gpu_memory():
     return stdout.strip() if code == 0 else None
 
 
-MEMINFO = {"MemTotal": "total_bytes", "MemAvailable": "available_bytes", "SwapTotal": "swap_total_bytes",
-           "SwapFree": "swap_free_bytes"}
-
-
 def meminfo(path="/proc/meminfo"):
-    """Memory and swap in bytes ({"total_bytes", "available_bytes", "swap_total_bytes", "swap_free_bytes"})."""
-    out = dict.fromkeys(MEMINFO.values())
+    """facts.memory_facts, with every figure None when the file cannot be read or parsed."""
     try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in MEMINFO:
-                    out[MEMINFO[key]] = int(value.split()[0]) * 1024
+        return memory_facts(path)
     except (OSError, ValueError, IndexError):
-        pass
-    return out
+        return dict.fromkeys(MEMINFO.values())
 
 
 def guard_settings(state_dir):
@@ -132,6 +122,7 @@ def main():
     req = json.loads(sys.argv[1])
     state = req["state_dir"]
     files = {name: _sha(os.path.join(state, name)) for name in req.get("files", [])}
+    memory = meminfo()
     print(json.dumps({
         "uid": os.getuid(), "home": os.path.expanduser("~"), "time": time.time(),
         "units": units(req.get("units", [])),
@@ -140,10 +131,10 @@ def main():
         "tripped": read_trip(state),
         "model_dir": req.get("model_dir"),
         "model_changed_at": newest_change(req["model_dir"]) if req.get("model_dir") else None,
-        "mem_available_kib": memory_facts()["available_bytes"] // 1024,
+        "mem_available_kib": memory["available_bytes"] // 1024,
         "gpu_memory": gpu_memory(),
         "files": files,
-        "memory": meminfo(),
+        "memory": memory,
         "guard_settings": guard_settings(state),
     }))
 
