@@ -36,7 +36,7 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _since(unit_facts):
+def since(unit_facts):
     """When the unit became active (unix seconds on its node's clock), 0 when unknown."""
     since = unit_facts.get("ActiveEnterTimestamp", "")
     return float(since[1:]) if since.startswith("@") else 0.0
@@ -45,9 +45,9 @@ def _since(unit_facts):
 def unit_age(facts, unit):
     """Seconds the unit has been active by its node's own clock, or None when it is not active."""
     u = facts.get("units", {}).get(unit, {})
-    if u.get("ActiveState") != "active" or not _since(u) or "time" not in facts:
+    if u.get("ActiveState") != "active" or not since(u) or "time" not in facts:
         return None
-    return facts["time"] - _since(u)
+    return facts["time"] - since(u)
 
 
 def stale_workers(specs, facts):
@@ -83,11 +83,13 @@ def decide(specs, desired, facts):
     steps = []
     rank_reasons = list(stale_workers(specs, facts))
     changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, facts)}
+    written = set()                                     # (node, state file)
     for s in specs:
         f = facts[s.name]
         for rel, (text, _) in desired.files[s.name].items():
             if text is None or f["files"].get(rel) != sha(text):
                 steps.append(Step(Kind.WRITE, s.name, rel, f"{rel} differs"))
+                written.add((s.name, rel))
                 if rel not in (names.GUARD_SETTINGS, names.WATCHDOG_SETTINGS):   # read by the ranks at start
                     rank_reasons.append(f"{rel} changed on {s.name}")
     for node, unit in sorted(changed):
@@ -100,7 +102,7 @@ def decide(specs, desired, facts):
             steps.append(Step(Kind.RESTART_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard unit changed"))
         elif guard.get("ActiveState") != "active" or guard_changed:
             steps.append(Step(Kind.START_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard not running"))
-        elif f["files"].get(names.GUARD_SETTINGS) != sha(desired.files[s.name][names.GUARD_SETTINGS][0]):
+        elif (s.name, names.GUARD_SETTINGS) in written:
             steps.append(Step(Kind.RELOAD_GUARD, s.name, names.MEMGUARD_UNIT,
                               "MEMGUARD_GIB, MEMGUARD_MODE or METRICS_DIR changed"))
         unit = names.rank_unit(s.rank)
@@ -112,14 +114,14 @@ def decide(specs, desired, facts):
             rank_reasons.append(f"{unit} on {s.name} is {u.get('ActiveState', 'not installed')}")
         elif container and f["image_id"] and container["image"] != f["image_id"]:
             rank_reasons.append(f"{unit} runs an older image")
-        elif (f.get("model_changed_at") or 0) > _since(u):
+        elif (f.get("model_changed_at") or 0) > since(u):
             rank_reasons.append(f"model files in {f['model_dir']} on {s.name} changed after {unit} started")
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
-    return steps + watchdog_steps(specs[0].name, desired, facts[specs[0].name], changed, steps)
+    return steps + watchdog_steps(specs[0].name, desired, facts[specs[0].name], changed, written)
 
 
-def watchdog_steps(head, desired, f, changed, steps):
+def watchdog_steps(head, desired, f, changed, written):
     """Start, restart (its unit or settings changed) or, with WATCHDOG=0, stop the head's watchdog."""
     w = names.WATCHDOG_UNIT
     u = f["units"].get(w, {})
@@ -129,6 +131,6 @@ def watchdog_steps(head, desired, f, changed, steps):
         return [Step(Kind.STOP_WATCHDOG, head, w, "WATCHDOG=0")] if on else []
     if not active:
         return [Step(Kind.START_WATCHDOG, head, w, "the watchdog is not running")]
-    if (head, w) in changed or any(s.target == names.WATCHDOG_SETTINGS for s in steps):
+    if (head, w) in changed or (head, names.WATCHDOG_SETTINGS) in written:
         return [Step(Kind.RESTART_WATCHDOG, head, w, "its unit or settings changed")]
     return []

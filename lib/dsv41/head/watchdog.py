@@ -22,8 +22,6 @@ import sys
 import threading
 import time
 
-import requests
-
 from dsv41 import names
 from dsv41.client import metrics
 from dsv41.client.api import Client
@@ -32,7 +30,7 @@ from dsv41.files import write_atomic, write_textfile
 from dsv41.head import launch, nodes, runlock
 from dsv41.head.cluster import Cluster
 from dsv41.head.config import load_config
-from dsv41.head.decide import stale_workers
+from dsv41.head.decide import since, stale_workers
 from dsv41.head.desired import read_key
 
 SCHEMA = "dsv41.watchdog/1"
@@ -61,11 +59,6 @@ class Memory:
     ready_start: float | None = None  # rank 0's start (its node's clock) for which a token came back
 
 
-def _since(unit):
-    v = unit.get("ActiveEnterTimestamp", "")
-    return float(v[1:]) if v.startswith("@") else 0.0
-
-
 def judge(cfg, obs, mem):
     """(verdict, evidence) from one observation and the memory, which it updates. Pure: no I/O."""
     lost = [f"{n}: {one_line(f['error'], 160)}" for n, f in obs.nodes.items() if "error" in f]
@@ -79,9 +72,9 @@ def judge(cfg, obs, mem):
     if all(st == "inactive" and units[n].get("Result") == "success" for n, st in states.items()):
         return STOPPED, "every rank is stopped; `doit launch` starts them"
     head = cfg.nodes[0].name
-    r0_start = _since(units[head])
-    starting = (states[head] == "active" and mem.ready_start != r0_start
-                and obs.nodes[head]["time"] - r0_start < cfg.start_timeout_s)
+    r0_start = since(units[head])
+    r0_age = obs.nodes[head]["time"] - r0_start
+    starting = states[head] == "active" and mem.ready_start != r0_start and r0_age < cfg.start_timeout_s
     down = [f"{names.rank_unit(s.rank)} on {s.name} is {states[s.name]}" for s in cfg.nodes
             if states[s.name] != "active"]
     stale = stale_workers(cfg.nodes, obs.nodes)
@@ -91,7 +84,7 @@ def judge(cfg, obs, mem):
               else f"the probe got {obs.probe}" if (obs.probe or "").startswith("error") else None)
     if broken:
         if starting:
-            return STARTING, f"ranks started {obs.nodes[head]['time'] - r0_start:.0f} s ago; {broken}"
+            return STARTING, f"ranks started {r0_age:.0f} s ago; {broken}"
         mem.dead_streak += 1
         return (DEAD if mem.dead_streak >= 2 else SUSPECT), f"{broken} ({mem.dead_streak} interval(s) in a row)"
     mem.dead_streak = 0
@@ -111,12 +104,12 @@ def judge(cfg, obs, mem):
             return BUSY, f"{work[0]:.0f} running, {work[1]:.0f} waiting, tokens counted {stalled:.0f} s ago"
     if obs.probe == NO_TOKEN:
         if starting:
-            return STARTING, f"ranks started {obs.nodes[head]['time'] - r0_start:.0f} s ago; no token yet"
+            return STARTING, f"ranks started {r0_age:.0f} s ago; no token yet"
         return WEDGED, f"the idle probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"
     if obs.probe == TOKEN:
         mem.ready_start = r0_start
     elif starting:
-        return STARTING, f"ranks started {obs.nodes[head]['time'] - r0_start:.0f} s ago; not ready yet"
+        return STARTING, f"ranks started {r0_age:.0f} s ago; not ready yet"
     return HEALTHY, "every rank is up and a token came back" if obs.probe == TOKEN else "every rank is up"
 
 
@@ -136,9 +129,8 @@ def observe(cl, cfg):
     client = Client(cfg.api_url, read_key(cfg), read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
     try:
-        r = requests.get(client.base[: -len("/v1")] + "/metrics", timeout=10)
-        snap = metrics.parse(r.text) if r.status_code == 200 else None
-    except (requests.RequestException, ValueError):
+        snap = metrics.scrape(metrics.metrics_url(cfg.api_url), timeout=10)
+    except UserError:
         pass
     idle = snap is None or not (snap.value(metrics.RUNNING, 0) or snap.value(metrics.WAITING, 0))
     if health == 200 and idle:
@@ -180,8 +172,10 @@ class Watchdog:
         except (FileNotFoundError, ValueError):
             return []
 
-    def recoveries_in_window(self, now):
-        return [i for i in self.incidents() if i.get("action") == "restart" and now - i["started"] < self.cfg.watchdog_window_s]
+    def recoveries_in_window(self, now, incidents=None):
+        """The restarts within WATCHDOG_WINDOW_S of now (from `incidents` when already read)."""
+        return [i for i in (self.incidents() if incidents is None else incidents)
+                if i.get("action") == "restart" and now - i["started"] < self.cfg.watchdog_window_s]
 
     def gave_up(self):
         try:
@@ -259,7 +253,7 @@ class Watchdog:
         now = time.time()
         incidents = self.incidents()
         status = {"schema": SCHEMA, "time": now, "verdict": verdict, "evidence": evidence,
-                  "recoveries_in_window": len(self.recoveries_in_window(now)),
+                  "recoveries_in_window": len(self.recoveries_in_window(now, incidents)),
                   "max_recoveries": self.cfg.watchdog_max_recoveries, "gave_up": self.gave_up(),
                   "last_incident": incidents[-1] if incidents else None}
         write_atomic(self.path(names.WATCHDOG_STATUS), json.dumps(status, indent=1) + "\n")
