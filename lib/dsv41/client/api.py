@@ -72,6 +72,12 @@ def load_key(key_file=None, env=None):
     return key
 
 
+def check_request_timeout(seconds):
+    """--request-timeout-s of smoke and bench: a positive number of seconds."""
+    if not seconds > 0:
+        raise UserError(f"--request-timeout-s {seconds:g}: give a positive number of seconds, e.g. 600")
+
+
 @dataclass
 class Stream:
     """One streamed answer, timed the way `vllm bench serve` does (perf_counter seconds)."""
@@ -175,8 +181,7 @@ class Client:
             raise UserError(f"POST {self.base}{path} did not return JSON") from None
 
     def models(self):
-        data = self.get_json("/models").get("data") or []
-        return [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
+        return [m["id"] for m in self.model_entries()]
 
     def model_entries(self):
         """The /v1/models entries that have an id (vLLM's also carry max_model_len)."""
@@ -214,12 +219,6 @@ class Client:
             return bool(r.get("choices"))
         except (UserError, requests.RequestException, ValueError):
             return False
-
-    def first_model(self):
-        ids = self.models()
-        if not ids:
-            raise UserError(f"{self.base}/models lists no model: pass --model")
-        return ids[0]
 
     def _with_retry(self, path, body, optional, stream, read_timeout=None):
         try:

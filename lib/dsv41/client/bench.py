@@ -33,7 +33,7 @@ from pathlib import Path
 
 import requests
 
-from dsv41.client.api import ApiError, Client, load_key
+from dsv41.client.api import ApiError, Client, check_request_timeout, load_key
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
@@ -537,8 +537,7 @@ def parse(args_list):
     a = p.parse_args(args_list)
     if any(n < 1 for n in a.prefill + a.conc + a.ctx) or a.reps < 1 or a.dec_reps < 1:
         raise UserError("--prefill, --conc, --ctx, --reps and --dec-reps take positive numbers")
-    if not a.request_timeout_s > 0:
-        raise UserError(f"--request-timeout-s {a.request_timeout_s:g}: give a positive number of seconds, e.g. 600")
+    check_request_timeout(a.request_timeout_s)
     out = Path(a.out)
     if not out.parent.is_dir():
         raise UserError(f"--out {a.out}: directory {out.parent} does not exist")

@@ -18,7 +18,7 @@ import struct
 import sys
 import zlib
 
-from dsv41.client.api import Client, ApiError, TimedOut, load_key
+from dsv41.client.api import Client, ApiError, TimedOut, check_request_timeout, load_key
 from dsv41.errors import UserError, cli, one_line
 
 SCHEMA = "dsv41.smoke/1"
@@ -205,8 +205,7 @@ def main(argv=None):
                    help=f"fail a check whose answer takes longer than S seconds (default {REQUEST_TIMEOUT_S})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines (schema dsv41.smoke/1)")
     a = p.parse_args(argv)
-    if not a.request_timeout_s > 0:
-        raise UserError(f"--request-timeout-s {a.request_timeout_s:g}: give a positive number of seconds, e.g. 600")
+    check_request_timeout(a.request_timeout_s)
     return run_smoke(a.url, load_key(a.key_file), a.model, a.json, a.tool_choice,
                      request_timeout_s=a.request_timeout_s)
 

@@ -1,6 +1,4 @@
 """doit smoke and doit bench: the client tools pointed at this deployment's API with its key."""
-import os
-
 from dsv41.client.api import load_key
 from dsv41.client.bench import run_bench
 from dsv41.client.smoke import run_smoke
@@ -11,8 +9,10 @@ def smoke(cfg, json=False):
 
 
 def bench(cfg, args=()):
+    """`doit bench [bench options]`: --url and --key-file default to this deployment's (a path, never the key)."""
     args = list(args)
     if "--url" not in args:
         args = ["--url", cfg.api_url] + args
-    os.environ.setdefault("DSV41_API_KEY", load_key(cfg.api_key_file) or "")
+    if "--key-file" not in args:
+        args += ["--key-file", cfg.api_key_file]
     return run_bench(args) == 0

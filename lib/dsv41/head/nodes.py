@@ -87,6 +87,16 @@ class Node:
     def label(self):
         return self.name if self.is_local else f"{self.name} ({self.target})"
 
+    @property
+    def host(self):
+        """The ssh target's host (localhost for the node doit runs on)."""
+        return self.target.split("@")[-1] if self.target else "localhost"
+
+    def silent(self, within):
+        """The one line for a node that did not answer `within` (e.g. "within 10 s")."""
+        return (f"{self.label} did not answer {within}: the node is frozen or the link to it is down; "
+                f"check it (ping {self.host})")
+
     def ssh_command(self):
         """ssh argv prefix without the target (rsync -e, scp-like uses)."""
         os.makedirs(self.control_dir, mode=0o700, exist_ok=True)
@@ -128,10 +138,8 @@ class Node:
         except sh.ErrorReturnCode as err:  # only in fg mode: the exit code is all there is
             proc = err
         except sh.TimeoutException:
-            raise self._gone(NodeError(
-                f"{self.label} did not answer `{_short(argv)}` within {timeout:g} s: the node is frozen "
-                f"or the link to it is down; check it (ping {self.target.split('@')[-1]}), then run the "
-                "command again", self, argv, None)) from None
+            raise self._gone(NodeError(self.silent(f"`{_short(argv)}` within {timeout:g} s")
+                                       + ", then run the command again", self, argv, None)) from None
         if fg:
             result = Result(proc.exit_code if proc is not None else 0, "", "")
         else:
@@ -147,7 +155,7 @@ class Node:
 
     def _unreachable(self, stderr, argv):
         tail = one_line(stderr.strip().splitlines()[-1] if stderr.strip() else "ssh failed")
-        host = self.target.split("@")[-1]
+        host = self.host
         if "Permission denied" in stderr:
             fix = f"set up key auth: ssh-copy-id {self.target}"
         elif "Host key verification failed" in stderr:
@@ -253,9 +261,7 @@ def connect(nodes):
         except subprocess.TimeoutExpired:
             p.kill()
             p.communicate()
-            n._gone(NodeError(f"{n.label} did not answer within {n.timeout_s} s (SSH_TIMEOUT_S): the node "
-                              f"is frozen or the link to it is down; check it (ping {n.target.split('@')[-1]})",
-                              n, ["printenv", "HOME"], None))
+            n._gone(NodeError(n.silent(f"within {n.timeout_s} s (SSH_TIMEOUT_S)"), n, ["printenv", "HOME"], None))
             continue
         if p.returncode == 0 and out.strip():
             n._home = out.decode().strip()

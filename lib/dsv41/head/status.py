@@ -31,6 +31,11 @@ def _when(stamp):
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(stamp[1:])))
 
 
+def unit_state(u):
+    """A unit's "ActiveState/SubState", or "not installed"."""
+    return f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}" if u.get("installed") else "not installed"
+
+
 def node_entry(spec, f):
     """One node's row from its probe facts."""
     unit = names.rank_unit(spec.rank)
@@ -39,7 +44,7 @@ def node_entry(spec, f):
     return {
         "memguard": g.get("ActiveState", "not installed") if g["installed"] else "not installed",
         "rank_unit": unit,
-        "rank_state": (u.get("ActiveState", "?") + "/" + u.get("SubState", "?")) if u["installed"] else "not installed",
+        "rank_state": unit_state(u),
         "since": _when(u.get("ActiveEnterTimestamp") if u.get("ActiveState") == "active"
                        else u.get("InactiveEnterTimestamp")),
         "container": c["state"]["Status"] if c else "none",

@@ -44,10 +44,12 @@ from rich.text import Text
 from dsv41 import names
 from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands, nodes
+from dsv41.head import commands
+from dsv41.head.decide import unit_age
+from dsv41.head.nodes import ship_code
 from dsv41.head.cluster import Cluster
 from dsv41.head.config import LIB_DIR
-from dsv41.head.status import watchdog_entry, watchdog_line
+from dsv41.head.status import unit_state, watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 
 SCHEMA = "dsv41.top/1"
@@ -56,9 +58,6 @@ NEAR_FACTOR, NEAR_GIB = 2.0, 4.0    # MemAvailable under 2x the floor, or under 
 MIN_INTERVAL_S = 0.5
 SCRAPE_TIMEOUT_S = 5.0
 QUIT_KEYS = ("q", "Q")
-NODE_KEYS = ("mem_total_bytes", "mem_available_bytes", "floor_bytes", "above_floor_bytes", "memory",
-             "swap_total_bytes", "swap_used_bytes", "guard", "guard_mode", "tripped", "rank_unit", "rank_state",
-             "rank_uptime_s", "gpu_memory", "gpu_used_bytes", "gpu_total_bytes")
 PREPARE = "from dsv41.head.top import prepare_child; prepare_child()"
 
 
@@ -102,24 +101,16 @@ def gpu_figures(text):
 
 
 def node_figures(facts, rank_unit):
-    """A node's row from its probe facts (dsv41.node.probe; older shipped code lacks memory and
-    guard_settings: those figures are then None)."""
+    """A node's row from its probe facts (dsv41.node.probe, shipped by this run; figures it could not
+    read, and the guard's without a memguard.json, are None)."""
     mem = facts.get("memory") or {}
     avail = mem.get("available_bytes")
-    if avail is None and facts.get("mem_available_kib") is not None:
-        avail = facts["mem_available_kib"] * 1024
     settings = facts.get("guard_settings") or {}
     floor_gib = settings.get("floor_gib")
     floor = int(floor_gib * GIB) if isinstance(floor_gib, (int, float)) and not isinstance(floor_gib, bool) else None
     mode = settings.get("mode", "enforce") if settings else None
     swap_total, swap_free = mem.get("swap_total_bytes"), mem.get("swap_free_bytes")
-    units = facts.get("units") or {}
-    u = units.get(rank_unit, {})
-    active = u.get("ActiveState") == "active"
-    since = u.get("ActiveEnterTimestamp", "")
-    uptime = None
-    if active and since.startswith("@") and since != "@0" and facts.get("time"):
-        uptime = max(0.0, round(facts["time"] - float(since[1:]), 1))      # the node's own clock
+    age = unit_age(facts, rank_unit)                                        # the node's own clock
     gpu_used, gpu_total = gpu_figures(facts.get("gpu_memory"))
     return {
         "mem_total_bytes": mem.get("total_bytes"), "mem_available_bytes": avail, "floor_bytes": floor,
@@ -129,9 +120,8 @@ def node_figures(facts, rank_unit):
         "swap_used_bytes": swap_total - swap_free if swap_total is not None and swap_free is not None else None,
         "guard": guard_state(facts, mode), "guard_mode": mode, "tripped": facts.get("tripped"),
         "rank_unit": rank_unit,
-        "rank_state": (f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}" if u.get("installed")
-                       else "not installed"),
-        "rank_uptime_s": uptime,
+        "rank_state": unit_state((facts.get("units") or {}).get(rank_unit, {})),
+        "rank_uptime_s": None if age is None else max(0.0, round(age, 1)),
         "gpu_memory": facts.get("gpu_memory"), "gpu_used_bytes": gpu_used, "gpu_total_bytes": gpu_total,
     }
 
@@ -215,7 +205,7 @@ class Watch:
 
     def view(self, now):
         v = {"state": self.state, "seen_s_ago": round(now - self.at, 1) if self.at else None, "error": self.error}
-        v.update(node_figures(self.facts, self.rank_unit) if self.facts is not None else dict.fromkeys(NODE_KEYS))
+        v.update(node_figures(self.facts, self.rank_unit) if self.facts is not None else dict.fromkeys(node_figures({}, self.rank_unit)))
         return v
 
 
@@ -251,7 +241,6 @@ class Top:
 
     def start(self):
         """One refresh: each node without a child in flight gets one, the engine one scrape."""
-        nodes.forget_unreachable()       # this process asks afresh: a node that comes back is shown again
         for w in self.watches.values():
             if w.job is None:
                 self.start_node(w)
@@ -265,7 +254,7 @@ class Top:
         node = w.node
         if not w.ready and node.is_local:
             try:
-                self.cl.module(node, "probe")           # ships the node code here (a local rsync)
+                ship_code(node, self.cl.paths(node).state_dir)   # (again after a failed probe): a local rsync
                 w.ready = True
             except UserError as err:
                 w.error = one_line(err, 600)
@@ -306,8 +295,7 @@ class Top:
         except ValueError:
             answer = {}
         if code is None:
-            w.error = (f"{node.label} did not answer within {3 * node.timeout_s + 10} s: the node is frozen or "
-                       f"the link to it is down; check it (ping {_host(node)})")
+            w.error = node.silent(f"within {3 * node.timeout_s + 10} s")
         elif "home" in answer:
             node.assume_home(answer["home"])
             w.ready = True
@@ -318,15 +306,14 @@ class Top:
     def probed(self, w, code, out, err):
         node = w.node
         if code is None:
-            w.error = (f"{node.label} did not answer within {node.timeout_s} s (SSH_TIMEOUT_S): the node is frozen "
-                       f"or the link to it is down; check it (ping {_host(node)})")
+            w.error = node.silent(f"within {node.timeout_s} s (SSH_TIMEOUT_S)")
         elif code == 0:
             try:
                 w.facts, w.at, w.error = _json.loads(out), time.time(), None
             except ValueError:
                 w.error = f"{node.label}: the probe printed no JSON: {one_line(out[-200:]) or 'nothing'}"
         elif code == 255 and not node.is_local:
-            w.error = f"cannot reach {node.label}: {_tail(err) or 'ssh failed'}; check that {_host(node)} is up"
+            w.error = f"cannot reach {node.label}: {_tail(err) or 'ssh failed'}; check that {node.host} is up"
         else:
             w.ready = False                             # e.g. the node code was removed: ship it again
             w.error = f"the probe failed on {node.label} (exit {code}): {_tail(err) or 'no output'}"
@@ -344,10 +331,7 @@ class Top:
 
     def view(self):
         now = time.time()
-        if self.snap is None:
-            state = "no answer" if self.engine_error else "waiting"
-        else:
-            state = "no answer" if self.engine_error else "ok"
+        state = "no answer" if self.engine_error else "ok" if self.snap is not None else "waiting"
         engine = {"url": self.url, "state": state, "error": self.engine_error,
                   "seen_s_ago": round(now - self.snap.time, 1) if self.snap else None}
         figures = metrics.engine(self.prev, self.snap) if self.snap is not None and not self.engine_error else None
@@ -356,10 +340,6 @@ class Top:
         return {"schema": SCHEMA, "time": now, "interval_s": self.interval,
                 "nodes": {name: w.view(now) for name, w in self.watches.items()},
                 "engine": engine, "watchdog": watchdog_entry(self.cfg, head)}
-
-
-def _host(node):
-    return node.target.split("@")[-1] if node.target else "localhost"
 
 
 def _tail(text):
