@@ -343,20 +343,23 @@ class Bench:
         cut = sum(s.timed_out for s in streams)
         return f" ({cut} cut at the {self.a.request_timeout_s:g} s --request-timeout-s deadline)" if cut else ""
 
-    def run(self):
-        steps = [(f"prefill {n}", self.prefill, (n,)) for n in self.a.prefill]
-        steps += [(f"decode {k} c{c}", self.decode, (k, c)) for k in self.a.kinds for c in self.a.conc]
-        steps += [(f"ctx {n}", self.ctx, (n,)) for n in self.a.ctx]
-        measured = []
-        for name, fn, args in steps:
-            if fn in (self.prefill, self.ctx) and not self.fits(args[0]):
-                why = (f"{args[0]} tokens with room for an answer do not fit the model's max_model_len of "
-                       f"{self.max_len} (from /v1/models)")
-                self.result["skipped"].append({"step": name, "reason": why})
-                log(f"{name}: skipped: {why}")
+    def sized(self, kind, fn, sizes):
+        """The steps of one prompt-size kind that fit max_model_len; the others recorded as skipped."""
+        steps = []
+        for n in sizes:
+            if self.fits(n):
+                steps.append((f"{kind} {n}", fn, (n,)))
             else:
-                measured.append((name, fn, args))
-        steps = measured
+                why = (f"{n} tokens with room for an answer do not fit the model's max_model_len of "
+                       f"{self.max_len} (from /v1/models)")
+                self.result["skipped"].append({"step": f"{kind} {n}", "reason": why})
+                log(f"{kind} {n}: skipped: {why}")
+        return steps
+
+    def run(self):
+        steps = self.sized("prefill", self.prefill, self.a.prefill)
+        steps += [(f"decode {k} c{c}", self.decode, (k, c)) for k in self.a.kinds for c in self.a.conc]
+        steps += self.sized("ctx", self.ctx, self.a.ctx)
         self.save()
         for i, (name, fn, args) in enumerate(steps, 1):
             log(f"[{i}/{len(steps)}] {name}")

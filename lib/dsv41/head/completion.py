@@ -8,6 +8,8 @@ import sys
 
 from doit.loader import load_tasks
 
+from dsv41.head import logs
+
 WRAPPER = r"""
 # dsv41: each task's options and arguments (doit's script above completes the task names)
 _dsv41_doit() {
@@ -37,7 +39,7 @@ def task_options(tasks, cfg):
             words += [f"--{p['long']}"] if p.get("long") else []
             words += [f"-{p['short']}"] if p.get("short") else []
         if t.name == "logs":
-            words += [f"r{s.rank}" for s in cfg.nodes] + ["memguard", "watchdog"]
+            words += logs.targets(cfg)
         if words:
             out[t.name] = words
     return out

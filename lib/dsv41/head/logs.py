@@ -5,6 +5,11 @@ from dsv41.head import commands
 from dsv41.head.cluster import Cluster
 
 
+def targets(cfg):
+    """The words `doit logs` takes: one rank per node, memguard, watchdog."""
+    return [f"r{s.rank}" for s in cfg.nodes] + ["memguard", "watchdog"]
+
+
 def _log_args(words, follow, lines, node):
     """doit stops parsing options at the first positional word: take -f/-n/--node from anywhere."""
     targets, words = [], list(words)
