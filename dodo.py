@@ -13,7 +13,7 @@ from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (completion, config, copy, desired, download, endpoint, fabric_bench, image,  # noqa: E402
-                        launch, logs, pi, plan, preflight, status, stop, top, verify)
+                        launch, logs, pi, plan, preflight, status, stop, verify)
 from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
 
 try:
@@ -40,6 +40,12 @@ def call(func, mutates=False):
     """A doit action running func(CFG, **params); mutating tasks take the run lock first."""
     return action(lambda **params: func(CFG, **params), name=func.__name__,
                   lock_dir=CFG.state_dir if mutates else None)
+
+
+def top(cfg, **params):
+    """doit top, imported when it runs: rich and prometheus_client would add about 30 ms to every command."""
+    from dsv41.head import top as screen
+    return screen.top(cfg, **params)
 
 
 def fresh(check):
@@ -108,7 +114,7 @@ def task_status():
 
 def task_top():
     """Live view: each node's memory against its guard's floor, guard and rank; the engine; the watchdog."""
-    return {"actions": [call(top.top)], "uptodate": [False], "io": {"capture": False}, "params": [  # frames: no copy
+    return {"actions": [call(top)], "uptodate": [False], "io": {"capture": False}, "params": [  # frames: no copy
         JSON, {"name": "once", "long": "once", "type": bool, "default": False, "help": "print one snapshot and exit"},
         {"name": "interval", "long": "interval", "type": float, "default": 2.0, "help": "seconds between refreshes"}]}
 
