@@ -7,12 +7,12 @@ import json
 import sys
 import time
 
-import lab
+from lab import launched
 
 STATE = "/root/.dsv41-two-sparks"
 
 
-def recovered(since, timeout=600):
+def recovered(lab, since, timeout=600):
     """The first incident after `since` that ended READY (the lab's nodes share this clock)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -25,7 +25,8 @@ def recovered(since, timeout=600):
 
 
 def main():
-    if lab.skipped():
+    lab = launched()
+    if lab is None:
         return 0
     lab.on("head", f"rm -f {STATE}/incidents.jsonl {STATE}/watchdog.gaveup")
     lab.doit("launch")                                  # the default watchdog settings
@@ -35,7 +36,7 @@ def main():
         time.sleep(20)                                  # a quiet interval first
         t0 = time.time()
         lab.on(node, cmd)
-        inc = recovered(t0)
+        inc = recovered(lab, t0)
         rows.append((fault, inc["verdict"], inc["started"] - t0, inc["ended"] - t0))
     lab.on("head", "systemctl stop dsv41-watchdog")       # baseline: a person relaunches at once
     lab.on("worker1", "docker kill dsv41-r1")

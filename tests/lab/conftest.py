@@ -1,115 +1,22 @@
-"""The `lab` fixture: the two-node lab (tests/lab/up.sh), brought up once per session if it is not up.
-
-    lab.on(node, cmd, check=True, timeout=120, input=None) -> CompletedProcess (text; cmd is a shell
-        string run by the node's shell, or an argv list that is shlex-joined)
-    lab.popen(node, cmd, **kw) -> Popen (for foreground processes such as `docker run`)
-    lab.ssh_argv(node) -> list[str]  (host -> node ssh prefix, via `ip netns exec head`)
-    lab.repo         the repo path inside head (same as on the host)
-    lab.engine_ref   "198.51.100.11:5000/lab/engine@sha256:..." (the stand-in serving image)
-    lab.ip           {"head": "198.51.100.11", "worker1": "198.51.100.13", ...} (the nodes that are up)
-    lab.venv         "/opt/dsv41-venv" on head (doit, sh, requests, huggingface_hub, psutil, jinja2)
-    lab.doit(args, env=None, check=True) -> CompletedProcess of `doit ARGS` on the head (lab profile,
-        WATCHDOG=0 unless env turns it on)
-    lab.units(node, units, props) -> {unit: {prop: value}} from `systemctl show` on the node
-    lab.link(node, up) / lab.freeze(node, frozen)  faults from the host: the node's fabric link down,
-        or every process of the node frozen (its cgroup), as a hung or cut-off Spark would be
-A lab this fixture brought up is taken down at the end of the session unless LAB_KEEP=1.
+"""The `lab` fixture: the lab (tests/lab/up.sh, driven through labctl.Lab), brought up once per session
+if it is not up. A lab this fixture brought up is taken down at the end of the session unless LAB_KEEP=1.
 
 The `launched` fixture (session) makes a fixture checkpoint on the head, then verify, copy and launch
 from nothing; tests that break the cluster put it back before they end.
 """
 import os
 import shlex
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-LAB_DIR = Path(__file__).resolve().parent
-CACHE = Path(os.environ.get("LAB_CACHE", "/var/cache/dsv41-lab"))
-REPO = LAB_DIR.parent.parent
-STATE = Path(os.environ.get("LAB_STATE", "/var/lib/dsv41-lab"))
-
-
-class Lab:
-    venv = "/opt/dsv41-venv"
-
-    def __init__(self):
-        self.repo = str(REPO)
-        self.ssh_config = str(STATE / "ssh_config")
-        self.engine_ref = (STATE / "engine.ref").read_text().strip()
-        self.ip = {}                  # from up.sh's ssh_config: "Host <node>" then "HostName <address>"
-        host = None
-        for line in Path(self.ssh_config).read_text().splitlines():
-            words = line.split()
-            if words[:1] == ["Host"] and len(words) == 2:
-                host = words[1]
-            elif words[:1] == ["HostName"] and host:
-                self.ip[host] = words[1]
-
-    def ssh_argv(self, node):
-        if node not in self.ip:
-            raise ValueError(f"no lab node {node!r}: use one of {', '.join(self.ip)}")
-        return ["ip", "netns", "exec", "head", "ssh", "-F", self.ssh_config, node, "--"]
-
-    def _argv(self, node, cmd):
-        return self.ssh_argv(node) + [cmd if isinstance(cmd, str) else shlex.join(cmd)]
-
-    def on(self, node, cmd, check=True, timeout=120, input=None):
-        r = subprocess.run(self._argv(node, cmd), capture_output=True, text=True, timeout=timeout, input=input)
-        if check and r.returncode != 0:
-            raise AssertionError(f"{node}: {cmd!r} exited {r.returncode}: {r.stderr.strip()[-2000:]}")
-        return r
-
-    def popen(self, node, cmd, **kw):
-        kw.setdefault("stdout", subprocess.PIPE)
-        kw.setdefault("stderr", subprocess.STDOUT)
-        return subprocess.Popen(self._argv(node, cmd), text=True, **kw)
-
-    def is_up(self):
-        return all(self.on(n, "true", check=False, timeout=10).returncode == 0 for n in self.ip)
-
-    def doit(self, args, env=None, check=True, timeout=900):
-        # the watchdog is off unless a test turns it on: it would repair the faults tests make on purpose
-        env = {"DSV41_PROFILE": "lab", "WATCHDOG": "0", **(env or {})}
-        cmd = (f"cd {shlex.quote(self.repo)} && env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} "
-               f"PYTHONPATH={shlex.quote(self.repo + '/lib')} {self.venv}/bin/doit {args}")
-        r = self.on("head", cmd, check=False, timeout=timeout)
-        if check and r.returncode != 0:
-            raise AssertionError(f"doit {args} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-        return r
-
-    def link(self, node, up):
-        subprocess.run(["ip", "-n", node, "link", "set", "fab0", "up" if up else "down"], check=True)
-        deadline = time.monotonic() + 20
-        while up and self.on(node, "true", check=False, timeout=10).returncode != 0:
-            assert time.monotonic() < deadline, f"{node} did not answer after its link came up"
-            time.sleep(0.5)
-
-    def freeze(self, node, frozen):
-        Path(f"/sys/fs/cgroup/unified/lab-{node}/cgroup.freeze").write_text("1" if frozen else "0")
-
-    def units(self, node, units, props=("ActiveState", "ActiveEnterTimestamp", "NRestarts")):
-        r = self.on(node, ["systemctl", "show", "--timestamp=unix", "-p", ",".join(props), "--", *units])
-        return {unit: dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-                for unit, block in zip(units, r.stdout.split("\n\n"))}
-
-
-def _missing():
-    if os.geteuid() != 0:
-        return "the lab needs root (network namespaces, systemd-nspawn)"
-    tools = ["systemd-nspawn", "debootstrap", "docker-registry", "ssh", "rsync", "ip", "curl"]
-    missing = [t for t in tools if not shutil.which(t)]
-    if missing:
-        return f"the lab needs {' '.join(missing)}: run 'bash tests/setup/lab.sh' as root"
-    return None
+from labctl import LAB_DIR, MODEL, STATE, Lab, missing
 
 
 @pytest.fixture(scope="session")
 def lab():
-    reason = _missing()
+    reason = missing()
     if reason:
         pytest.skip(reason)
     started = False
@@ -121,9 +28,6 @@ def lab():
     yield Lab()
     if started and os.environ.get("LAB_KEEP") != "1":
         subprocess.run(["bash", str(LAB_DIR / "down.sh")], capture_output=True, text=True, timeout=300)
-
-
-MODEL = "/root/lab-model/DeepSeek-V4.1-Flash-Spark"
 
 
 def launch_from_nothing(lab, env=None, mb=4):

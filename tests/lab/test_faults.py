@@ -5,7 +5,7 @@ import json
 import time
 
 import pytest
-from conftest import MODEL
+from labctl import MODEL
 
 pytestmark = pytest.mark.lab
 

@@ -6,7 +6,7 @@ import re
 import time
 
 import pytest
-from conftest import MODEL
+from labctl import MODEL
 
 pytestmark = pytest.mark.lab
 

@@ -7,7 +7,8 @@ import subprocess
 import time
 
 import pytest
-from conftest import LAB_DIR, Lab, launch_from_nothing
+from conftest import launch_from_nothing
+from labctl import LAB_DIR, Lab
 
 pytestmark = pytest.mark.lab
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import CACHE, LAB_DIR
+from labctl import CACHE, LAB_DIR
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
