@@ -27,15 +27,17 @@ def _worker_paths(cfg, spec, node):
     return cfg.model_dir_on(spec, home), cfg.state_dir_on(spec, home)
 
 
-def _checkpoint_argv(sdir, *args):
-    return commands.node_python(sdir) + ["dsv41.node.checkpoint", *args]
+def _checkpoint_argv(cfg, sdir, cmd, mdir, *extra):
+    """The worker's shipped `dsv41.node.checkpoint CMD MDIR` on its receipt and plan, as JSON."""
+    return commands.node_python(sdir) + ["dsv41.node.checkpoint", cmd, mdir, "--receipt",
+                                         names.state_path(sdir, names.RECEIPT), "--plan", cfg.plan_name,
+                                         "--json", *extra]
 
 
 def _probe(node, cfg, mdir, sdir):
     """One ssh call: the worker's `check --json` (code shipped by an earlier copy). None when the code
     is not there yet or answers nonsense."""
-    argv = _checkpoint_argv(sdir, "check", mdir, "--receipt", names.state_path(sdir, names.RECEIPT),
-                            "--plan", cfg.plan_name, "--json")
+    argv = _checkpoint_argv(cfg, sdir, "check", mdir)
     r = node.run(argv, check=False)
     if r.code not in (0, 1):
         return None
@@ -259,8 +261,7 @@ _NODE_PROGRESS_RE = re.compile(r"^progress (\d+) (\d+)$")
 def _start_verify(node, mdir, sdir, cfg):
     """Start the shipped verifier on a worker; its `progress <done> <total>` lines (--machine-progress)
     drive this head's bar, its other stderr lines are passed through. _finish_verify collects it."""
-    argv = node.argv_for(_checkpoint_argv(sdir, "verify", mdir, "--receipt", names.state_path(sdir, names.RECEIPT),
-                                          "--plan", cfg.plan_name, "--json", "--machine-progress",
+    argv = node.argv_for(_checkpoint_argv(cfg, sdir, "verify", mdir, "--machine-progress",
                                           *(["--keep-parts"] if cfg.keep_parts else [])))
     p = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     last, bars = [], []

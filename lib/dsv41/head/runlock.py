@@ -21,7 +21,7 @@ def take(state_dir, what=None):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+        holder = _written(fd)
         os.close(fd)
         raise UserError(f"another doit run holds {path} ({holder}); wait for it to finish "
                         f"or stop it first") from None
@@ -52,7 +52,12 @@ def holder(state_dir):
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+        return _written(fd)
     finally:
         os.close(fd)
     return None
+
+
+def _written(fd):
+    """What the holder wrote in the lock file ("pid N: command")."""
+    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
