@@ -14,14 +14,6 @@ UNITS = ["dsv41-memguard.service", "dsv41-r0.service"]
 WUNITS = ["dsv41-memguard.service", "dsv41-r1.service"]
 
 
-def doit(lab, args, env=None, check=True, timeout=900):
-    return lab.doit(args, env, check, timeout)
-
-
-def unit_props(lab, node, units, props=("ActiveState", "ActiveEnterTimestamp", "NRestarts")):
-    return lab.units(node, units, props)
-
-
 def mtimes(lab, node, units):
     paths = [f"/etc/systemd/system/{u}" for u in units]
     return lab.on(node, ["stat", "-c", "%n %Y.%y", *paths]).stdout
@@ -42,7 +34,7 @@ def test_launch_from_nothing_serves_the_api(lab, launched):
     assert "ready: base URL http://198.51.100.11:8000/v1" in out
     assert "model deepseek-v4.1-flash" in out and "/root/.dsv41-two-sparks/api_key" in out
     for node, units in (("head", UNITS), ("worker1", WUNITS)):
-        props = unit_props(lab, node, units)
+        props = lab.units(node, units)
         assert all(p["ActiveState"] == "active" for p in props.values()), props
     assert api(lab, "/v1/models", key(lab)) == "200"
     assert api(lab, "/v1/models", "wrong") == "401"
@@ -52,12 +44,12 @@ def test_launch_from_nothing_serves_the_api(lab, launched):
 
 
 def test_second_launch_changes_nothing(lab, launched):
-    doit(lab, "launch")                 # whatever an earlier test left, this launch converges it
-    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
+    lab.doit("launch")                 # whatever an earlier test left, this launch converges it
+    before = {n: (mtimes(lab, n, u), lab.units(n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
     t0 = time.monotonic()
-    r = doit(lab, "launch")
+    r = lab.doit("launch")
     took = time.monotonic() - t0
-    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
+    after = {n: (mtimes(lab, n, u), lab.units(n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
     assert before == after
     assert "nothing changed" in r.stdout
     assert "installed" not in r.stdout and "started" not in r.stdout
@@ -81,7 +73,7 @@ def test_key_never_in_units_argv_or_systemctl_show(lab, launched):
 
 
 def test_smoke_passes_against_the_stand_in_engine(lab, launched):
-    r = doit(lab, "smoke", check=False)
+    r = lab.doit("smoke", check=False)
     lines = r.stdout.splitlines()
     for name in ("text", "tools", "vision", "stream"):
         assert any(line.startswith(name) and "PASS" in line for line in lines), r.stdout
@@ -89,7 +81,7 @@ def test_smoke_passes_against_the_stand_in_engine(lab, launched):
 
 
 def test_status_shows_every_node(lab, launched):
-    r = doit(lab, "status --json")
+    r = lab.doit("status --json")
     report = json.loads(r.stdout)
     assert (report["schema"], report["state"], report["exit_code"]) == ("dsv41.status/1", "READY", 0)
     for name in ("head", "worker1"):
@@ -99,94 +91,94 @@ def test_status_shows_every_node(lab, launched):
 
 
 def test_rank_setting_change_restarts_ranks_only_worker_first(lab, launched):
-    guards = {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker1")}
-    r = doit(lab, "launch", env={"KV_BYTES": "2600000000"})
+    guards = {n: lab.units(n, ["dsv41-memguard.service"]) for n in ("head", "worker1")}
+    r = lab.doit("launch", env={"KV_BYTES": "2600000000"})
     assert "--kv-cache-memory-bytes 2600000000" in lab.on("head", "cat /etc/systemd/system/dsv41-r0.service").stdout
-    assert guards == {n: unit_props(lab, n, ["dsv41-memguard.service"]) for n in ("head", "worker1")}
-    r0 = unit_props(lab, "head", ["dsv41-r0.service"])["dsv41-r0.service"]
-    r1 = unit_props(lab, "worker1", ["dsv41-r1.service"])["dsv41-r1.service"]
+    assert guards == {n: lab.units(n, ["dsv41-memguard.service"]) for n in ("head", "worker1")}
+    r0 = lab.units("head", ["dsv41-r0.service"])["dsv41-r0.service"]
+    r1 = lab.units("worker1", ["dsv41-r1.service"])["dsv41-r1.service"]
     assert r1["ActiveEnterTimestamp"] <= r0["ActiveEnterTimestamp"], (r0, r1)
     assert r.stdout.index("[worker1] started") < r.stdout.index("[head] started")
-    doit(lab, "launch")  # back to the defaults
+    lab.doit("launch")  # back to the defaults
 
 
 def test_plan_shows_the_diff_and_changes_nothing(lab, launched):
-    before = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
-    r = doit(lab, "plan", env={"KV_BYTES": "2500000000"})
+    before = {n: (mtimes(lab, n, u), lab.units(n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
+    r = lab.doit("plan", env={"KV_BYTES": "2500000000"})
     assert "nothing:" not in r.stdout
     assert re.search(r"^-.*--kv-cache-memory-bytes 2700000000", r.stdout, re.M)
     assert re.search(r"^\+.*--kv-cache-memory-bytes 2500000000", r.stdout, re.M)
     assert "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed" in r.stdout
-    after = {n: (mtimes(lab, n, u), unit_props(lab, n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
+    after = {n: (mtimes(lab, n, u), lab.units(n, u)) for n, u in (("head", UNITS), ("worker1", WUNITS))}
     assert before == after
-    assert "nothing: everything is installed, running and unchanged" in doit(lab, "plan").stdout
+    assert "nothing: everything is installed, running and unchanged" in lab.doit("plan").stdout
 
 
 def test_memguard_setting_change_restarts_only_the_guards(lab, launched):
-    ranks = {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker1", "dsv41-r1.service"))}
-    doit(lab, "launch", env={"MEMGUARD_GIB": "0.6"})
-    assert ranks == {n: unit_props(lab, n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker1", "dsv41-r1.service"))}
+    ranks = {n: lab.units(n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker1", "dsv41-r1.service"))}
+    lab.doit("launch", env={"MEMGUARD_GIB": "0.6"})
+    assert ranks == {n: lab.units(n, [u]) for n, u in (("head", "dsv41-r0.service"), ("worker1", "dsv41-r1.service"))}
     assert '"floor_gib": 0.6' in lab.on("worker1", "cat /root/.dsv41-two-sparks/memguard.json").stdout
     for node in ("head", "worker1"):  # the same guard process took the new floor
         assert "floor 0.60 GiB" in lab.on(node, "journalctl --no-pager -u dsv41-memguard").stdout
-    doit(lab, "launch")
+    lab.doit("launch")
 
 
 def test_killed_worker_container_is_degraded_and_reported(lab, launched):
     lab.on("worker1", "docker kill dsv41-r1")
     time.sleep(1)
-    r = doit(lab, "status --json", check=False)
+    r = lab.doit("status --json", check=False)
     assert json.loads(r.stdout)["state"] == "DEGRADED" and r.returncode == 1
-    r = doit(lab, "launch")
+    r = lab.doit("launch")
     assert "dsv41-r1" in r.stdout and "ready:" in r.stdout
-    assert json.loads(doit(lab, "status --json").stdout)["state"] == "READY"
+    assert json.loads(lab.doit("status --json").stdout)["state"] == "READY"
 
 
 def test_logs_through_journalctl(lab, launched):
-    r = doit(lab, "logs r1 -n 20")
+    r = lab.doit("logs r1 -n 20")
     assert "dsv41-r1.service on worker1" in r.stdout
     assert re.search(r"rank 1|node-rank|stand-in", r.stdout, re.I), r.stdout
-    r = doit(lab, "logs memguard -n 5")
+    r = lab.doit("logs memguard -n 5")
     assert "dsv41-memguard.service on head" in r.stdout and "dsv41-memguard.service on worker1" in r.stdout
-    r = doit(lab, "logs r9", check=False)
+    r = lab.doit("logs r9", check=False)
     assert r.returncode != 0 and "no unit 'r9'" in r.stderr
 
 
 def test_memguard_trip_stops_ranks_for_good_until_cleared(lab, launched):
-    doit(lab, "launch", env={"MEMGUARD_GIB": "1000"}, check=False)
+    lab.doit("launch", env={"MEMGUARD_GIB": "1000"}, check=False)
     deadline = time.time() + 30
     while time.time() < deadline:
         if lab.on("worker1", "test -e /root/.dsv41-two-sparks/memguard.tripped", check=False).returncode == 0:
             break
         time.sleep(0.5)
     time.sleep(3)
-    props = unit_props(lab, "worker1", ["dsv41-r1.service"])["dsv41-r1.service"]
+    props = lab.units("worker1", ["dsv41-r1.service"])["dsv41-r1.service"]
     assert props["ActiveState"] in ("inactive", "failed"), props
     time.sleep(5)  # no restart after a guard stop
-    assert unit_props(lab, "worker1", ["dsv41-r1.service"])["dsv41-r1.service"]["ActiveState"] != "active"
-    r = doit(lab, "status", check=False)
+    assert lab.units("worker1", ["dsv41-r1.service"])["dsv41-r1.service"]["ActiveState"] != "active"
+    r = lab.doit("status", check=False)
     assert r.returncode == 5 and "TRIPPED" in r.stdout and "`doit clear-trip`" in r.stdout
     assert re.search(r"MemAvailable \d+\.\d{3} GiB < floor 1000\.000 GiB", r.stdout), r.stdout
-    r = doit(lab, "launch", check=False)
+    r = lab.doit("launch", check=False)
     assert r.returncode != 0 and "clear-trip" in r.stderr and "KV_BYTES" in r.stderr
-    doit(lab, "clear-trip")
-    r = doit(lab, "launch")
+    lab.doit("clear-trip")
+    r = lab.doit("launch")
     assert "ready:" in r.stdout
 
 
 def test_preflight_passes_while_running_and_refuses_a_stale_container(lab, launched):
-    r = doit(lab, "preflight --json")
+    r = lab.doit("preflight --json")
     report = json.loads(r.stdout)
     assert not [c for c in report["checks"] if c["status"] == "FAIL"], report
     lab.on("worker1", f"docker run -d --rm --name dsv41-r5 --entrypoint sleep {lab.engine_ref} 300")
     try:
-        r = doit(lab, "preflight", check=False)
+        r = lab.doit("preflight", check=False)
         assert r.returncode != 0
         fail = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
         assert len(fail) == 1 and "stale-containers" in fail[0] and "dsv41-r5" in fail[0]
         assert "docker rm -f dsv41-r5" in fail[0] or "docker" in fail[0].split("fix:")[-1]
         units_before = mtimes(lab, "worker1", WUNITS)
-        r = doit(lab, "launch", check=False)
+        r = lab.doit("launch", check=False)
         assert r.returncode != 0 and "preflight" in r.stderr
         assert mtimes(lab, "worker1", WUNITS) == units_before
     finally:
@@ -197,18 +189,18 @@ def test_copy_is_verified_on_the_worker_and_resumes(lab, launched):
     receipt = lab.on("worker1", "cat /root/.dsv41-two-sparks/checkpoint-receipt.json").stdout
     assert "model-00005-of-00006.safetensors" in receipt
     lab.on("worker1", f"rm {MODEL}/model-00002-of-00006.safetensors")
-    r = doit(lab, "copy")
+    r = lab.doit("copy")
     out = r.stdout + r.stderr
     assert "copy: 1 file(s)" in out and "verified (6 shards" in out  # only the missing file went
     assert lab.on("worker1", f"test -s {MODEL}/model-00002-of-00006.safetensors").returncode == 0
-    r = doit(lab, "copy")
+    r = lab.doit("copy")
     assert "-- copy" in r.stderr  # up to date: nothing copied again
 
 
 def test_stop_then_status_says_nothing_runs(lab, launched):
-    doit(lab, "stop")
-    doit(lab, "stop")  # idempotent
+    lab.doit("stop")
+    lab.doit("stop")  # idempotent
     for node, units in (("head", UNITS), ("worker1", WUNITS)):
-        assert all(p["ActiveState"] != "active" for p in unit_props(lab, node, units).values())
-    r = doit(lab, "status", check=False)
+        assert all(p["ActiveState"] != "active" for p in lab.units(node, units).values())
+    r = lab.doit("status", check=False)
     assert r.returncode == 3 and "NOT RUNNING: nothing is running" in r.stdout
