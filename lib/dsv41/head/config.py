@@ -326,7 +326,8 @@ def load_config(env=None):
     state_dir = os.path.expanduser(state_raw)
     model_dir = os.path.expanduser(_path("MODEL_DIR", get("model_dir")))
     key_raw = str(get("api_key_file")).strip()
-    api_key_file = os.path.expanduser(_path("API_KEY_FILE", key_raw)) if key_raw else names.state_path(state_dir, names.KEY)
+    api_key_file = (os.path.expanduser(_path("API_KEY_FILE", key_raw)) if key_raw
+                    else names.state_path(state_dir, names.KEY))
 
     nodes = _nodes(env, get, sources, profiled)
     count = len(nodes)

@@ -66,7 +66,8 @@ def same_copy(head, worker):
 
 
 def fresh_on_workers(cfg):
-    """doit uptodate: every worker holds a verified copy equal to the head's (two ssh calls per worker: its home, then the probe)."""
+    """doit uptodate: every worker holds a verified copy equal to the head's (two ssh calls per worker:
+    its home, then the probe)."""
     ok, reason, head, _ = checkpoint(cfg).check()
     if not ok:
         return False

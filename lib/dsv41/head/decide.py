@@ -38,8 +38,8 @@ def sha(text):
 
 def since(unit_facts):
     """When the unit became active (unix seconds on its node's clock), 0 when unknown."""
-    since = unit_facts.get("ActiveEnterTimestamp", "")
-    return float(since[1:]) if since.startswith("@") else 0.0
+    stamp = unit_facts.get("ActiveEnterTimestamp", "")
+    return float(stamp[1:]) if stamp.startswith("@") else 0.0
 
 
 def unit_age(facts, unit):

@@ -55,8 +55,7 @@ def fabric_bench(cfg, seconds=10, progress=None):
                            stderr=subprocess.DEVNULL)
     try:
         time.sleep(2)
-        r = cl.head.run([*base, "-d", hca_h, "-x", str(h.gid_index), wk.ip],
-                                   check=False, timeout=seconds + 60)
+        r = cl.head.run([*base, "-d", hca_h, "-x", str(h.gid_index), wk.ip], check=False, timeout=seconds + 60)
     finally:
         try:
             srv.wait(timeout=30)

@@ -490,8 +490,7 @@ def gather(cl, progress=None):
     late = [decided[r]["ip"] for r in known if decided[r]["ip"] and decided[r]["ip"] not in pinged]
     if late and "error" not in out[0] and decided[0]["ifname"]:
         say(f"ping: {ns[0].label} -> {', '.join(late)}")
-        extra = _facts_call(cl, ns[0], ["--ping-only", "--ping", ",".join(late),
-                                               "--ifname", decided[0]["ifname"]])
+        extra = _facts_call(cl, ns[0], ["--ping-only", "--ping", ",".join(late), "--ifname", decided[0]["ifname"]])
         out[0]["pings"] = out[0].get("pings", []) + extra.get("pings", [])
     return Gathered(out, decided)
 

@@ -45,10 +45,10 @@ from dsv41 import names
 from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
 from dsv41.head import commands
-from dsv41.head.decide import unit_age
-from dsv41.head.nodes import ship_code
 from dsv41.head.cluster import Cluster
 from dsv41.head.config import LIB_DIR
+from dsv41.head.decide import unit_age
+from dsv41.head.nodes import ship_code
 from dsv41.head.status import unit_state, watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 
@@ -205,7 +205,8 @@ class Watch:
 
     def view(self, now):
         v = {"state": self.state, "seen_s_ago": round(now - self.at, 1) if self.at else None, "error": self.error}
-        v.update(node_figures(self.facts, self.rank_unit) if self.facts is not None else dict.fromkeys(node_figures({}, self.rank_unit)))
+        v.update(node_figures(self.facts, self.rank_unit) if self.facts is not None
+                 else dict.fromkeys(node_figures({}, self.rank_unit)))               # every figure None
         return v
 
 
