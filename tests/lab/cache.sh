@@ -24,7 +24,7 @@ bootstrap() {  # bootstrap DIR PACKAGES LOGNAME
 }
 
 wheelhouse() {
-    [ "$(cat "$CACHE/wheels/.done" 2>/dev/null)" = "${VENV_REQS[*]}" ] && return
+    [ "$(cat "$CACHE/wheels/.done" 2>/dev/null)" = "${VENV_REQS[*]} ${NODE_TOOLS[*]}" ] && return
     local py=$REPO/.venv/bin/python
     if [ ! -x "$py" ]; then
         [ -x "$CACHE/pip-venv/bin/python" ] || python3 -m venv "$CACHE/pip-venv"
@@ -32,9 +32,9 @@ wheelhouse() {
     fi
     say "building the wheelhouse for /opt/dsv41-venv"
     rm -rf "$CACHE/wheels.tmp"
-    "$py" -m pip wheel -q --wheel-dir "$CACHE/wheels.tmp" "${VENV_REQS[@]}" \
+    "$py" -m pip wheel -q --wheel-dir "$CACHE/wheels.tmp" "${VENV_REQS[@]}" "${NODE_TOOLS[@]}" \
         2> >(grep -v 'is ignored: it is' >&2) || die "pip wheel failed (needs PyPI): ${VENV_REQS[*]}"
-    echo "${VENV_REQS[*]}" > "$CACHE/wheels.tmp/.done"
+    echo "${VENV_REQS[*]} ${NODE_TOOLS[*]}" > "$CACHE/wheels.tmp/.done"
     rm -rf "$CACHE/wheels" && mv "$CACHE/wheels.tmp" "$CACHE/wheels"
 }
 
@@ -75,7 +75,7 @@ CONF
             || ln -sf "/lib/systemd/system/$u" "$t/etc/systemd/system/multi-user.target.wants/$u"
     done
     for u in console-getty.service getty@.service apt-daily.timer apt-daily-upgrade.timer \
-             dpkg-db-backup.timer e2scrub_all.timer fstrim.timer; do
+             dpkg-db-backup.timer e2scrub_all.timer fstrim.timer "${NODE_MASKED[@]}"; do
         ln -sf /dev/null "$t/etc/systemd/system/$u"
     done
     say "installing /opt/dsv41-venv offline from the wheelhouse"
@@ -83,6 +83,9 @@ CONF
     chroot "$t" python3 -m venv /opt/dsv41-venv
     chroot "$t" env -i PATH=/usr/bin:/bin HOME=/root /opt/dsv41-venv/bin/pip install -q --no-index --find-links /tmp/wheels "${VENV_REQS[@]}" \
         || die "installing the venv into the template failed"
+    chroot "$t" env -i PATH=/usr/bin:/bin HOME=/root /opt/dsv41-venv/bin/pip install -q --no-index --find-links /tmp/wheels "${NODE_TOOLS[@]}" \
+        || die "installing ${NODE_TOOLS[*]} into the template failed"
+    ln -sf /opt/dsv41-venv/bin/py-spy "$t/usr/local/bin/py-spy"
     rm -rf "$t/tmp/wheels"
     echo "$TEMPLATE_VERSION" > "$t/.lab-template"
     rm -rf "$CACHE/template" && mv "$t" "$CACHE/template"
