@@ -78,6 +78,7 @@ CONF
              dpkg-db-backup.timer e2scrub_all.timer fstrim.timer "${NODE_MASKED[@]}"; do
         ln -sf /dev/null "$t/etc/systemd/system/$u"
     done
+    for u in "${NODE_DISABLED[@]}"; do rm -f "$t/etc/systemd/system/multi-user.target.wants/$u"; done
     say "installing /opt/dsv41-venv offline from the wheelhouse"
     cp -a "$CACHE/wheels" "$t/tmp/wheels"
     chroot "$t" python3 -m venv /opt/dsv41-venv

@@ -17,8 +17,10 @@ FABRIC_IF=fab0
 REGISTRY=198.51.100.11:5000
 SUITE=bookworm
 NODE_PKGS=systemd,systemd-sysv,dbus,openssh-server,rsync,python3,python3-venv,iproute2,iputils-ping,docker.io,iptables,curl,ca-certificates,procps,prometheus,prometheus-node-exporter
-# Debian ships these services enabled; the lab masks them (dsv41 runs its own Prometheus and enables the exporter)
-NODE_MASKED=(prometheus.service prometheus-node-exporter.service)
+# Debian ships these services enabled. The lab masks Debian's Prometheus (dsv41 runs its own unit) and only
+# disables the exporter: `doit launch` enables it, with a drop-in, where METRICS_DIR is set.
+NODE_MASKED=(prometheus.service)
+NODE_DISABLED=(prometheus-node-exporter.service)
 ENGINE_PKGS=python3
 VLLM_PKGS=python3,python3-venv,python3-dev,libnuma1,g++   # g++ and the headers: torch compiles its CPU kernels
 # The head's /opt/dsv41-venv gets the project's own pinned dependencies (one list: pyproject.toml).
