@@ -59,8 +59,8 @@ def fresh(check):
 
 
 def task_config():
-    """Print the effective configuration, one setting a line with where it came from."""
-    return {"actions": [call(config.show)], "params": [JSON], "uptodate": [False]}
+    """Print every effective setting (or those named: doit config PORT r1.ip) and where it came from."""
+    return {"actions": [call(config.show)], "params": [JSON], "pos_arg": "setting", "uptodate": [False]}
 
 
 def task_preflight():

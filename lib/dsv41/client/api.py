@@ -9,9 +9,10 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
+from dsv41 import names
 from dsv41.errors import UserError, one_line
 
-DEFAULT_KEY_FILE = "~/.dsv41-two-sparks/api_key"
+DEFAULT_KEY_FILE = names.state_path(names.DEFAULT_STATE_DIR, names.KEY)
 CONNECT_TIMEOUT = 10
 READ_TIMEOUT = 1800  # a 262k-token prefill on a busy server can take minutes before the first byte
 

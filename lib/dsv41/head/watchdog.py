@@ -29,7 +29,7 @@ from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic, write_textfile
 from dsv41.head import launch, nodes, runlock
 from dsv41.head.cluster import Cluster
-from dsv41.head.config import load_config
+from dsv41.head.config import from_resolved
 from dsv41.head.decide import since, stale_workers
 from dsv41.head.desired import read_key
 
@@ -297,10 +297,10 @@ def main(argv=None):
     path = settings_file(os.path.expanduser(a.state_dir))
     try:
         with open(path) as f:
-            env = json.load(f)["env"]
-    except (OSError, ValueError, KeyError) as err:
+            data = json.load(f)["config"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"cannot read the watchdog's settings {path} ({err}): run `doit launch`") from None
-    cfg = load_config({**os.environ, **env})
+    cfg = from_resolved(data)       # what launch resolved: neither the environment nor conf/ is read
     w = Watchdog(cfg, log=lambda msg: print(msg, flush=True))
 
     def on_term(*_):         # also ends a recovery in progress: `doit stop` stops the watchdog first
