@@ -289,19 +289,25 @@ def settings_file(state_dir):
     return names.state_path(state_dir, names.WATCHDOG_SETTINGS)
 
 
-@cli
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dsv41.head.watchdog", description=__doc__.splitlines()[0])
-    p.add_argument("--state-dir", required=True, help="the head's state dir (it holds watchdog.json)")
-    a = p.parse_args(argv)
-    path = settings_file(os.path.expanduser(a.state_dir))
+def load_settings(state_dir):
+    """The Config launch resolved for the watchdog ($STATE_DIR/watchdog.json): neither the environment
+    nor the checkout's conf/ is read, so only a `doit launch` (which restarts the watchdog when the file
+    changes) changes what it does."""
+    path = settings_file(os.path.expanduser(state_dir))
     try:
         with open(path) as f:
             data = json.load(f)["config"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"cannot read the watchdog's settings {path} ({err}): run `doit launch`") from None
-    cfg = from_resolved(data)       # what launch resolved: neither the environment nor conf/ is read
-    w = Watchdog(cfg, log=lambda msg: print(msg, flush=True))
+    return from_resolved(data)
+
+
+@cli
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dsv41.head.watchdog", description=__doc__.splitlines()[0])
+    p.add_argument("--state-dir", required=True, help="the head's state dir (it holds watchdog.json)")
+    a = p.parse_args(argv)
+    w = Watchdog(load_settings(a.state_dir), log=lambda msg: print(msg, flush=True))
 
     def on_term(*_):         # also ends a recovery in progress: `doit stop` stops the watchdog first
         w.stop.set()
