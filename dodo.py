@@ -14,8 +14,9 @@ from doit.tools import config_changed  # noqa: E402
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (completion, config, copy, desired, download, endpoint, fabric_bench, image,  # noqa: E402
                         launch, logs, pi, plan, preflight, status, stop, verify)
-from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
+from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
 
+quiet_on_closed_pipe()                  # `doit ... | head -1` ends quietly, as head expects
 try:
     CFG = config.load_config()
 except UserError as err:

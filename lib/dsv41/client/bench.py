@@ -33,7 +33,7 @@ from pathlib import Path
 
 
 from dsv41.client.api import ApiError, Client, TimedOut, check_request_timeout, load_key
-from dsv41.errors import UserError, one_line
+from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic
 
 SCHEMA = "dsv41.bench/1"
@@ -574,6 +574,7 @@ def run_bench(args_list):
     return 0
 
 
+@cli
 def main():
     sys.exit(run_bench(sys.argv[1:]))
 
