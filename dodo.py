@@ -97,14 +97,16 @@ def task_image():
 
 
 def task_render():
-    """Render every node's systemd units into $STATE_DIR/units/r<N>/ (no node contacted when every
-    per-node value is given by override)."""
+    """Render every node's systemd units into $STATE_DIR/units/r<N>/, changing nothing on any node.
+
+    No node is contacted when every per-node value is given by override."""
     return {"actions": [call(desired.render, mutates=True)], "uptodate": [False]}
 
 
 def task_launch():
-    """Bring the cluster up: preflight, checkpoint, image, state, units, start in order, wait for
-    the API. Does nothing when everything is already up and unchanged."""
+    """Bring the cluster up: preflight, checkpoint, image, units, start in order, wait for the API.
+
+    Does nothing when everything is already up and unchanged."""
     return {"actions": [call(launch.launch, mutates=True)], "task_dep": ["copy"], "uptodate": [False]}
 
 

@@ -126,6 +126,7 @@ def test_doit_list_reads_like_a_command_reference(tmp_path):
     assert {"launch", "download", "verify", "copy", "status", "logs", "stop", "smoke", "bench",
             "pi", "preflight", "plan", "config", "clear-trip"} <= names
     assert all(len(line.split(None, 1)) == 2 for line in r.stdout.splitlines())
+    assert all(line.rstrip().endswith((".", ")")) for line in r.stdout.splitlines()), r.stdout  # whole sentences
 
 
 def test_hf_token_is_never_shown(tmp_path):
