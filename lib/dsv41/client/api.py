@@ -59,7 +59,7 @@ def read_key_file(path):
 
 
 def load_key(key_file=None, env=None):
-    """DSV41_API_KEY, else the key file (default ~/.dsv41-two-sparks/api_key); None when neither exists.
+    """DSV41_API_KEY, else the key file (default DEFAULT_KEY_FILE); None when neither exists.
 
     An explicitly named key file that is missing or empty is an error."""
     env = os.environ if env is None else env

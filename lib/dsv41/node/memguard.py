@@ -3,7 +3,7 @@ node's dsv41-r* rank containers (directly, not through dockerd), stop their unit
 leave a trip marker that blocks their restart.
 
 Runs on the node with the system python3, standard library only:
-    python3 -m dsv41.node.memguard --floor-gib 1 --mode enforce --state-dir ~/.dsv41-two-sparks --settings FILE
+    python3 -m dsv41.node.memguard --state-dir DIR --settings DIR/memguard.json   (or --floor-gib, --mode)
 
 Marker `$STATE_DIR/memguard.tripped` (JSON): time (of the reading), killed_at, host, mode,
 mem_available_gib, floor_gib (and _bytes), killed [{pid, rank, comm, rss_gib, how, result}], units,
