@@ -187,7 +187,7 @@ def checkout(tmp_path_factory):
     return root
 
 
-PIN = "IMG=r/x@sha256:" + "a" * 64
+PIN = "r/x@sha256:" + "a" * 64      # a pinned image for the lab profile (its IMAGE_FILE exists only in the lab)
 INPUTS = [   # (id, profile files {name: bytes}, environment, what the one line must say)
     ("overrides = 5", {"p": b"overrides = 5\n"}, {}, "conf/p.toml: overrides = 5 is not valid: expected a table"),
     ('args = "x"', {"p": b'args = "x"\n'}, {}, "conf/p.toml: args = 'x' is not valid: expected a table"),
@@ -249,19 +249,19 @@ def test_every_bad_input_is_one_line(profiles, env, says, checkout, tmp_path):
 def test_an_override_in_the_environment_is_not_a_conflict():
     """A profile's worker overridden by WORKERS in the environment is a normal override, and the
     environment's WORKER wins over a profile's workers."""
-    cfg = load_config({"DSV41_PROFILE": "lab", "IMG": PIN[4:], "WORKERS": "u@a,u@b"})
+    cfg = load_config({"DSV41_PROFILE": "lab", "IMG": PIN, "WORKERS": "u@a,u@b"})
     assert [n.target for n in cfg.workers] == ["u@a", "u@b"] and cfg.sources["workers"] == "environment"
-    cfg = load_config({"DSV41_PROFILE": "lab", "IMG": PIN[4:], "WORKER": "u@z"})
+    cfg = load_config({"DSV41_PROFILE": "lab", "IMG": PIN, "WORKER": "u@z"})
     assert [n.target for n in cfg.workers] == ["u@z"]
     assert load_config({"WORKERS": "u@a,u@b", "TP_SIZE": "6"}).tp_size == 6
 
 
 def test_doit_config_names_the_profile_a_worker_came_from(tmp_path):
-    r = doit(["config"], tmp_path, DSV41_PROFILE="lab", IMG=PIN[4:])
+    r = doit(["config"], tmp_path, DSV41_PROFILE="lab", IMG=PIN)
     rows = {line.split()[0]: line for line in r.stdout.splitlines()}
     assert "(profile lab)" in rows["WORKER"] and "(profile lab)" in rows["r1.target"], r.stdout
     assert "(profile lab (R1_IP))" in rows["r1.ip"] and "(environment)" in rows["IMG"]
-    r = doit(["config", "PORT", "r1.ip"], tmp_path, DSV41_PROFILE="lab", IMG=PIN[4:], PORT="8001")
+    r = doit(["config", "PORT", "r1.ip"], tmp_path, DSV41_PROFILE="lab", IMG=PIN, PORT="8001")
     assert r.stdout.split() == ["PORT", "8001", "(environment)", "r1.ip", "198.51.100.13", "(profile", "lab", "(R1_IP))"]
 
 
@@ -278,7 +278,7 @@ def test_the_watchdog_settings_are_the_resolved_config_without_secrets(tmp_path)
     import json
 
     from dsv41.head.config import from_resolved, resolved
-    cfg = load_config({"DSV41_PROFILE": "lab-vllm", "IMG": PIN[4:], "HF_TOKEN": "hf_secret", "PORT": "8001"})
+    cfg = load_config({"DSV41_PROFILE": "lab-vllm", "IMG": PIN, "HF_TOKEN": "hf_secret", "PORT": "8001"})
     text = json.dumps(resolved(cfg))
     assert "hf_secret" not in text
     again = from_resolved(json.loads(text))
