@@ -21,10 +21,9 @@ def lab_up(**env):
     """The lab up for the tests (up.sh with LAB_FOR=tests); True when this call brought it up."""
     try:
         return up("tests", **env)
-    except LabRefused as err:
-        pytest.fail(str(err), pytrace=False)
-    except RuntimeError as err:
-        pytest.fail(str(err), pytrace=False)
+    except (LabRefused, RuntimeError) as err:
+        why = str(err)
+    pytest.fail(why, pytrace=False)          # outside the except: the one line, no chained traceback
 
 
 @pytest.fixture(scope="session")
