@@ -16,8 +16,13 @@ install: .venv/.installed
 test: install
 	$(PYTEST) -q
 
+# A lab the benchmarks bring up is taken down after them; one that was up before is left as it was.
+LAB_OWNER = $${LAB_STATE:-/var/lib/dsv41-lab}/owner
 bench: install
-	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@before=$$(cat $(LAB_OWNER) 2>/dev/null); rc=0; \
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || { rc=1; break; }; done; \
+	if [ -z "$$before" ] && [ "$$(cat $(LAB_OWNER) 2>/dev/null)" = "$$(printf '%s\nbench' "$(CURDIR)")" ]; then \
+		bash tests/lab/down.sh; fi; exit $$rc
 
 lab-up: install        # LAB_NODES=3 for three nodes; LAB_ENGINE=vllm to push the real engine too
 	bash tests/lab/up.sh

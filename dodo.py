@@ -14,8 +14,9 @@ from doit.tools import config_changed  # noqa: E402
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (completion, config, copy, desired, download, endpoint, fabric_bench, image,  # noqa: E402
                         launch, logs, pi, plan, preflight, status, stop, verify)
-from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
+from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
 
+quiet_on_closed_pipe()                  # `doit ... | head -1` ends quietly, as head expects
 try:
     CFG = config.load_config()
 except UserError as err:
@@ -59,8 +60,8 @@ def fresh(check):
 
 
 def task_config():
-    """Print the effective configuration, one setting a line with where it came from."""
-    return {"actions": [call(config.show)], "params": [JSON], "uptodate": [False]}
+    """Print every effective setting (or those named: doit config PORT r1.ip) and where it came from."""
+    return {"actions": [call(config.show)], "params": [JSON], "pos_arg": "setting", "uptodate": [False]}
 
 
 def task_preflight():
@@ -96,14 +97,16 @@ def task_image():
 
 
 def task_render():
-    """Render every node's systemd units into $STATE_DIR/units/r<N>/ (no node contacted when every
-    per-node value is given by override)."""
+    """Render every node's systemd units into $STATE_DIR/units/r<N>/, changing nothing on any node.
+
+    No node is contacted when every per-node value is given by override."""
     return {"actions": [call(desired.render, mutates=True)], "uptodate": [False]}
 
 
 def task_launch():
-    """Bring the cluster up: preflight, checkpoint, image, state, units, start in order, wait for
-    the API. Does nothing when everything is already up and unchanged."""
+    """Bring the cluster up: preflight, checkpoint, image, units, start in order, wait for the API.
+
+    Does nothing when everything is already up and unchanged."""
     return {"actions": [call(launch.launch, mutates=True)], "task_dep": ["copy"], "uptodate": [False]}
 
 

@@ -1,6 +1,5 @@
 """The lab for benchmarks (tests/lab, driven through tests/lab/labctl.py): up and launched with the
 stand-in engine. Benchmarks run doit with the default watchdog settings, unlike the lab tests."""
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -8,7 +7,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "lab"))
 
-from labctl import LAB_DIR, MODEL, Lab, missing  # noqa: E402
+from labctl import MODEL, Lab, LabRefused, missing, up  # noqa: E402
 
 
 class BenchLab(Lab):
@@ -22,7 +21,10 @@ def launched():
     if why:
         print(f"skipped: {why}")
         return None
-    subprocess.run(["bash", str(LAB_DIR / "up.sh")], check=True, capture_output=True)
+    try:
+        up("bench")              # a lab of this checkout's; `make bench` takes down one it brought up
+    except LabRefused as err:
+        raise SystemExit(str(err)) from None
     lab = BenchLab()
     if lab.on("head", f"test -e {MODEL}/sha256-manifest.txt", check=False).returncode:
         lab.on("head", f"{lab.venv}/bin/python {REPO}/tests/fixture_checkpoint.py {MODEL} --mb 4")

@@ -243,7 +243,6 @@ def test_the_lab_engine_profile_changes_only_what_it_lists(tmp_path):
 
 def test_a_bad_engine_change_is_one_line(tmp_path, monkeypatch):
     from dsv41.head import config
-    (tmp_path / "defaults.toml").write_text((config.CONF_DIR / "defaults.toml").read_text())
     (tmp_path / "bad.toml").write_text('[args]\n"--dtype" = 3\n')
     monkeypatch.setattr(config, "CONF_DIR", tmp_path)
     with pytest.raises(UserError, match=r'conf/bad.toml \[args\] --dtype = 3: expected a --flag = "value" or false'):

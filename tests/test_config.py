@@ -126,6 +126,7 @@ def test_doit_list_reads_like_a_command_reference(tmp_path):
     assert {"launch", "download", "verify", "copy", "status", "logs", "stop", "smoke", "bench",
             "pi", "preflight", "plan", "config", "clear-trip"} <= names
     assert all(len(line.split(None, 1)) == 2 for line in r.stdout.splitlines())
+    assert all(line.rstrip().endswith((".", ")")) for line in r.stdout.splitlines()), r.stdout  # whole sentences
 
 
 def test_hf_token_is_never_shown(tmp_path):
@@ -171,3 +172,117 @@ def test_the_guard_floor_has_one_rule():
 def test_a_target_starting_with_a_dash_never_reaches_ssh():
     with pytest.raises(ConfigError, match=r"WORKER='-V' is not valid: .*do not start with '-'"):
         load_config({"WORKER": "-V"})
+
+
+# ---- every malformed input is one line: profiles and settings, through `doit config` ---------------
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    """A copy of the checkout whose conf/ the cases write their profiles into."""
+    import shutil
+    root = tmp_path_factory.mktemp("checkout")
+    shutil.copytree(os.path.join(ROOT, "lib"), root / "lib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(ROOT, "conf"), root / "conf")
+    shutil.copy(os.path.join(ROOT, "dodo.py"), root / "dodo.py")
+    return root
+
+
+PIN = "r/x@sha256:" + "a" * 64      # a pinned image for the lab profile (its IMAGE_FILE exists only in the lab)
+INPUTS = [   # (id, profile files {name: bytes}, environment, what the one line must say)
+    ("overrides = 5", {"p": b"overrides = 5\n"}, {}, "conf/p.toml: overrides = 5 is not valid: expected a table"),
+    ('args = "x"', {"p": b'args = "x"\n'}, {}, "conf/p.toml: args = 'x' is not valid: expected a table"),
+    ("env = [1]", {"p": b"env = [1]\n"}, {}, "conf/p.toml: env = [1] is not valid: expected a table"),
+    ("non-UTF-8", {"p": b'extra = "\xff\xfe"\n'}, {}, "is not UTF-8 text (byte 0xff"),
+    ("unknown override R1_IPP", {"p": b'[overrides]\nR1_IPP = "10.0.0.2"\n'}, {},
+     "[overrides]: unknown variable 'R1_IPP' (did you mean R1_IP?)"),
+    ("override LD_PRELOAD", {"p": b'[overrides]\nLD_PRELOAD = "/x.so"\n'}, {}, "unknown variable 'LD_PRELOAD'"),
+    ("bad override value", {"p": b'[overrides]\nR0_IP = "10.0.0"\n'}, {}, "[overrides] R0_IP = '10.0.0' is not valid"),
+    ("worker = 5", {"p": b"worker = 5\n"}, {}, "conf/p.toml worker = 5 is not valid: expected a string"),
+    ("extra = 5", {"p": b"extra = 5\n"}, {}, "conf/p.toml extra = 5 is not valid: expected a string"),
+    ("port = true", {"p": b"port = true\n"}, {}, "conf/p.toml port = True is not valid: expected a whole number"),
+    ('skip_checks = ["a"]', {"p": b'skip_checks = ["a"]\n'}, {}, "conf/p.toml skip_checks = ['a'] is not valid"),
+    ("skip_checks unknown", {"p": b'skip_checks = "rdma,nosuch"\n'}, {}, "unknown name 'nosuch'"),
+    ("unknown top-level key", {"p": b"kv_byte = 5\n"}, {}, "unknown setting 'kv_byte' (did you mean kv_bytes?)"),
+    ("secret in a profile", {"p": b'hf_token = "hf_x"\n'}, {}, "hf_token may be set only in the environment"),
+    ("empty file", {"p": b""}, {}, "conf/p.toml is empty"),
+    ("missing base", {"p": b'base = "nope"\nport = 8001\n'}, {}, "conf/p.toml base = 'nope' is not valid: expected one of"),
+    ("base cycle", {"p": b'base = "q"\nport = 8001\n', "q": b'base = "p"\nport = 8002\n'}, {},
+     "its `base` chain comes back to itself (p -> q -> p)"),
+    ("not TOML", {"p": b"port = \n"}, {}, "conf/p.toml is not valid TOML"),
+    ("api key flag in [args]", {"p": b'[args]\n"--api-key" = "k"\n'}, {}, "a secret never goes into a unit file"),
+    ("api key in [env]", {"p": b'[env]\nVLLM_API_KEY = "k"\n'}, {}, "a secret never goes into a unit file"),
+    ("profile WORKER and WORKERS", {"p": b'worker = "u@a"\nworkers = "u@b,u@c"\n'}, {},
+     "WORKER and WORKERS are both set in the profile p"),
+    ("TP_SIZE=3 with two nodes", {}, {"WORKER": "u@w", "TP_SIZE": "3"}, "TP_SIZE=3 with 2 node(s): expected a multiple of 2"),
+    ("NNODES=3 with two nodes", {}, {"WORKER": "u@w", "NNODES": "3"}, "NNODES=3 with 2 node(s)"),
+    ("WORKER and WORKERS", {}, {"WORKER": "u@a", "WORKERS": "u@b,u@c"}, "WORKER and WORKERS are both set in the environment"),
+    ("SKIP_CHECKS=nosuch", {}, {"SKIP_CHECKS": "nosuch"}, "SKIP_CHECKS: unknown name 'nosuch'"),
+    ("100,000-character WORKER", {}, {"WORKER": "u@" + "w" * 100_000}, "(100002 characters)' is not valid: expected at most 4096"),
+    ("long ssh target", {}, {"WORKER": "u@" + "w" * 300}, "an ssh target of at most 255 characters"),
+    ("EXTRA --api-key", {}, {"EXTRA": "--api-key sk-123"}, "EXTRA carries --api-key: a secret never goes into a unit file"),
+    ("EXTRA --api-key=", {}, {"EXTRA": "--max-num-seqs 2 --api-key=sk-123"}, "EXTRA carries --api-key"),
+    ("profile name", {}, {"DSV41_PROFILE": "../etc"}, "DSV41_PROFILE='../etc' is not valid"),
+]
+
+
+@pytest.mark.parametrize("profiles,env,says", [c[1:] for c in INPUTS], ids=[c[0] for c in INPUTS])
+def test_every_bad_input_is_one_line(profiles, env, says, checkout, tmp_path):
+    for name, data in profiles.items():
+        (checkout / "conf" / f"{name}.toml").write_bytes(data)
+    try:
+        e = {**os.environ, "STATE_DIR": str(tmp_path / "state"), **env}
+        if profiles:
+            e["DSV41_PROFILE"] = "p"
+        r = subprocess.run([sys.executable, "-m", "doit", "-f", str(checkout / "dodo.py"), "config"], env=e,
+                           capture_output=True, text=True, cwd=checkout)
+    finally:
+        for name in profiles:
+            (checkout / "conf" / f"{name}.toml").unlink()
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    assert "Traceback" not in r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith("dsv41: ") and says in line, line
+    assert "sk-123" not in line and len(line) < 700
+    assert not (tmp_path / "state").exists()
+
+
+def test_an_override_in_the_environment_is_not_a_conflict():
+    """A profile's worker overridden by WORKERS in the environment is a normal override, and the
+    environment's WORKER wins over a profile's workers."""
+    cfg = load_config({"DSV41_PROFILE": "lab", "IMG": PIN, "WORKERS": "u@a,u@b"})
+    assert [n.target for n in cfg.workers] == ["u@a", "u@b"] and cfg.sources["workers"] == "environment"
+    cfg = load_config({"DSV41_PROFILE": "lab", "IMG": PIN, "WORKER": "u@z"})
+    assert [n.target for n in cfg.workers] == ["u@z"]
+    assert load_config({"WORKERS": "u@a,u@b", "TP_SIZE": "6"}).tp_size == 6
+
+
+def test_doit_config_names_the_profile_a_worker_came_from(tmp_path):
+    r = doit(["config"], tmp_path, DSV41_PROFILE="lab", IMG=PIN)
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()}
+    assert "(profile lab)" in rows["WORKER"] and "(profile lab)" in rows["r1.target"], r.stdout
+    assert "(profile lab (R1_IP))" in rows["r1.ip"] and "(environment)" in rows["IMG"]
+    r = doit(["config", "PORT", "r1.ip"], tmp_path, DSV41_PROFILE="lab", IMG=PIN, PORT="8001")
+    assert r.stdout.split() == ["PORT", "8001", "(environment)", "r1.ip", "198.51.100.13", "(profile", "lab", "(R1_IP))"]
+
+
+def test_readme_settings_table_is_the_schema():
+    """README's settings table is made from the schema (`python -m dsv41.head.schema` prints it)."""
+    from dsv41.head import schema
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert schema.readme_table() in readme
+    assert all(f"| `{s.name}` |" in readme for s in schema.SETTINGS)
+
+
+def test_the_watchdog_settings_are_the_resolved_config_without_secrets(tmp_path):
+    import dataclasses
+    import json
+
+    from dsv41.head.config import from_resolved, resolved
+    cfg = load_config({"DSV41_PROFILE": "lab-vllm", "IMG": PIN, "HF_TOKEN": "hf_secret", "PORT": "8001"})
+    text = json.dumps(resolved(cfg))
+    assert "hf_secret" not in text
+    again = from_resolved(json.loads(text))
+    assert again == dataclasses.replace(cfg, hf_token="") and again.port == 8001
+    assert again.engine_args == cfg.engine_args and again.nodes == cfg.nodes and again.hf_token == ""
+    with pytest.raises(ConfigError, match="written by another version: run `doit launch`"):
+        from_resolved({k: v for k, v in json.loads(text).items() if k != "port"})

@@ -10,7 +10,7 @@ import pytest
 from dsv41.errors import UserError
 from dsv41.head import fabric, image
 from dsv41.head.cluster import Cluster
-from dsv41.head.config import load_config, settings_env
+from dsv41.head.config import load_config
 from dsv41.head.decide import Kind, decide, sha, stale_workers
 from dsv41.head.desired import desired, guard_settings
 from dsv41.head.logs import _log_args
@@ -34,7 +34,7 @@ def cluster(tmp_path, **env):
 
 
 def want(cl, key=KEY, plan=PLAN):
-    return desired(cl, fabric.from_overrides(cl.cfg), key, plan, env=settings_env(cl.env))
+    return desired(cl, fabric.from_overrides(cl.cfg), key, plan)
 
 
 def running(cl, w, since=None, image_id="sha256:abc", clock=None):
@@ -155,7 +155,7 @@ def test_decide(tmp_path, what, env, change, key, plan, expected, why):
 
 
 def test_stale_workers_name_each_worker(tmp_path):
-    cl = cluster(tmp_path, WORKERS="bob@10.10.10.11,bob@10.10.10.12", R2_IP="10.10.10.12",
+    cl = cluster(tmp_path, WORKER="", WORKERS="bob@10.10.10.11,bob@10.10.10.12", R2_IP="10.10.10.12",
                  R2_IFNAME="enp1s0f1np1", R2_HCAS="rocep1s0f1", R2_GID_INDEX="3")
     facts = running(cl, want(cl))
     worker_restarted_alone(facts)

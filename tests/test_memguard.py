@@ -326,6 +326,10 @@ def test_polls_fast_only_near_the_floor():
     ([], {"MEMGUARD_GIB": "0"}, "(MEMGUARD_GIB)='0' is not valid"),
     (["--mode", "kill"], {}, "--mode (MEMGUARD_MODE)='kill' is not valid: expected enforce or observe"),
     (["--state-dir", "/proc/version/x"], {}, "cannot write"),
+    (["--state-dir", "relative/dir"], {}, "--state-dir (STATE_DIR)='relative/dir' is not valid: expected an absolute"),
+    (["--metrics-dir", "prom"], {}, "--metrics-dir (METRICS_DIR)='prom' is not valid: expected an absolute directory"),
+    (["--state-dir", "/tmp", "--settings", "/nonexistent/memguard.json"], {},
+     "--settings /nonexistent/memguard.json does not exist: run `doit launch`"),
 ])
 def test_bad_input_is_one_line(args, env, needle):
     res = subprocess.run([sys.executable, "-m", "dsv41.node.memguard", *args],

@@ -1,6 +1,7 @@
 """`pip install .` on a machine without the repo: the memory guard's command and the client tools work
 from the installed package alone (a laptop that only talks to the API needs nothing else)."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,7 +13,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pkg")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "wheels"), ROOT],
+    src = tmp / "src"                   # the project's files only: no build/ left over from another build
+    shutil.copytree(os.path.join(ROOT, "lib"), src / "lib", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), src)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "wheels"), str(src)],
                    check=True, capture_output=True)
     subprocess.run([sys.executable, "-m", "venv", str(tmp / "v")], check=True)
     pip = [str(tmp / "v/bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
@@ -42,3 +46,12 @@ def test_the_client_tools_run_from_the_package(installed, tool):
     url = ["http://127.0.0.1:9/v1"] if tool == "smoke" else ["--url", "http://127.0.0.1:9/v1", "--out", "b.json"]
     r = run(installed, py, "-m", f"dsv41.client.{tool}", *url)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot reach" in r.stderr
+
+
+def test_the_package_holds_what_runs_without_the_checkout(installed):
+    """dsv41.head needs the checkout (dodo.py, conf/, units/): it is not in the wheel; py.typed is."""
+    import zipfile
+    [wheel] = (installed / "wheels").glob("dsv41-*.whl")
+    files = zipfile.ZipFile(wheel).namelist()
+    assert "dsv41/py.typed" in files and "dsv41/node/memguard.py" in files and "dsv41/client/smoke.py" in files
+    assert not [f for f in files if f.startswith("dsv41/head/")]

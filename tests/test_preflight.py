@@ -230,8 +230,13 @@ def test_tools(cfg):
 def test_skip_setting(cfg):
     assert preflight.skip_set(load_config({"SKIP_CHECKS": "nvidia-runtime, link-speed"})) == {
         "nvidia-runtime", "link-speed"}
-    with pytest.raises(UserError, match="SKIP_CHECKS: unknown check 'gpu': expected names from reachable"):
-        preflight.skip_set(load_config({"SKIP_CHECKS": "gpu"}))
+    with pytest.raises(UserError, match="SKIP_CHECKS: unknown name 'gpu': expected names from reachable"):
+        load_config({"SKIP_CHECKS": "gpu"})          # refused at config time, not at preflight
+
+
+def test_the_settings_schema_knows_every_check_by_name():
+    from dsv41.head import schema
+    assert schema.CHECK_NAMES == tuple(preflight.CHECKS)
 
 
 def test_rdma(cfg):

@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from dsv41.head.status import EXIT_CODES, verdict
 
@@ -43,12 +45,38 @@ def test_the_verdict_and_its_exit_code():
         ({"a": up, "b": up}, serving, ["r1 restarted after the head's rank"], "DEGRADED"),
         ({"a": up, "b": up}, silent, [], "DOWN"),
         ({"a": down, "b": down}, silent, [], "NOT RUNNING"),
+        ({"a": down, "b": down}, serving, [], "NOT RUNNING"),        # no unit of ours: something else on PORT
+        ({"a": down, "b": up}, silent, [], "DEGRADED"),              # rank 0 dead, the worker's up
+        ({"a": {**up, "rank_state": "activating/start"}, "b": up}, silent, [], "DOWN"),   # starting
         ({"a": up, "b": {**down, "tripped": {"time": "t"}}}, serving, [], "TRIPPED"),
         ({"a": up, "b": {"error": "did not answer"}}, serving, [], "UNREACHABLE"),
     ]
     for nodes, api, stale, want in cases:
         assert verdict(nodes, api, stale) == want
     assert EXIT_CODES == {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6}
+
+
+def test_something_else_on_the_port_is_not_our_deployment(tmp_path):
+    """No unit installed and another server answering on PORT: NOT RUNNING, saying so, not DEGRADED."""
+    class Other(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = b'{"data": [{"id": "someone-elses-model"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = doit(["status"], tmp_path, PORT=str(srv.server_address[1]))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "something that is not dsv41 answers on port" in r.stdout and "NOT RUNNING" in r.stdout
 
 
 def test_the_watchdog_line_reports_what_runs_whatever_the_setting_says():

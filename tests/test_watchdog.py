@@ -5,6 +5,7 @@ the stand-in engine."""
 import pytest
 
 from dsv41.client import metrics
+from dsv41.errors import UserError
 from dsv41.head.config import load_config
 from dsv41.head.watchdog import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
                                  TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge)
@@ -101,3 +102,23 @@ def test_a_tripped_guard_or_a_node_without_fresh_facts_is_never_acted_on():
 def test_only_degraded_dead_and_wedged_call_for_a_recovery(verdict):
     from dsv41.head.watchdog import ACT_ON
     assert verdict not in ACT_ON and set(ACT_ON) == {DEGRADED, DEAD, WEDGED}
+
+
+def test_the_watchdog_runs_on_what_launch_resolved(tmp_path, monkeypatch):
+    """watchdog.json holds the resolved settings (no secret); the watchdog reads only that file, so
+    neither its environment nor a changed conf/ changes what it does until `doit launch` rewrites it."""
+    from dsv41.head import watchdog
+    from dsv41.head.config import load_config
+    from dsv41.head.desired import watchdog_settings
+    cfg = load_config({"WORKER": "u@10.0.0.2", "PORT": "8123", "WATCHDOG_PROBE_S": "7", "HF_TOKEN": "hf_secret",
+                       "STATE_DIR": str(tmp_path)})
+    text = watchdog_settings(cfg)
+    assert "hf_secret" not in text
+    (tmp_path / "watchdog.json").write_text(text)
+    monkeypatch.setenv("PORT", "9")
+    monkeypatch.setenv("DSV41_PROFILE", "no-such-profile")
+    got = watchdog.load_settings(str(tmp_path))
+    assert (got.port, got.watchdog_probe_s, got.workers[0].target, got.hf_token) == (8123, 7, "u@10.0.0.2", "")
+    (tmp_path / "watchdog.json").write_text('{"env": {"PORT": "8123"}}\n')       # an older launch's file
+    with pytest.raises(UserError, match="run `doit launch`"):
+        watchdog.load_settings(str(tmp_path))

@@ -1,6 +1,9 @@
 """User-facing errors: one line naming the problem and the fix, never a traceback."""
 import functools
+import os
 import sys
+
+CLOSED_PIPE_EXIT = 141      # 128 + SIGPIPE: what a shell reports for a tool whose reader went away
 
 
 class UserError(Exception):
@@ -28,5 +31,41 @@ def cli(func):
         except KeyboardInterrupt:
             print("dsv41: interrupted", file=sys.stderr)
             sys.exit(130)
+        except BrokenPipeError:
+            closed_pipe()
 
     return wrapper
+
+
+def closed_pipe():
+    """The reader of stdout went away (`| head -1`): stop quietly, as a tool killed by SIGPIPE does.
+    stdout is pointed at /dev/null first so the interpreter's last flush cannot complain."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.__stdout__.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(CLOSED_PIPE_EXIT)
+
+
+class QuietPipe:
+    """A stdout that ends the process with closed_pipe() when its reader went away, wherever the
+    write happens (a task's action, or doit's own listing and help)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            closed_pipe()
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            closed_pipe()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)

@@ -17,6 +17,7 @@ it last saw), watchdog.gaveup (while it exists the watchdog is hands-off) and in
 import os
 import re
 
+DEFAULT_STATE_DIR = "~/.dsv41-two-sparks"   # STATE_DIR's default, on every node (each resolves ~ itself)
 UNIT_DIR = "/etc/systemd/system"
 MEMGUARD_UNIT = "dsv41-memguard.service"
 WATCHDOG_UNIT = "dsv41-watchdog.service"

@@ -1,5 +1,8 @@
 """The `lab` fixture: the lab (tests/lab/up.sh, driven through labctl.Lab), brought up once per session
 if it is not up. A lab this fixture brought up is taken down at the end of the session unless LAB_KEEP=1.
+It uses only a lab of this checkout, brought up for the tests or by `make lab-up`: a lab that another
+checkout, a demo or a benchmark brought up fails the session with one line saying how to take it down
+(a failure, not a skip: a run beside someone's lab must not pass by testing nothing, nor wreck it).
 
 The `launched` fixture (session) makes a fixture checkpoint on the head, then verify, copy and launch
 from nothing; tests that break the cluster put it back before they end.
@@ -11,7 +14,16 @@ import time
 
 import pytest
 
-from labctl import LAB_DIR, MODEL, STATE, Lab, missing
+from labctl import LAB_DIR, MODEL, Lab, LabRefused, missing, up
+
+
+def lab_up(**env):
+    """The lab up for the tests (up.sh with LAB_FOR=tests); True when this call brought it up."""
+    try:
+        return up("tests", **env)
+    except (LabRefused, RuntimeError) as err:
+        why = str(err)
+    pytest.fail(why, pytrace=False)          # outside the except: the one line, no chained traceback
 
 
 @pytest.fixture(scope="session")
@@ -19,12 +31,7 @@ def lab():
     reason = missing()
     if reason:
         pytest.skip(reason)
-    started = False
-    if not ((STATE / "engine.ref").exists() and Lab().is_up()):
-        r = subprocess.run(["bash", str(LAB_DIR / "up.sh")], capture_output=True, text=True, timeout=1800)
-        if r.returncode != 0:
-            pytest.fail(f"lab-up failed:\n{r.stderr[-3000:]}", pytrace=False)
-        started = True
+    started = lab_up()
     yield Lab()
     if started and os.environ.get("LAB_KEEP") != "1":
         subprocess.run(["bash", str(LAB_DIR / "down.sh")], capture_output=True, text=True, timeout=300)

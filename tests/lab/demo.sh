@@ -7,8 +7,10 @@
 # model's 4 key-value heads split only 2 ways, and the 2 cores hold two CPU ranks) through the stand-in.
 export LAB_NODES=${LAB_NODES:-2}
 [ "$LAB_NODES" = 2 ] && export LAB_ENGINE=${LAB_ENGINE:-vllm} || export LAB_ENGINE=${LAB_ENGINE:-standin}
+export LAB_FOR=demo                   # a lab of this checkout's `make lab-up`, or one made for the demo
 source "$(dirname "$0")/lib.sh"
 need_root
+(claim_lab)                           # before installing or building anything
 start=$SECONDS
 if ! (need_tools) 2>/dev/null; then
     say "installing what the lab needs first (tests/setup/lab.sh: Debian packages, then the cached node"

@@ -16,6 +16,10 @@
     lab.link(node, up) / lab.freeze(node, frozen)  faults from the host: the node's fabric link down,
         or every process of the node frozen (its cgroup), as a hung or cut-off Spark would be
     missing() -> why the lab cannot run here, or None
+    owner() -> (checkout, what for) of the lab that is up, or None (no lab, or one that recorded none)
+    up(what_for, **env) -> True when this call brought the lab up, False when it was up already;
+        LabRefused (one line saying how to take it down) when the lab that is up is another checkout's
+        or was made for another use (a demo, a benchmark) than what_for and not by `make lab-up`
 """
 import os
 import shlex
@@ -95,6 +99,31 @@ class Lab:
         r = self.on(node, ["systemctl", "show", "--timestamp=unix", "-p", ",".join(props), "--", *units])
         return {unit: dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
                 for unit, block in zip(units, r.stdout.split("\n\n"))}
+
+
+class LabRefused(Exception):
+    """The lab that is up is not this checkout's to use: str() is up.sh's one line."""
+
+
+def owner():
+    try:
+        checkout, what_for = (STATE / "owner").read_text().splitlines()[:2]
+        return checkout, what_for
+    except (OSError, ValueError):
+        return None
+
+
+def up(what_for, **env):
+    """tests/lab/up.sh for `what_for` (tests, bench): the lab up, reusing one of this checkout's."""
+    was = STATE.exists()
+    r = subprocess.run(["bash", str(LAB_DIR / "up.sh")], env={**os.environ, **env, "LAB_FOR": what_for},
+                       capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
+        if "not this one's" in last:
+            raise LabRefused(last)
+        raise RuntimeError(f"lab-up failed:\n{r.stderr[-3000:]}")
+    return not was
 
 
 def missing():

@@ -66,6 +66,21 @@ mirror() {
     echo "$m"
 }
 
+# Who brought the lab up: the checkout, then what for (LAB_FOR: lab-up, demo, tests, bench). A lab is
+# used only by its own checkout, for what it was brought up for, or when `make lab-up` made it.
+OWNER=$STATE/owner
+LAB_FOR=${LAB_FOR:-lab-up}
+
+claim_lab() {  # one line and exit 2 when a lab (up or partial) is another checkout's, or made for another use
+    [ -e "$STATE" ] || ip netns list | grep -qwE '^(head|worker[0-9]*|fabric)' || return 0
+    local repo="" for=""
+    { read -r repo; read -r for; } < "$OWNER" 2>/dev/null || true
+    [ "$repo" = "$REPO" ] && { [ "$for" = "$LAB_FOR" ] || [ "$for" = lab-up ]; } && return 0
+    local who="$for from $repo" by=$repo
+    [ -n "$repo" ] || { who="not recorded as any checkout's"; by=$REPO; }
+    die "the lab that is up is $who, not this one's ($LAB_FOR from $REPO): take it down with 'make -C $by lab-down' (it stops what runs there), then try again"
+}
+
 lab_nodes() {  # the nodes of the lab that is up (whatever LAB_NODES says now)
     [ -d "$STATE/nodes" ] && ls "$STATE/nodes"
 }

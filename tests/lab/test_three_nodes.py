@@ -2,13 +2,11 @@
 and the stand-in engine (it keeps the rank contract for any --nnodes). The module brings the lab up with
 three nodes and leaves it with two, the stand-in launched again, for the modules after it."""
 import json
-import os
-import subprocess
 import time
 
 import pytest
-from conftest import launch_from_nothing
-from labctl import LAB_DIR, Lab
+from conftest import lab_up, launch_from_nothing
+from labctl import Lab
 
 pytestmark = pytest.mark.lab
 
@@ -17,9 +15,7 @@ FAST = {**WORKERS, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_
 
 
 def lab_with(nodes):
-    r = subprocess.run(["bash", str(LAB_DIR / "up.sh")], env={**os.environ, "LAB_NODES": str(nodes)},
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stderr[-3000:]
+    lab_up(LAB_NODES=str(nodes))
     return Lab()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import lab_up
 from labctl import CACHE, LAB_DIR
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
@@ -36,9 +37,7 @@ def vllm(lab):
     if not (CACHE / "vllm" / ".done").exists():
         pytest.skip("the lab's real engine is not built: run 'LAB_ENGINE=vllm bash tests/lab/cache.sh' "
                     "(tests/setup/lab.sh does)")
-    r = subprocess.run(["bash", str(LAB_DIR / "up.sh")], env={**__import__("os").environ, "LAB_ENGINE": "vllm"},
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stderr[-3000:]
+    lab_up(LAB_ENGINE="vllm")
     endpoint = subprocess.run(["bash", str(LAB_DIR / "hub-up.sh")], capture_output=True, text=True,
                               check=True).stdout.strip()
     # the watchdog stays off (lab.doit's default: these tests repair by hand); the last test turns it on

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make lab-up: LAB_NODES (2) systemd-nspawn nodes (head, worker1, ...) on a bridged veth fabric
 # 198.51.100.0/24, a registry on the head's address, and the engine images pushed to it. Idempotent
-# (a lab with another node count is replaced); cleans up after a failure.
+# (a lab with another node count is replaced); cleans up after a failure. It records which checkout
+# brought the lab up and what for (LAB_FOR, default lab-up) and refuses a lab of another checkout.
 source "$(dirname "$0")/lib.sh"
 need_root
 need_tools
@@ -9,6 +10,7 @@ case $REPO in *:*) die "the repo path $REPO contains ':', which systemd-nspawn -
 exec 9>/run/dsv41-lab.lock
 flock 9
 start=$SECONDS
+claim_lab                             # never reuse, nor clear, a lab this checkout did not bring up
 
 wait_for() {  # wait_for SECONDS WHAT LOG CMD...: poll CMD; on timeout fail with LOG's tail
     local t=$1 what=$2 log=$3 end=$(($SECONDS + $1)); shift 3
@@ -36,6 +38,7 @@ if [ -z "$already_up" ]; then  # ---- bring-up, up to the engine image (not inde
 bash "$LAB_DIR/cache.sh" 9>&-
 trap 'rc=$?; if [ $rc != 0 ]; then say "lab-up failed; removing what it made"; bash "$LAB_DIR/down.sh" 9>&- || true; fi' EXIT
 mkdir -p "$STATE"
+printf '%s\n%s\n' "$REPO" "$LAB_FOR" > "$OWNER"
 
 say "network namespaces ${NODES[*]}, a bridged veth fabric 198.51.100.0/24"
 ip netns add fabric

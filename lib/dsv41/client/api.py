@@ -9,11 +9,13 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
+from dsv41 import names
 from dsv41.errors import UserError, one_line
 
-DEFAULT_KEY_FILE = "~/.dsv41-two-sparks/api_key"
+DEFAULT_KEY_FILE = names.state_path(names.DEFAULT_STATE_DIR, names.KEY)
 CONNECT_TIMEOUT = 10
-READ_TIMEOUT = 1800  # a 262k-token prefill on a busy server can take minutes before the first byte
+READ_TIMEOUT = 1800  # each call's deadline: a 262k-token prefill on a busy server can take minutes
+HEALTH_TIMEOUT = 5
 
 
 class ApiError(UserError):
@@ -57,7 +59,7 @@ def read_key_file(path):
 
 
 def load_key(key_file=None, env=None):
-    """DSV41_API_KEY, else the key file (default ~/.dsv41-two-sparks/api_key); None when neither exists.
+    """DSV41_API_KEY, else the key file (default DEFAULT_KEY_FILE); None when neither exists.
 
     An explicitly named key file that is missing or empty is an error."""
     env = os.environ if env is None else env
@@ -130,8 +132,41 @@ class Stream:
         return [b - a for a, b in zip(t, t[1:])]
 
 
+def bounded(call, seconds, what):
+    """call() within `seconds` of wall time, whatever the server does (silent after accepting, or
+    trickling a byte at a time, which resets every per-read timeout); TimedOut after that. The call runs
+    in a daemon thread; one still running at the deadline is abandoned and its response closed when it
+    comes."""
+    box, done = {}, threading.Event()
+    lock = threading.Lock()
+
+    def run():
+        try:
+            result = call()
+        except BaseException as err:  # noqa: BLE001  handed to the caller
+            box["err"] = err
+        else:
+            with lock:
+                if box.get("abandoned"):
+                    getattr(result, "close", lambda: None)()
+                box["ok"] = result
+        done.set()
+
+    threading.Thread(target=run, daemon=True, name=f"dsv41 {what}").start()
+    if not done.wait(seconds):
+        with lock:
+            box["abandoned"] = True
+            late = box.get("ok")
+        if late is None:
+            raise TimedOut(f"{what} timed out: no complete answer within {seconds:g} s")
+    if "err" in box:
+        raise box["err"]
+    return box["ok"]
+
+
 class Client:
-    """Small OpenAI-compatible client. Each call opens its own connection, so threads may share it."""
+    """Small OpenAI-compatible client. Each call opens its own connection, so threads may share it.
+    Every call ends within read_timeout seconds of wall time (connect and every read together)."""
 
     def __init__(self, url, key=None, read_timeout=READ_TIMEOUT):
         self.base = normalize_base(url)
@@ -144,11 +179,16 @@ class Client:
             h["Authorization"] = f"Bearer {self.key}"
         return h
 
-    def _request(self, method, path, body=None, stream=False, read_timeout=None):
-        url = self.base + path
+    def _request(self, method, path, body=None, stream=False, read_timeout=None, root=False):
+        """One request, ended within read_timeout (default the client's) of wall time: with stream=True
+        up to the response's headers (Client.stream bounds the body), else the whole body. root: the
+        path is under the server's root, not /v1."""
+        url = (self.base[: -len("/v1")] if root else self.base) + path
+        limit = read_timeout or self.read_timeout
         try:
-            resp = requests.request(method, url, headers=self.headers(), json=body, stream=stream,
-                                    timeout=(CONNECT_TIMEOUT, read_timeout or self.read_timeout))
+            resp = bounded(lambda: requests.request(method, url, headers=self.headers(), json=body, stream=stream,
+                                                    timeout=(min(CONNECT_TIMEOUT, limit), limit)),
+                           limit, f"{method} {url}")
         except requests.exceptions.ConnectionError as err:
             why = "connection refused" if "refused" in str(err).lower() else one_line(err, 120)
             raise UserError(f"cannot reach {self.base} ({why}): is the server running and the URL right?") from None
@@ -172,9 +212,9 @@ class Client:
         except ValueError:
             raise UserError(f"GET {self.base}{path} did not return JSON: is this an OpenAI-compatible API?") from None
 
-    def post_json(self, path, body, optional=()):
+    def post_json(self, path, body, optional=(), root=False):
         """POST; on HTTP 422 (unknown field) retry once without the `optional` fields."""
-        resp = self._with_retry(path, body, optional, stream=False)
+        resp = self._with_retry(path, body, optional, stream=False, root=root)
         try:
             return resp.json()
         except ValueError:
@@ -206,8 +246,11 @@ class Client:
     def health(self):
         """HTTP status of the server's /health (beside /v1), or None when it does not answer."""
         try:
-            return requests.get(self.base[: -len("/v1")] + "/health", timeout=(CONNECT_TIMEOUT, 5)).status_code
-        except requests.RequestException:
+            return self._request("GET", "/health", read_timeout=min(HEALTH_TIMEOUT, self.read_timeout),
+                                 root=True).status_code
+        except ApiError as err:
+            return err.status
+        except UserError:
             return None
 
     def generates(self, model):
@@ -220,33 +263,32 @@ class Client:
         except (UserError, requests.RequestException, ValueError):
             return False
 
-    def _with_retry(self, path, body, optional, stream, read_timeout=None):
+    def _with_retry(self, path, body, optional, stream, read_timeout=None, root=False):
         try:
-            return self._request("POST", path, body, stream=stream, read_timeout=read_timeout)
+            return self._request("POST", path, body, stream=stream, read_timeout=read_timeout, root=root)
         except ApiError as err:
             if err.status != 422 or not any(k in body for k in optional):
                 raise
             return self._request("POST", path, {k: v for k, v in body.items() if k not in optional},
-                                 stream=stream, read_timeout=read_timeout)
+                                 stream=stream, read_timeout=read_timeout, root=root)
 
     def stream(self, path, body, optional=("stream_options",), stop_after_first=False, deadline_s=None):
         """POST a streaming request and read it to its end (or to the first token); returns a Stream.
 
-        With deadline_s the request is cut that many seconds after the POST, whether the server is
-        silent or still sending tokens; the Stream keeps what came and has finish_reason "timeout"."""
+        The request is cut deadline_s (default the client's read_timeout) seconds after the POST,
+        whether the server is silent or still sending; the Stream keeps what came and has
+        finish_reason "timeout"."""
         body = dict(body, stream=True)
         body.setdefault("stream_options", {"include_usage": True})
         s = Stream(t_start=time.perf_counter())
-        at = None if deadline_s is None else s.t_start + deadline_s
+        deadline_s = min(self.read_timeout, deadline_s or self.read_timeout)
+        at = s.t_start + deadline_s
         try:
-            resp = self._with_retry(path, body, optional, stream=True,
-                                    read_timeout=None if at is None else min(self.read_timeout, deadline_s))
+            resp = self._with_retry(path, body, optional, stream=True, read_timeout=deadline_s)
         except TimedOut:
-            if at is None:
-                raise
             s.timed_out, s.finish_reason = True, "timeout"
             return s
-        cutter = None if at is None else _cut_at(resp, at)
+        cutter = _cut_at(resp, at)
         try:
             for t, data in iter_sse(resp):
                 if at is not None and t >= at:
@@ -278,14 +320,13 @@ class Client:
                         if stop_after_first:
                             break
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as err:
-            if at is None or time.perf_counter() < at:
+            if time.perf_counter() < at:
                 raise UserError(f"the stream from {self.base}{path} broke: {one_line(err, 150)}") from None
         finally:
-            if cutter:
-                cutter.cancel()
+            cutter.cancel()
             resp.close()
         first_was_enough = stop_after_first and s.t_first is not None
-        if at is not None and not s.ended and not first_was_enough and time.perf_counter() >= at:
+        if not s.ended and not first_was_enough and time.perf_counter() >= at:
             s.timed_out, s.finish_reason = True, "timeout"
         return s
 

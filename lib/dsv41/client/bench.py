@@ -31,10 +31,9 @@ import time
 import uuid
 from pathlib import Path
 
-import requests
 
-from dsv41.client.api import ApiError, Client, check_request_timeout, load_key
-from dsv41.errors import UserError, one_line
+from dsv41.client.api import ApiError, Client, TimedOut, check_request_timeout, load_key
+from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic
 
 SCHEMA = "dsv41.bench/1"
@@ -92,7 +91,6 @@ class Tokens:
         self.client, self.model, self.how = client, model, None
 
     def count(self, text):
-        root = self.client.base[: -len("/v1")]
         tries = [("/tokenize", {"model": self.model, "prompt": text}, "count"),  # vLLM
                  ("/extras/tokenize/count", {"input": text}, "count")]  # llama-cpp-python
         if self.how is False:
@@ -100,12 +98,15 @@ class Tokens:
         for path, body, key in tries:
             if self.how not in (None, path):
                 continue
-            try:
-                r = requests.post(root + path, json=body, headers=self.client.headers(), timeout=120)
-                if r.ok and isinstance(r.json().get(key), int):
+            try:          # within the client's deadline (--request-timeout-s), as every call
+                r = self.client.post_json(path, body, root=True)
+                if isinstance(r.get(key), int):
                     self.how = path
-                    return r.json()[key]
-            except (ValueError, requests.RequestException):  # no usable tokenize endpoint
+                    return r[key]
+            except TimedOut:
+                raise UserError(f"{path} got no answer within {self.client.read_timeout:g} s "
+                                "(--request-timeout-s): the server is stuck or slower than that") from None
+            except UserError:  # no usable tokenize endpoint
                 pass
         self.how = False
         return None
@@ -555,7 +556,7 @@ def run_bench(args_list):
             a = parse(args_list)
         except SystemExit as done:  # argparse: --help or a usage error, already printed
             return done.code or 0
-        client = Client(a.url, load_key(a.key_file))
+        client = Client(a.url, load_key(a.key_file), read_timeout=a.request_timeout_s)
         entry = client.served_model(a.model)
         max_len = entry.get("max_model_len")
         max_len = max_len if isinstance(max_len, int) and max_len > 0 else None
@@ -573,6 +574,7 @@ def run_bench(args_list):
     return 0
 
 
+@cli
 def main():
     sys.exit(run_bench(sys.argv[1:]))
 

@@ -18,7 +18,7 @@ import struct
 import sys
 import zlib
 
-from dsv41.client.api import Client, ApiError, TimedOut, check_request_timeout, load_key
+from dsv41.client.api import DEFAULT_KEY_FILE, ApiError, Client, TimedOut, check_request_timeout, load_key
 from dsv41.errors import UserError, cli, one_line
 
 SCHEMA = "dsv41.smoke/1"
@@ -198,7 +198,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dsv41.client.smoke", description=__doc__.splitlines()[0])
     p.add_argument("url", help="API base URL, with or without /v1")
     p.add_argument("--model", help="model name (default: the first id from /v1/models)")
-    p.add_argument("--key-file", help="API key file when DSV41_API_KEY is unset (default ~/.dsv41-two-sparks/api_key)")
+    p.add_argument("--key-file", help=f"API key file when DSV41_API_KEY is unset (default {DEFAULT_KEY_FILE})")
     p.add_argument("--tool-choice", choices=("auto", "named"), default="auto",
                    help="let the model choose the tool (auto) or name get_weather in tool_choice")
     p.add_argument("--request-timeout-s", type=float, default=REQUEST_TIMEOUT_S, metavar="S",

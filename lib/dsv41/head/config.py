@@ -1,38 +1,27 @@
-"""One frozen Config: conf/defaults.toml, then a profile (DSV41_PROFILE), then the environment.
+"""One frozen Config: the schema's defaults (head/schema.py), then a profile (DSV41_PROFILE=NAME,
+conf/NAME.toml, over the profiles it is based on), then the environment.
 
-Every value is validated here, once; a bad one raises ConfigError with one line naming the variable,
-the value and what is accepted. Per-node values follow one scheme for any number of nodes:
-R<N>_IP, R<N>_IFNAME, R<N>_HCAS, R<N>_GID_INDEX, R<N>_MODEL_DIR for rank N, where HEAD_* is R0_* and
-WORKER_* is R1_* (the original two-node names).
+Every value is checked here, once, against the schema: a bad one raises ConfigError with one line
+naming the variable (or the profile file and key), the value and what is accepted. Rules between
+settings (TP_SIZE and NNODES against the node count, WORKER and WORKERS in one layer, MPORT against
+PORT, no secret in a pass-through) are checked here too.
 """
 import dataclasses
-import ipaddress
 import json as _json
 import os
 import re
 import shlex
 import tomllib
 from pathlib import Path
+from typing import NamedTuple
 
 from dsv41 import names
-from dsv41.errors import UserError
-from dsv41.node import memguard
+from dsv41.head import schema
+from dsv41.head.schema import SETTINGS, ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 CONF_DIR = ROOT / "conf"
 LIB_DIR = str(ROOT / "lib")
-GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
-IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
-# user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
-TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
-IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
-HCA_RE = re.compile(r"^[A-Za-z0-9_.-]+(?::\d+)?$")
-PER_NODE_RE = re.compile(r"^(R\d+|HEAD|WORKER)_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$")
-
-
-class ConfigError(UserError):
-    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +91,8 @@ class Config:
     engine_args: tuple         # (("--flag", value or None to drop it, source), ...): an engine profile's changes
     engine_env: tuple          # (("NAME", value or None to drop it, source), ...); "{rank}" is the rank number
     nodes: tuple[NodeSpec, ...]
-    sources: dict = dataclasses.field(compare=False, repr=False)
+    sources: dict = dataclasses.field(compare=False, repr=False)   # {setting key or r<N>.<key>: where from}
+    values: dict = dataclasses.field(compare=False, repr=False)    # {setting NAME: parsed value}
 
     @property
     def head(self):
@@ -146,106 +136,6 @@ class Config:
         return f"http://{host}:{self.port}/v1"
 
 
-# ---- parsing -------------------------------------------------------------------------------------
-
-def _bad(var, value, accepted):
-    return ConfigError(f"{var}={value!r} is not valid: expected {accepted}")
-
-
-def _int(var, value, lo, hi=None):
-    try:
-        n = int(str(value).strip().replace("_", ""))
-    except ValueError:
-        raise _bad(var, value, f"a whole number{_range(lo, hi)}") from None
-    if n < lo or (hi is not None and n > hi):
-        raise _bad(var, value, f"a whole number{_range(lo, hi)}")
-    return n
-
-
-def _range(lo, hi):
-    return f" from {lo} to {hi}" if hi is not None else f" of at least {lo}"
-
-
-def _float(var, value, lo, hi, lo_open=False):
-    try:
-        x = float(str(value).strip())
-    except ValueError:
-        x = float("nan")
-    if not (x > lo if lo_open else x >= lo) or not x <= hi:
-        bound = f"more than {lo}" if lo_open else f"at least {lo}"
-        raise _bad(var, value, f"a number {bound} and at most {hi}")
-    return x
-
-
-def _bool(var, value):
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off", ""):
-        return False
-    raise _bad(var, value, "1 or 0 (true/false)")
-
-
-def _path(var, value):
-    s = str(value)
-    if not s or "\n" in s or "\0" in s or not (s.startswith("/") or s == "~" or s.startswith("~/")):
-        raise _bad(var, value, "an absolute path or one starting with ~/ (spaces and quotes are fine)")
-    return s.rstrip("/") or "/"
-
-
-def _opt_path(var, value):
-    s = str(value).strip()
-    return os.path.expanduser(_path(var, s)) if s else ""
-
-
-def _split(var, value):
-    try:
-        return tuple(shlex.split(str(value)))
-    except ValueError as err:
-        raise _bad(var, value, f"shell words with balanced quotes ({err})") from None
-
-
-def _target(var, value):
-    s = str(value).strip()
-    if s.startswith("-") or "@-" in s:
-        raise _bad(var, value, "an ssh target whose user and host do not start with '-' "
-                   "(it would reach ssh as an option), like user@10.10.10.11")
-    if not TARGET_RE.match(s):
-        raise _bad(var, value, "an ssh target like user@10.10.10.11 (the worker's fabric address)")
-    return s
-
-
-def _ip(var, value):
-    try:
-        return str(ipaddress.IPv4Address(str(value).strip()))
-    except ValueError:
-        raise _bad(var, value, "an IPv4 address on the fabric network, e.g. 10.10.10.13") from None
-
-
-def _ifname(var, value):
-    if not IFNAME_RE.match(str(value)):
-        raise _bad(var, value, "a network interface name as shown by `ip -br a`")
-    return str(value)
-
-
-def _hcas(var, value):
-    items = tuple(x.strip() for x in str(value).split(",") if x.strip())
-    if not items or not all(HCA_RE.match(x) for x in items):
-        raise _bad(var, value, "a comma list of RDMA devices as shown by `rdma link`, e.g. rocep1s0f1")
-    return items
-
-
-def _caps(var, value):
-    try:
-        sizes = sorted({int(x) for x in str(value).split(",") if x.strip()})
-    except ValueError:
-        sizes = []
-    if not sizes or sizes[0] < 1:
-        raise _bad(var, value, "a comma list of positive whole numbers, e.g. 1,2,4,8")
-    return tuple(sizes)
-
 
 def capture_sizes(max_seqs, nspec):
     """1..min(NSPEC+1, CAP), then NSPEC+1 up to CAP in steps of 4, plus CAP (serving-config.md)."""
@@ -256,279 +146,322 @@ def capture_sizes(max_seqs, nspec):
     return tuple(sorted(sizes))
 
 
-def _load_toml(path):
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{path} is missing: restore it from the repository") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path} is not valid TOML: {err}") from None
 
+# ---- loading: layers (defaults, profiles, the environment), checked against the schema -----------
 
 def load_config(env=None):
-    env = dict(os.environ if env is None else env)
-    raw = _load_toml(CONF_DIR / "defaults.toml")
-    sources = {k: "default" for k in raw}
-    profile = env.get("DSV41_PROFILE", "").strip()
+    env = os.environ if env is None else env
+    profile = schema.parse(schema.BY_NAME["DSV41_PROFILE"], "DSV41_PROFILE", env.get("DSV41_PROFILE", ""))
     engine = {"args": {}, "env": {}}
-    profiled = {}                                       # per-node values a profile gave, for ranks it may not have
-    for name, prof in _profile_chain(profile):
-        prof.pop("base", None)
-        for k, v in prof.pop("overrides", {}).items():  # per-node values, env-style names
-            if k not in env:
-                env[k], profiled[k] = str(v), name
-        for table in ("args", "env"):                   # the engine's argv and environment, changed
-            for k, v in prof.pop(table, {}).items():
-                engine[table][k] = (_engine_change(name, table, k, v), f"profile {name}")
-        for k, v in prof.items():
-            if k not in raw:
-                raise ConfigError(f"conf/{name}.toml: unknown setting {k!r}")
-            raw[k], sources[k] = v, f"profile {name}"
-    for k in raw:
-        if k.upper() in env:
-            raw[k], sources[k] = env[k.upper()], "environment"
-    if "IMG" in env:
-        raw["image"], sources["image"] = env["IMG"], "environment (IMG)"
-    elif str(raw.get("image_file", "")).strip():
-        raw["image"], sources["image"] = _image_from_file(raw["image_file"]), "file " + raw["image_file"]
-    get = raw.get
+    layers = [Layer("default", {s.name: s.default for s in SETTINGS if not s.env_only}, {})]
+    layers += [_profile_layer(name, prof, engine) for name, prof in _profile_chain(profile)]
+    layers.append(Layer("environment", {s.name: env[s.name] for s in SETTINGS if s.name in env and not s.env_only},
+                        {k: v for k, v in env.items() if schema.PER_NODE_RE.match(k) and v.strip()}))
+    values, sources = {}, {}
+    for s in SETTINGS:
+        if s.name in ("WORKER", "WORKERS") or s.env_only:
+            continue
+        layer = next(la for la in reversed(layers) if s.name in la.values)
+        values[s.name] = schema.parse(s, layer.label(s), layer.values[s.name])
+        sources[s.key] = layer.source
+    values["HF_TOKEN"] = str(env.get("HF_TOKEN", ""))
+    values["DSV41_PROFILE"] = profile
+    targets = _workers(layers, values, sources)
+    image = _image(env, values, sources)
 
-    allow_unpinned = _bool("ALLOW_UNPINNED_IMAGE", get("allow_unpinned_image"))
-    image = str(get("image")).strip()
-    if not IMAGE_RE.match(image) or (not allow_unpinned and not DIGEST_RE.match(image)):
-        raise _bad("IMG", image, "an image pinned by digest, repo@sha256:<64 hex> "
-                   "(set ALLOW_UNPINNED_IMAGE=1 to accept a tag)")
-    graph_mode = str(get("graph_mode")).strip()
-    if graph_mode not in GRAPH_MODES:
-        raise _bad("GRAPH_MODE", graph_mode, "one of " + ", ".join(GRAPH_MODES))
-    memguard_mode = _checked(memguard.check_mode, str(get("memguard_mode")).strip())
-    plan_name = str(get("plan_name")).strip()
-    if not re.match(r"^[A-Za-z0-9._-]+\.json$", plan_name):
-        raise _bad("PLAN_NAME", plan_name, "a plan file name in exl3/plan/, e.g. J268-ho-v31-K5n.json")
-    hf_repo = str(get("hf_repo")).strip()
-    if not re.match(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", hf_repo):
-        raise _bad("HF_REPO", hf_repo, "a Hugging Face repo id, owner/name")
-    revision = str(get("revision")).strip()
-    if revision and not re.match(r"^[A-Za-z0-9_./-]+$", revision):
-        raise _bad("REVISION", revision, "a commit hash, branch or tag")
-
-    port = _int("PORT", get("port"), 1, 65535)
-    mport = _int("MPORT", get("mport"), 1, 65535)
+    port, mport = values["PORT"], values["MPORT"]
     if mport == port:
-        raise _bad("MPORT", mport, "a port other than PORT")
-    max_seqs = _int("MAX_SEQS", get("max_seqs"), 1, 1024)
-    nspec = _int("NSPEC", get("nspec"), 0, 32)
-    caps_raw = str(get("caps")).strip()
-    caps = _caps("CAPS", caps_raw) if caps_raw else capture_sizes(max_seqs, nspec)
-
-    state_raw = _path("STATE_DIR", get("state_dir"))
+        raise schema.bad("MPORT", mport, "a port other than PORT")
+    caps = values["CAPS"] or capture_sizes(values["MAX_SEQS"], values["NSPEC"])
+    state_raw = values["STATE_DIR"]
     state_dir = os.path.expanduser(state_raw)
-    model_dir = os.path.expanduser(_path("MODEL_DIR", get("model_dir")))
-    key_raw = str(get("api_key_file")).strip()
-    api_key_file = (os.path.expanduser(_path("API_KEY_FILE", key_raw)) if key_raw
+    api_key_file = (os.path.expanduser(values["API_KEY_FILE"]) if values["API_KEY_FILE"]
                     else names.state_path(state_dir, names.KEY))
-
-    nodes = _nodes(env, get, sources, profiled)
-    count = len(nodes)
-    tp_size = _int("TP_SIZE", get("tp_size"), 0, 1024) or count
-    nnodes = _int("NNODES", get("nnodes"), 0, 1024) or count
-    gid = _int("NCCL_IB_GID_INDEX", get("nccl_ib_gid_index"), -1, 255)
-
+    nodes = _nodes(layers, targets, values["WORKER_MODEL_DIR"] or None, sources)
+    tp_size, nnodes = _topology(values, len(nodes))
+    gid = values["NCCL_IB_GID_INDEX"]
+    v = values
     return Config(
-        image=image, allow_unpinned_image=allow_unpinned, hf_repo=hf_repo, revision=revision,
-        hf_token=str(env.get("HF_TOKEN", "")), plan_name=plan_name,
-        served_model_name=str(get("served_model_name")).strip(),
-        model_dir=model_dir, state_dir=state_dir, state_dir_raw=state_raw, api_key_file=api_key_file,
-        port=port, mport=mport,
-        memguard_gib=_checked(memguard.check_floor, get("memguard_gib")),
-        memguard_mode=memguard_mode,
-        kv_bytes=_int("KV_BYTES", get("kv_bytes"), 1),
-        max_len=_int("MAX_LEN", get("max_len"), 16, 16_777_216),
-        max_seqs=max_seqs, nspec=nspec,
-        batch=_int("BATCH", get("batch"), 1, 1_048_576),
-        gpu_util=_float("GPU_UTIL", get("gpu_util"), 0, 1, lo_open=True),
-        graph_mode=graph_mode, caps=caps, extra=_split("EXTRA", get("extra")),
-        engine_cmd=_engine_cmd(get("engine_cmd")),
+        image=image, allow_unpinned_image=v["ALLOW_UNPINNED_IMAGE"], hf_repo=v["HF_REPO"], revision=v["REVISION"],
+        hf_token=v["HF_TOKEN"], plan_name=v["PLAN_NAME"], served_model_name=v["SERVED_MODEL_NAME"],
+        model_dir=os.path.expanduser(v["MODEL_DIR"]), state_dir=state_dir, state_dir_raw=state_raw,
+        api_key_file=api_key_file, port=port, mport=mport,
+        memguard_gib=v["MEMGUARD_GIB"], memguard_mode=v["MEMGUARD_MODE"], kv_bytes=v["KV_BYTES"],
+        max_len=v["MAX_LEN"], max_seqs=v["MAX_SEQS"], nspec=v["NSPEC"], batch=v["BATCH"], gpu_util=v["GPU_UTIL"],
+        graph_mode=v["GRAPH_MODE"], caps=caps, extra=v["EXTRA"], engine_cmd=v["ENGINE_CMD"],
         tp_size=tp_size, nnodes=nnodes, nccl_ib_gid_index=None if gid < 0 else gid,
-        ssh_opts=_split("SSH_OPTS", get("ssh_opts")),
-        ssh_timeout_s=_int("SSH_TIMEOUT_S", get("ssh_timeout_s"), 1, 300),
-        keep_parts=_bool("KEEP_PARTS", get("keep_parts")),
-        start_timeout_s=60 * _int("START_TIMEOUT_MIN", get("start_timeout_min"), 1, 24 * 60),
-        metrics_dir=_opt_path("METRICS_DIR", get("metrics_dir")),
-        watchdog=_bool("WATCHDOG", get("watchdog")),
-        watchdog_interval_s=_int("WATCHDOG_INTERVAL_S", get("watchdog_interval_s"), 1, 3600),
-        watchdog_stall_s=_int("WATCHDOG_STALL_S", get("watchdog_stall_s"), 1, 24 * 3600),
-        watchdog_probe_s=_int("WATCHDOG_PROBE_S", get("watchdog_probe_s"), 1, 3600),
-        watchdog_max_recoveries=_int("WATCHDOG_MAX_RECOVERIES", get("watchdog_max_recoveries"), 0, 100),
-        watchdog_window_s=60 * _int("WATCHDOG_WINDOW_MIN", get("watchdog_window_min"), 1, 7 * 24 * 60),
-        free_gib_head=_int("FREE_GIB_HEAD", get("free_gib_head"), 0),
-        free_gib_worker=_int("FREE_GIB_WORKER", get("free_gib_worker"), 0),
-        gpus=_gpus(str(get("gpus")).strip()),
-        memlock=_memlock(str(get("memlock")).strip()),
-        privileged=_bool("PRIVILEGED", get("privileged")),
-        skip_checks=tuple(x.strip() for x in str(get("skip_checks")).split(",") if x.strip()),
-        profile=profile, nodes=nodes, sources=sources,
-        engine_args=tuple((k, v, src) for k, (v, src) in engine["args"].items()),
-        engine_env=tuple((k, v, src) for k, (v, src) in engine["env"].items()),
+        ssh_opts=v["SSH_OPTS"], ssh_timeout_s=v["SSH_TIMEOUT_S"], keep_parts=v["KEEP_PARTS"],
+        start_timeout_s=60 * v["START_TIMEOUT_MIN"], metrics_dir=os.path.expanduser(v["METRICS_DIR"]),
+        watchdog=v["WATCHDOG"], watchdog_interval_s=v["WATCHDOG_INTERVAL_S"],
+        watchdog_stall_s=v["WATCHDOG_STALL_S"], watchdog_probe_s=v["WATCHDOG_PROBE_S"],
+        watchdog_max_recoveries=v["WATCHDOG_MAX_RECOVERIES"], watchdog_window_s=60 * v["WATCHDOG_WINDOW_MIN"],
+        free_gib_head=v["FREE_GIB_HEAD"], free_gib_worker=v["FREE_GIB_WORKER"], gpus=v["GPUS"],
+        memlock=v["MEMLOCK"], privileged=v["PRIVILEGED"], skip_checks=v["SKIP_CHECKS"],
+        profile=profile, nodes=nodes, sources=sources, values=values,
+        engine_args=tuple((k, val, src) for k, (val, src) in engine["args"].items()),
+        engine_env=tuple((k, val, src) for k, (val, src) in engine["env"].items()),
     )
 
 
-def _checked(check, value):
-    """A value checked by the rule its user applies (the memory guard's own), as a ConfigError."""
-    try:
-        return check(value)
-    except UserError as err:
-        raise ConfigError(str(err)) from None
+class Layer(NamedTuple):
+    """One source of settings: {NAME: value} and {per-node NAME: value}, as that source wrote them."""
+    source: str                 # "default", "profile NAME", "environment"
+    values: dict
+    per_node: dict
+
+    def label(self, s, key=None):
+        """How an error names the setting: the variable, or the profile file and key."""
+        if self.source.startswith("profile "):
+            return f"conf/{self.source[8:]}.toml {key or s.key}"
+        return s.name
 
 
-def _engine_cmd(value):
-    words = _split("ENGINE_CMD", value)
-    if not words or words[0].startswith("-"):
-        raise _bad("ENGINE_CMD", value, "the serving image's command, e.g. vllm serve")
-    return words
+def _profile_layer(name, prof, engine):
+    """A profile's settings as a Layer, every key and type checked; its [args] and [env] go to `engine`."""
+    where = f"conf/{name}.toml"
+    values, per_node = {}, {}
+    for k, v in prof.items():
+        if k == "base":
+            continue
+        if k in ("overrides", "args", "env"):
+            if not isinstance(v, dict):
+                raise ConfigError(f"{where}: {k} = {v!r} is not valid: expected a table [{k}] of "
+                                  + ("NAME = \"value\" lines" if k == "overrides" else "entries = \"value\" or false"))
+            for key, val in v.items():
+                if k == "overrides":
+                    per_node[key] = _override(where, key, val)
+                else:
+                    engine[k][key] = (_engine_change(where, k, key, val), f"profile {name}")
+            continue
+        s = schema.BY_KEY.get(k)
+        if s is None:
+            if k.upper() in schema.BY_NAME:
+                raise ConfigError(f"{where}: {k} may be set only in the environment (a secret, or the profile's "
+                                  "own name, never goes into a file)")
+            raise ConfigError(f"{where}: unknown setting {k!r}{schema.nearest(k, schema.BY_KEY)}: the settings "
+                              "are README's table in lower case; per-node values go under [overrides]")
+        values[s.name] = schema.toml_type(s, f"{where} {k}", v)
+    return Layer(f"profile {name}", values, per_node)
 
 
-def _gpus(value):
-    if value and not re.match(r"^[A-Za-z0-9=,:\"-]+$", value):
-        raise _bad("GPUS", value, "docker run's --gpus value, e.g. all or device=0 (empty: none)")
+def _override(where, key, value):
+    """One [overrides] entry: a per-node variable (R<N>_IP, HEAD_IFNAME, ...) and a string or number."""
+    s = schema.per_node_setting(key)
+    if s is None:
+        known = [f"R{r}_{k}" for r in range(9) for k in schema.PER_NODE] + [
+            f"{p}_{k}" for p in ("HEAD", "WORKER") for k in schema.PER_NODE]
+        raise ConfigError(f"{where} [overrides]: unknown variable {key!r}{schema.nearest(key, known)}: expected "
+                          "per-node values R<N>_IP, R<N>_IFNAME, R<N>_HCAS, R<N>_GID_INDEX, R<N>_MODEL_DIR")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(f"{where} [overrides] {key} = {value!r} is not valid: expected a string")
+    value = str(value)
+    schema.parse(s, f"{where} [overrides] {key}", value)       # checked now, even for ranks not configured
     return value
 
 
-def _memlock(value):
-    if not re.match(r"^(-1|\d+(:\d+)?)$", value):
-        raise _bad("MEMLOCK", value, "-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes")
-    return value
+def _engine_change(where, table, key, value):
+    """One [args] or [env] entry of a profile: a string replaces the value (an [env] one may add it),
+    false drops it. Never a secret: the key file is the one way the API key reaches rank 0."""
+    ok = (re.match(r"^--[a-z0-9-]+$", key) if table == "args" else re.match(r"^[A-Z_][A-Z0-9_]*$", key))
+    if not ok or not (value is False or isinstance(value, str)) or len(str(value)) > schema.MAX_VALUE_LEN:
+        what = "a --flag" if table == "args" else "an environment variable name"
+        raise ConfigError(f"{where} [{table}] {key} = {value!r}: expected {what} = \"value\" or false")
+    if key in schema.SECRET_FLAGS + schema.SECRET_ENV or (isinstance(value, str) and any(
+            w.split("=", 1)[0] in schema.SECRET_FLAGS for w in value.split())):
+        raise ConfigError(f"{where} [{table}] {key}: a secret never goes into a unit file; rank 0 reads the API "
+                          "key from API_KEY_FILE ($STATE_DIR/api_key), HF_TOKEN comes from the environment")
+    return None if value is False else value
+
+
+def _workers(layers, values, sources):
+    """The worker targets from the highest layer that sets WORKER or WORKERS (both in one layer: refused)."""
+    layer = next(la for la in reversed(layers) if "WORKER" in la.values or "WORKERS" in la.values)
+    given = [k for k in ("WORKER", "WORKERS") if str(layer.values.get(k, "")).strip()]
+    if len(given) == 2:
+        raise ConfigError(f"WORKER and WORKERS are both set in the {layer.source}: keep one "
+                          "(WORKERS=user@a,user@b lists every worker, WORKER names the only one)")
+    for k in ("WORKER", "WORKERS"):
+        s = schema.BY_NAME[k]
+        values[k] = schema.parse(s, layer.label(s), layer.values.get(k, ""))
+        sources[s.key] = layer.source
+    return values["WORKERS"] or ((values["WORKER"],) if values["WORKER"] else ())
+
+
+def _image(env, values, sources):
+    """IMG from the environment, else the image in IMAGE_FILE when set, else the configured image;
+    pinned by digest unless ALLOW_UNPINNED_IMAGE."""
+    if values["IMAGE_FILE"] and "IMG" not in env:
+        try:
+            with open(os.path.expanduser(values["IMAGE_FILE"])) as f:
+                image = f.read(schema.MAX_VALUE_LEN).strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"IMAGE_FILE={values['IMAGE_FILE']!r} cannot be read "
+                              f"({getattr(err, 'strerror', None) or err}): write the pinned image reference there "
+                              "(for the lab: make lab-up) or set IMG") from None
+        values["IMG"], sources["image"] = image, "file " + values["IMAGE_FILE"]
+    image = values["IMG"]
+    if not schema.IMAGE_RE.match(image) or (not values["ALLOW_UNPINNED_IMAGE"] and not schema.DIGEST_RE.match(image)):
+        raise schema.bad("IMG", image, "an image pinned by digest, repo@sha256:<64 hex> "
+                         "(set ALLOW_UNPINNED_IMAGE=1 to accept a tag)")
+    return image
+
+
+def _topology(values, count):
+    """TP_SIZE and NNODES against the node count: one rank per node, TP_SIZE / count GPUs on each."""
+    tp_size, nnodes = values["TP_SIZE"] or count, values["NNODES"] or count
+    if nnodes != count:
+        raise ConfigError(f"NNODES={nnodes} with {count} node(s): expected {count} (one rank per node; "
+                          "WORKER/WORKERS set the node count) or 0")
+    if tp_size % count:
+        raise ConfigError(f"TP_SIZE={tp_size} with {count} node(s): expected a multiple of {count} (each node "
+                          f"runs TP_SIZE/{count} of the GPUs) or 0 for the node count")
+    return tp_size, nnodes
 
 
 def _profile_chain(profile):
     """[(name, its settings)] for the profile and the profiles it is based on (`base = "..."`), the most
     basic first."""
     chain = {}
+    via = "DSV41_PROFILE"
     while profile:
-        if not re.match(r"^[A-Za-z0-9_-]+$", profile) or not (CONF_DIR / f"{profile}.toml").exists():
-            known = sorted(p.stem for p in CONF_DIR.glob("*.toml") if p.stem != "defaults")
-            raise _bad("DSV41_PROFILE", profile, f"one of {', '.join(known)} (files in conf/)")
+        path = CONF_DIR / f"{profile}.toml"
+        if not re.match(r"^[A-Za-z0-9_-]+$", profile) or not path.exists():
+            known = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
+            raise schema.bad(via, profile, f"one of {', '.join(known)} (files in conf/)")
         if profile in chain:
-            raise ConfigError(f"conf/{profile}.toml: its `base` chain comes back to itself")
-        chain[profile] = _load_toml(CONF_DIR / f"{profile}.toml")
-        profile = str(chain[profile].get("base", "")).strip()
+            raise ConfigError(f"conf/{profile}.toml: its `base` chain comes back to itself "
+                              f"({' -> '.join([*chain, profile])}): remove one `base`")
+        chain[profile] = prof = _load_toml(path)
+        base = prof.get("base", "")
+        if not isinstance(base, str):
+            raise ConfigError(f"conf/{profile}.toml: base = {base!r} is not valid: expected a profile name string")
+        via, profile = f"conf/{profile}.toml base", base.strip()
     return list(chain.items())[::-1]
 
 
-def _engine_change(profile, table, key, value):
-    """One [args] or [env] entry of a profile: a string replaces the value (an [env] one may add it),
-    false drops it."""
-    ok = (re.match(r"^--[a-z0-9-]+$", key) if table == "args" else re.match(r"^[A-Z_][A-Z0-9_]*$", key))
-    if not ok or not (value is False or isinstance(value, str)):
-        what = "a --flag" if table == "args" else "an environment variable name"
-        raise ConfigError(f"conf/{profile}.toml [{table}] {key} = {value!r}: expected {what} = \"value\" or false")
-    return None if value is False else value
-
-
-def _image_from_file(path):
+def _load_toml(path):
     try:
-        with open(os.path.expanduser(path)) as f:
-            return f.read().strip()
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+        prof = tomllib.loads(text)
     except OSError as err:
-        raise ConfigError(f"IMAGE_FILE={path!r} cannot be read ({err.strerror}): write the pinned "
-                          "image reference there (for the lab: make lab-up) or set IMG") from None
+        raise ConfigError(f"{path} cannot be read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}): "
+                          "save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    if not prof:
+        raise ConfigError(f"{path} is empty: a profile sets at least one setting (or delete the file)")
+    return prof
 
 
-def _nodes(env, get, sources, profiled=()):
-    workers_raw = str(get("workers")).strip()
-    if workers_raw:
-        var = "WORKERS"
-        targets = [w.strip() for w in workers_raw.split(",")]
-        if any(not t for t in targets):
-            raise _bad(var, workers_raw, "a comma list of ssh targets, user@a,user@b")
-    else:
-        var = "WORKER"
-        worker = str(get("worker")).strip()
-        targets = [worker] if worker else []
-    targets = [_target(var, t) for t in targets]
-    if len(set(targets)) != len(targets):
-        raise _bad(var, ",".join(targets), "distinct ssh targets, one per worker")
-    wmd = str(get("worker_model_dir")).strip()
-    worker_model_dir = _path("WORKER_MODEL_DIR", wmd) if wmd else None
+def _nodes(layers, targets, worker_model_dir, sources):
+    """One NodeSpec per rank: the head, then the workers; per-node values from the highest layer that
+    gives them (R<N>_X before HEAD_X / WORKER_X in one layer)."""
+    count = len(targets) + 1
+    for la in layers:
+        for var in la.per_node:
+            if la.source == "environment" and schema.per_node_rank(var) >= count:
+                raise ConfigError(f"{var} is set but there is no rank {schema.per_node_rank(var)}: ranks are "
+                                  f"r0 (head) to r{count - 1}; check WORKER/WORKERS")
 
-    def per_rank(rank, key, parse):
-        names = [f"R{rank}_{key}"] + (["HEAD_" + key] if rank == 0 else []) + (
-            ["WORKER_" + key] if rank == 1 else [])
-        for name in names:
-            if env.get(name, "").strip():
-                sources[f"r{rank}.{key.lower()}"] = (f"profile {profiled[name]} ({name})" if name in profiled
-                                                     else f"environment ({name})")
-                return parse(name, env[name].strip())
+    def per_rank(rank, key):
+        names_ = [f"R{rank}_{key}"] + {0: ["HEAD_" + key], 1: ["WORKER_" + key]}.get(rank, [])
+        for la in reversed(layers):
+            for var in names_:
+                if var in la.per_node:
+                    sources[f"r{rank}.{key.lower()}"] = f"{la.source} ({var})"
+                    s = schema.per_node_setting(var)
+                    return schema.parse(s, la.label(s, f"[overrides] {var}") if la.source != "environment"
+                                        else var, la.per_node[var]) or None
         return None
 
     specs = []
-    for rank, target in enumerate([None] + targets):
-        gid = per_rank(rank, "GID_INDEX", lambda v, x: _int(v, x, 0, 255))
-        model_dir = per_rank(rank, "MODEL_DIR", _path) if rank else None
+    for rank, target in enumerate([None, *targets]):
+        model_dir = per_rank(rank, "MODEL_DIR") if rank else None
         specs.append(NodeSpec(
             rank=rank, name="head" if rank == 0 else f"worker{rank}", target=target,
             model_dir=model_dir or (worker_model_dir if rank else None),
-            ip=per_rank(rank, "IP", _ip), ifname=per_rank(rank, "IFNAME", _ifname),
-            hcas=per_rank(rank, "HCAS", _hcas), gid_index=gid))
-    known = {f"R{s.rank}_{k}" for s in specs for k in ("IP", "IFNAME", "HCAS", "GID_INDEX", "MODEL_DIR")}
-    for name in env:
-        if PER_NODE_RE.match(name) and name.startswith("R") and name not in known and name not in profiled:
-            raise ConfigError(f"{name} is set but there is no rank {name[1:].split('_')[0]}: "
-                              f"ranks are r0 (head) to r{len(specs) - 1}; check WORKER/WORKERS")
+            ip=per_rank(rank, "IP"), ifname=per_rank(rank, "IFNAME"), hcas=per_rank(rank, "HCAS"),
+            gid_index=per_rank(rank, "GID_INDEX")))
     return tuple(specs)
 
 
-def settings_env(env=None):
-    """The environment variables that shape the Config (its settings, the profile, the per-node
-    overrides), never secrets: what a service started later needs to rebuild the same Config."""
-    env = os.environ if env is None else env
-    keys = {k.upper() for k in _load_toml(CONF_DIR / "defaults.toml")} | {"IMG", "DSV41_PROFILE"}
-    return {k: v for k, v in sorted(env.items()) if k in keys or PER_NODE_RE.match(k)}
+# ---- the watchdog's copy: the resolved values, no secret ------------------------------------------
+
+NOT_RESOLVED = ("hf_token", "sources", "values")
 
 
-SECRET_KEYS = {"hf_token"}
+def resolved(cfg):
+    """The resolved Config as JSON-able data, without secrets: what a service started later runs on
+    (the watchdog), so that neither the environment nor conf/ can change under it."""
+    return {f.name: dataclasses.asdict(cfg)[f.name] for f in dataclasses.fields(cfg) if f.name not in NOT_RESOLVED}
 
+
+def from_resolved(data):
+    """The Config resolved() wrote; ConfigError when it was written by another version."""
+    def tuples(v):
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+    want = {f.name for f in dataclasses.fields(Config)} - set(NOT_RESOLVED)
+    if not isinstance(data, dict) or set(data) != want:
+        raise ConfigError("the resolved settings were written by another version: run `doit launch`")
+    try:
+        values = {k: tuples(v) for k, v in data.items()}
+        values["nodes"] = tuple(NodeSpec(**{k: tuples(x) for k, x in n.items()}) for n in data["nodes"])
+        return Config(**values, hf_token="", sources={}, values={})
+    except (TypeError, AttributeError) as err:
+        raise ConfigError(f"the resolved settings cannot be read ({err}): run `doit launch`") from None
+
+
+# ---- doit config ---------------------------------------------------------------------------------
 
 def describe(cfg):
-    """(setting, value, source) rows for `doit config`; secrets are shown as set/unset only."""
+    """(setting, value, source) rows for `doit config`, in the schema's order; secrets are shown as
+    set/unset only."""
     rows = []
-    for field in dataclasses.fields(cfg):
-        k = field.name
-        if k in ("sources", "nodes", "state_dir_raw", "engine_args", "engine_env"):
-            continue
-        v = getattr(cfg, k)
-        if k in SECRET_KEYS:
+    effective = {"IMG": cfg.image, "TP_SIZE": cfg.tp_size, "NNODES": cfg.nnodes, "CAPS": cfg.caps,
+                 "API_KEY_FILE": cfg.api_key_file, "WORKER_MODEL_DIR": cfg.values["WORKER_MODEL_DIR"]
+                 or "(head's path, home swapped)"}
+    for s in SETTINGS:
+        v = effective.get(s.name, cfg.values[s.name])
+        src = cfg.sources.get(s.key, "environment" if s.env_only and v else "default")
+        if s.name in ("TP_SIZE", "NNODES", "CAPS", "API_KEY_FILE") and not cfg.values[s.name]:
+            src = "derived"
+        if s.kind == "secret":
             v = "(set)" if v else "(unset)"
-        elif k in ("start_timeout_s", "watchdog_window_s"):
-            k, v = k[:-2] + "_min", v // 60
-        elif v is None:
+        elif isinstance(v, bool):
+            v = int(v)
+        elif s.name == "NCCL_IB_GID_INDEX" and v < 0:
             v = "(detected per node)"
         elif isinstance(v, tuple):
-            v = ",".join(map(str, v)) if k == "caps" else shlex.join(v)
-        src = cfg.sources.get(k, "derived" if k in ("tp_size", "nnodes", "caps") else "default")
-        if k == "hf_token":
-            src = "environment" if cfg.hf_token else "default"
-        rows.append((k.upper() if k != "image" else "IMG", str(v), src))
+            v = ",".join(map(str, v)) if s.kind in ("caps", "list", "targets") else shlex.join(v)
+        rows.append((s.name, str(v), src))
     for k, v, src in cfg.engine_args + cfg.engine_env:
         rows.append((f"engine {k}", "(dropped)" if v is None else v, src))
     for s in cfg.nodes:
         facts = {"target": s.target or "(local)", "model_dir": s.model_dir, "ip": s.ip,
-                 "ifname": s.ifname, "hcas": ",".join(s.hcas) if s.hcas else None,
-                 "gid_index": s.gid_index}
+                 "ifname": s.ifname, "hcas": ",".join(s.hcas) if s.hcas else None, "gid_index": s.gid_index}
         for k, v in facts.items():
-            src = cfg.sources.get(f"r{s.rank}.{k}", "detected at launch" if v is None else "environment")
-            if k == "model_dir" and v is None:
+            src = cfg.sources.get(f"r{s.rank}.{k}", "detected at launch" if v is None else "derived")
+            if k == "model_dir" and not cfg.sources.get(f"r{s.rank}.{k}"):
                 v, src = ("(head's path, home swapped)" if s.rank else cfg.model_dir), "derived"
             if k == "target":
-                src = "environment" if s.target else "the machine running doit"
+                src = (cfg.sources.get("workers") or "default") if s.target else "the machine running doit"
             rows.append((f"r{s.rank}.{k}", "" if v is None else str(v), src))
     return rows
 
 
-def show(cfg, json=False):
-    """doit config: every effective setting with where it came from."""
+def show(cfg, json=False, setting=()):
+    """doit config: every effective setting with where it came from (or only the named ones)."""
     rows = describe(cfg)
+    if setting:
+        wanted = {w.upper() for w in setting}
+        unknown = sorted(wanted - {k.upper() for k, _, _ in rows})
+        if unknown:
+            raise ConfigError(f"no setting {unknown[0]}{schema.nearest(unknown[0], [k for k, _, _ in rows])}: "
+                              "`doit config` lists them all")
+        rows = [r for r in rows if r[0].upper() in wanted]
     if json:
         print(_json.dumps({k: {"value": v, "source": s} for k, v, s in rows}, indent=2))
         return

@@ -12,7 +12,7 @@ from dsv41.errors import UserError
 from dsv41.files import write_atomic
 from dsv41.head import fabric, preflight, units
 from dsv41.head.cluster import Cluster
-from dsv41.head.config import settings_env
+from dsv41.head.config import resolved
 
 
 class Desired(NamedTuple):
@@ -53,25 +53,29 @@ def read_head_plan(cfg):
         raise UserError(f"EXL3 plan {path} is missing: run `doit download` (or check PLAN_NAME)") from None
 
 
-def state_files(cfg, is_head, key, plan_text, env):
+def watchdog_settings(cfg):
+    """The watchdog's settings: the resolved Config without secrets (config.resolved), so that it runs
+    on what launch resolved, never on the environment or conf/ of a later day."""
+    return json.dumps({"config": resolved(cfg)}, indent=1, sort_keys=True) + "\n"
+
+
+def state_files(cfg, is_head, key, plan_text):
     """{path under the state dir: (text, mode)} one node must hold (text None when the key is not
-    known yet, as in a dry run). env: the settings' environment, for the watchdog (settings_env)."""
+    known yet, as in a dry run)."""
     files = {names.GUARD_SETTINGS: (guard_settings(cfg), 0o644),
              f"{names.PLANS}/{cfg.plan_name}": (units.rewrite_plan(plan_text), 0o644)}
     if is_head:
         files[names.SECRET_KEY] = (f"{key}\n" if key else None, 0o600)
         if cfg.watchdog:
-            files[names.WATCHDOG_SETTINGS] = (json.dumps({"env": env}, indent=1, sort_keys=True) + "\n", 0o600)
+            files[names.WATCHDOG_SETTINGS] = (watchdog_settings(cfg), 0o600)
     return files
 
 
-def desired(cl, fab, key, plan_text, env=None):
-    """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)
-    and env (default: this process's settings_env)."""
-    env = settings_env() if env is None else env
+def desired(cl, fab, key, plan_text):
+    """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)."""
     return Desired(
         units={n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes},
-        files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text, env) for n in cl.nodes})
+        files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text) for n in cl.nodes})
 
 
 def render(cfg):

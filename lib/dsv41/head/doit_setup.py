@@ -3,11 +3,12 @@ import functools
 import os
 import sys
 
+from doit.cmd_base import DoitCmdBase
 from doit.dependency import FileChangedChecker
 from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
-from dsv41.errors import UserError, one_line
+from dsv41.errors import QuietPipe, UserError, one_line
 from dsv41.head import runlock
 
 
@@ -43,6 +44,21 @@ class Reporter(ConsoleReporter):
         super().complete_run()
 
 
+def quiet_on_closed_pipe():
+    """`doit ... | head -1` ends quietly with 141, as a tool killed by SIGPIPE (errors.closed_pipe),
+    never with a BrokenPipeError traceback: stdout becomes a QuietPipe. doit's own commands (list,
+    help, info) write to the stdout they kept when doit made them, before it loaded dodo.py, so the
+    command that is loading it is given the QuietPipe too."""
+    if not isinstance(sys.stdout, QuietPipe):
+        sys.stdout = QuietPipe(sys.stdout)
+    frame = sys._getframe(1)
+    while frame is not None:
+        cmd = frame.f_locals.get("self")
+        if isinstance(cmd, DoitCmdBase):
+            cmd.outstream = sys.stdout
+        frame = frame.f_back
+
+
 def action(func, *, name=None, lock_dir=None):
     """Wrap a task function: a UserError fails the task with its one line, not a traceback.
     With lock_dir the action first takes the run lock (mutating tasks)."""
@@ -53,6 +69,7 @@ def action(func, *, name=None, lock_dir=None):
             if lock_dir:
                 runlock.take(lock_dir)
             result = func(*args, **kwargs)
+            sys.stdout.flush()          # a closed pipe shows here, inside the guarded stdout
         except UserError as err:
             fail = TaskFailed(one_line(err, 2000))
             fail.dsv41 = True

@@ -22,12 +22,12 @@ import time
 import sh
 
 from dsv41 import names
-from dsv41.head import commands, runlock
+from dsv41.head import commands, runlock, schema
 from dsv41.head.config import LIB_DIR
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
-SSH_TIMEOUT_S = 10           # the SSH_TIMEOUT_S setting's default
+SSH_TIMEOUT_S = schema.BY_NAME["SSH_TIMEOUT_S"].default   # the setting's default, declared once
 COMMAND_TIMEOUT_S = 120      # default bound on one remote command; longer ones pass their own
 PERSIST_S = 120
 FACTS_TIMEOUT_S = 180

@@ -16,7 +16,7 @@ SCHEMA = "dsv41.status/1"
 EXIT_CODES = {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6}
 MEANING = {
     "READY": "every rank is up and the API lists the model",
-    "DEGRADED": "the API answers but a rank is down or restarted on its own: `doit launch` restarts the ranks together",
+    "DEGRADED": "a rank is down or restarted on its own: `doit launch` restarts the ranks together",
     "NOT RUNNING": "nothing is running: start it with `doit launch`",
     "UNREACHABLE": "a node does not answer over ssh; its line above says what to check",
     "TRIPPED": "the memory guard stopped the ranks: lower KV_BYTES or GPU_UTIL, then `doit clear-trip` and `doit launch`",
@@ -68,11 +68,15 @@ def verdict(nodes, api, stale):
         return "UNREACHABLE"
     if any(e["tripped"] for e in nodes.values()):
         return "TRIPPED"
-    up = [e["rank_state"].startswith("active/") and e["container"] == "running" for e in nodes.values()]
+    live = [e["rank_state"].split("/")[0] in ("active", "activating") for e in nodes.values()]
+    if not any(live):                   # whatever answers on PORT, it is not a rank of ours
+        return "NOT RUNNING"
+    if not all(live) or stale:          # some ranks up, some not: whether or not the API answers
+        return "DEGRADED"
+    up = all(e["rank_state"].startswith("active/") and e["container"] == "running" for e in nodes.values())
     if api["models"]:
-        return "READY" if all(up) and not stale else "DEGRADED"
-    starting = any(e["rank_state"].split("/")[0] in ("active", "activating") for e in nodes.values())
-    return "DOWN" if starting else "NOT RUNNING"
+        return "READY" if up else "DEGRADED"
+    return "DOWN"
 
 
 class Table:
@@ -151,6 +155,8 @@ def status(cfg, json=False):
             print(line)
         print(f"API {api['url']}: health {api['health'] or 'no answer'}, models {', '.join(api['models'] or []) or '-'}")
         print(watchdog_line(wd))
+        if state == "NOT RUNNING" and (api["models"] or api["health"]):
+            print(f"(something that is not dsv41 answers on port {cfg.port}: stop it, or set PORT, before `doit launch`)")
         print(f"{state}: {MEANING[state]}")
     if EXIT_CODES[state]:
         raise SystemExit(EXIT_CODES[state])

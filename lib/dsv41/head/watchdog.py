@@ -26,10 +26,10 @@ from dsv41 import names
 from dsv41.client import metrics
 from dsv41.client.api import Client
 from dsv41.errors import UserError, cli, one_line
-from dsv41.files import write_atomic, write_textfile
+from dsv41.files import write_atomic
 from dsv41.head import launch, nodes, runlock
 from dsv41.head.cluster import Cluster
-from dsv41.head.config import load_config
+from dsv41.head.config import from_resolved
 from dsv41.head.decide import since, stale_workers
 from dsv41.head.desired import read_key
 
@@ -258,18 +258,8 @@ class Watchdog:
                   "last_incident": incidents[-1] if incidents else None}
         write_atomic(self.path(names.WATCHDOG_STATUS), json.dumps(status, indent=1) + "\n")
         if self.cfg.metrics_dir:
-            lines = ["# HELP dsv41_watchdog_verdict The watchdog's verdict (1 for the current one).",
-                     "# TYPE dsv41_watchdog_verdict gauge"]
-            lines += [f'dsv41_watchdog_verdict{{verdict="{v}"}} {int(v == verdict)}' for v in VERDICTS]
-            lines += ["# HELP dsv41_watchdog_recoveries_total Recoveries the watchdog started.",
-                      "# TYPE dsv41_watchdog_recoveries_total counter",
-                      f"dsv41_watchdog_recoveries_total {sum(i.get('action') == 'restart' for i in incidents)}",
-                      "# HELP dsv41_watchdog_gave_up Whether the watchdog gave up (hands off until doit launch).",
-                      "# TYPE dsv41_watchdog_gave_up gauge", f"dsv41_watchdog_gave_up {int(bool(status['gave_up']))}",
-                      "# HELP dsv41_watchdog_last_check_timestamp_seconds When the watchdog last looked.",
-                      "# TYPE dsv41_watchdog_last_check_timestamp_seconds gauge",
-                      f"dsv41_watchdog_last_check_timestamp_seconds {now:.3f}"]
-            write_textfile(self.cfg.metrics_dir, "dsv41_watchdog.prom", lines)
+            write_metrics(self.cfg.metrics_dir, verdict, sum(i.get("action") == "restart" for i in incidents),
+                          bool(status["gave_up"]), now)
 
     def run(self):
         c = self.cfg
@@ -285,8 +275,38 @@ class Watchdog:
             self.stop.wait(max(1.0, c.watchdog_interval_s - (time.monotonic() - t0)))
 
 
+def write_metrics(directory, verdict, recoveries, gave_up, now):
+    """dsv41_watchdog.prom for node_exporter's textfile collector, through prometheus_client (imported
+    here: only a watchdog with METRICS_DIR needs it)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, write_to_textfile
+    disable_created_metrics()           # no *_created series: the counter counts from the incidents file
+    reg = CollectorRegistry()
+    g = Gauge("dsv41_watchdog_verdict", "The watchdog's verdict (1 for the current one).", ["verdict"], registry=reg)
+    for v in VERDICTS:
+        g.labels(v).set(int(v == verdict))
+    Counter("dsv41_watchdog_recoveries", "Recoveries the watchdog started.", registry=reg).inc(recoveries)
+    Gauge("dsv41_watchdog_gave_up", "Whether the watchdog gave up (hands off until doit launch).",
+          registry=reg).set(int(gave_up))
+    Gauge("dsv41_watchdog_last_check_timestamp_seconds", "When the watchdog last looked.", registry=reg).set(now)
+    os.makedirs(directory, exist_ok=True)
+    write_to_textfile(os.path.join(directory, "dsv41_watchdog.prom"), reg)
+
+
 def settings_file(state_dir):
     return names.state_path(state_dir, names.WATCHDOG_SETTINGS)
+
+
+def load_settings(state_dir):
+    """The Config launch resolved for the watchdog ($STATE_DIR/watchdog.json): neither the environment
+    nor the checkout's conf/ is read, so only a `doit launch` (which restarts the watchdog when the file
+    changes) changes what it does."""
+    path = settings_file(os.path.expanduser(state_dir))
+    try:
+        with open(path) as f:
+            data = json.load(f)["config"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"cannot read the watchdog's settings {path} ({err}): run `doit launch`") from None
+    return from_resolved(data)
 
 
 @cli
@@ -294,14 +314,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dsv41.head.watchdog", description=__doc__.splitlines()[0])
     p.add_argument("--state-dir", required=True, help="the head's state dir (it holds watchdog.json)")
     a = p.parse_args(argv)
-    path = settings_file(os.path.expanduser(a.state_dir))
-    try:
-        with open(path) as f:
-            env = json.load(f)["env"]
-    except (OSError, ValueError, KeyError) as err:
-        raise UserError(f"cannot read the watchdog's settings {path} ({err}): run `doit launch`") from None
-    cfg = load_config({**os.environ, **env})
-    w = Watchdog(cfg, log=lambda msg: print(msg, flush=True))
+    w = Watchdog(load_settings(a.state_dir), log=lambda msg: print(msg, flush=True))
 
     def on_term(*_):         # also ends a recovery in progress: `doit stop` stops the watchdog first
         w.stop.set()

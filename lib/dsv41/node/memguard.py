@@ -3,7 +3,7 @@ node's dsv41-r* rank containers (directly, not through dockerd), stop their unit
 leave a trip marker that blocks their restart.
 
 Runs on the node with the system python3, standard library only:
-    python3 -m dsv41.node.memguard --floor-gib 1 --mode enforce --state-dir ~/.dsv41-two-sparks
+    python3 -m dsv41.node.memguard --state-dir DIR --settings DIR/memguard.json   (or --floor-gib, --mode)
 
 Marker `$STATE_DIR/memguard.tripped` (JSON): time (of the reading), killed_at, host, mode,
 mem_available_gib, floor_gib (and _bytes), killed [{pid, rank, comm, rss_gib, how, result}], units,
@@ -30,7 +30,7 @@ import time
 
 from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic, write_textfile
-from dsv41.names import CIDFILE_RE, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, TRIP_MARKER, rank_unit
+from dsv41.names import CIDFILE_RE, DEFAULT_STATE_DIR, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, TRIP_MARKER, rank_unit
 
 GIB = 1 << 30
 RANK_ENV_B = f"{RANK_ENV}=".encode()
@@ -48,6 +48,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
+DEFAULT_FLOOR_GIB = 1.0        # MEMGUARD_GIB's default (the settings schema reads it from here)
 MODES = ("enforce", "observe")
 METRICS_FILE = "dsv41_memguard.prom"
 METRICS_EVERY_S = 5.0          # the metrics file is rewritten at most this often (and at each trip)
@@ -664,11 +665,12 @@ class Guard:
 def parse_args(argv=None, env=None):
     env = os.environ if env is None else env
     p = argparse.ArgumentParser(prog="dsv41-memguard", description=__doc__.split("\n\n")[0])
-    p.add_argument("--floor-gib", default=env.get("MEMGUARD_GIB", "1"),
-                   help="stop the ranks below this much MemAvailable (env MEMGUARD_GIB, default 1)")
+    p.add_argument("--floor-gib", default=env.get("MEMGUARD_GIB", str(DEFAULT_FLOOR_GIB)),
+                   help=f"stop the ranks below this much MemAvailable (env MEMGUARD_GIB, default {DEFAULT_FLOOR_GIB:g})")
     p.add_argument("--mode", default=env.get("MEMGUARD_MODE", "enforce"),
                    help="enforce (kill and stop) or observe (only log)")
-    p.add_argument("--state-dir", default=env.get("STATE_DIR", "~/.dsv41-two-sparks"))
+    p.add_argument("--state-dir", default=env.get("STATE_DIR", DEFAULT_STATE_DIR),
+                   help=f"absolute, or starting with ~/ (env STATE_DIR, default {DEFAULT_STATE_DIR})")
     p.add_argument("--log", default=None, help="log file (default $STATE_DIR/memguard.log)")
     p.add_argument("--settings", default=None,
                    help="JSON file {floor_gib, mode, metrics_dir} overriding those options; re-read on SIGHUP")
@@ -677,11 +679,17 @@ def parse_args(argv=None, env=None):
     args = p.parse_args(argv)
     args.floor = int(check_floor(args.floor_gib, "--floor-gib (MEMGUARD_GIB)") * GIB)
     check_mode(args.mode, "--mode (MEMGUARD_MODE)")
-    if args.metrics_dir:
-        args.metrics_dir = os.path.abspath(os.path.expanduser(args.metrics_dir))
-    args.metrics_dir = check_metrics_dir(args.metrics_dir, "--metrics-dir (METRICS_DIR)")
-    args.state_dir = os.path.abspath(os.path.expanduser(args.state_dir))
+    args.metrics_dir = check_metrics_dir(os.path.expanduser(args.metrics_dir), "--metrics-dir (METRICS_DIR)")
+    args.state_dir = os.path.expanduser(args.state_dir)
+    if not os.path.isabs(args.state_dir):          # as the settings check: a relative dir moves with the cwd
+        raise UserError(f"--state-dir (STATE_DIR)={args.state_dir!r} is not valid: expected an absolute "
+                        "directory or one starting with ~/")
     args.log = os.path.abspath(os.path.expanduser(args.log or os.path.join(args.state_dir, GUARD_LOG)))
+    if args.settings:
+        args.settings = os.path.abspath(os.path.expanduser(args.settings))
+        if not os.path.isfile(args.settings):      # a guard on defaults it was not given would be a surprise
+            raise UserError(f"--settings {args.settings} does not exist: run `doit launch` (it writes "
+                            "memguard.json), or leave --settings out to run on the options given")
     return args
 
 
@@ -694,8 +702,7 @@ def main(argv=None):
     except OSError as err:
         raise UserError(f"memory guard cannot write {err.filename or args.state_dir}: {err.strerror}; "
                         f"point --state-dir/--log at a writable directory") from None
-    settings = os.path.abspath(os.path.expanduser(args.settings)) if args.settings else None
-    Guard(args.floor, args.mode, args.state_dir, log, settings, args.metrics_dir).run()
+    Guard(args.floor, args.mode, args.state_dir, log, args.settings, args.metrics_dir).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,115 @@
+"""Every network call of smoke and bench ends within --request-timeout-s of wall time: against real
+servers on loopback that accept a connection and never answer, that trickle one byte every 2 s (which
+resets any per-read timeout), and that answer /v1/models but never /tokenize."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEADLINE = 3
+MARGIN = 3          # python's start-up, imports and the exit
+
+
+class Silent:
+    """Accepts connections and reads requests; never sends a byte (or, trickle=True, sends an endless
+    response one byte every 2 s)."""
+
+    def __init__(self, trickle=False):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.trickle, self.stop, self.conns = trickle, threading.Event(), []
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        data = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: " + b"x" * 10_000
+        for i in range(len(data)):
+            if self.stop.wait(2):
+                return
+            if self.trickle:
+                try:
+                    conn.sendall(data[i:i + 1])
+                except OSError:
+                    return
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+class NoTokenize(BaseHTTPRequestHandler):
+    """Lists a model at once; /tokenize and /extras/tokenize/count hold the request unanswered."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "m", "max_model_len": 100_000}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        time.sleep(60)
+
+
+@pytest.fixture(params=["silent", "trickle", "no-tokenize"])
+def server(request):
+    if request.param == "no-tokenize":
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), NoTokenize)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        yield request.param, srv.server_address[1]
+        srv.shutdown()
+        srv.server_close()
+        return
+    srv = Silent(trickle=request.param == "trickle")
+    yield request.param, srv.port
+    srv.close()
+
+
+def timed(module, *args, tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "lib"), "DSV41_API_KEY": "k"}
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    return r, time.monotonic() - t0
+
+
+def test_bench_ends_within_its_deadline(server, tmp_path):
+    kind, port = server
+    r, took = timed("dsv41.client.bench", "--url", f"http://127.0.0.1:{port}/v1", "--out", "b.json",
+                    "--prefill", "64", "--conc", "1", "--request-timeout-s", str(DEADLINE), tmp_path=tmp_path)
+    assert r.returncode == 2 and took < DEADLINE + MARGIN, (kind, took, r.stderr)
+    assert "within 3 s" in r.stderr and "Traceback" not in r.stderr
+    assert ("/tokenize" in r.stderr) == (kind == "no-tokenize"), r.stderr
+
+
+def test_smoke_ends_within_its_deadline(server, tmp_path):
+    kind, port = server
+    r, took = timed("dsv41.client.smoke", f"http://127.0.0.1:{port}/v1", "--request-timeout-s", str(DEADLINE),
+                    tmp_path=tmp_path)
+    assert took < (DEADLINE + MARGIN) * (1 if kind != "no-tokenize" else 6), (kind, took, r.stderr)
+    assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stderr
+    if kind != "no-tokenize":                # the model check itself is bounded
+        assert r.returncode == 2 and "timed out: no complete answer within 3 s" in r.stderr, r.stderr
