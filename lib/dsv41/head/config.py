@@ -94,6 +94,17 @@ class Config:
     watchdog_window_s: int
     free_gib_head: int
     free_gib_worker: int
+    # ---- monitoring settings (doit monitoring, head/monitoring.py): read by _monitoring() ----------
+    prometheus_port: int
+    exporter_port: int
+    scrape_interval_s: int
+    metrics_with_key: bool
+    alert_for_s: int
+    alert_recent_min: int
+    alert_ttft_p95_s: float
+    alert_decode_toks_min: float
+    alert_mem_margin_gib: float
+    # ---- end of the monitoring settings ----------------------------------------------------------
     skip_checks: tuple[str, ...]
     gpus: str
     memlock: str
@@ -371,7 +382,28 @@ def load_config(env=None):
         profile=profile, nodes=nodes, sources=sources,
         engine_args=tuple((k, v, src) for k, (v, src) in engine["args"].items()),
         engine_env=tuple((k, v, src) for k, (v, src) in engine["env"].items()),
+        **_monitoring(get, port),
     )
+
+
+# ---- monitoring settings (doit monitoring, head/monitoring.py) -----------------------------------
+def _monitoring(get, port):
+    prometheus_port = _int("PROMETHEUS_PORT", get("prometheus_port"), 1, 65535)
+    exporter_port = _int("EXPORTER_PORT", get("exporter_port"), 1, 65535)
+    if port in (prometheus_port, exporter_port) or prometheus_port == exporter_port:
+        raise _bad("PROMETHEUS_PORT", prometheus_port, "a port other than PORT and EXPORTER_PORT")
+    return dict(
+        prometheus_port=prometheus_port, exporter_port=exporter_port,
+        scrape_interval_s=_int("SCRAPE_INTERVAL_S", get("scrape_interval_s"), 1, 3600),
+        metrics_with_key=_bool("METRICS_WITH_KEY", get("metrics_with_key")),
+        alert_for_s=_int("ALERT_FOR_S", get("alert_for_s"), 0, 24 * 3600),
+        alert_recent_min=_int("ALERT_RECENT_MIN", get("alert_recent_min"), 1, 24 * 60),
+        alert_ttft_p95_s=_float("ALERT_TTFT_P95_S", get("alert_ttft_p95_s"), 0, 3600, lo_open=True),
+        alert_decode_toks_min=_float("ALERT_DECODE_TOKS_MIN", get("alert_decode_toks_min"), 0, 10000,
+                                     lo_open=True),
+        alert_mem_margin_gib=_float("ALERT_MEM_MARGIN_GIB", get("alert_mem_margin_gib"), 0, 1024),
+    )
+# ---- end of the monitoring settings --------------------------------------------------------------
 
 
 def _checked(check, value):
