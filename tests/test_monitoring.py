@@ -112,13 +112,21 @@ def buckets(name, labels, per_le):
 # ALERT_RECENT_MIN 15, ALERT_TTFT_P95_S 30, ALERT_DECODE_TOKS_MIN 15, ALERT_MEM_MARGIN_GIB 4; one sample per 15 s
 R1 = {**W1, "name": "dsv41-r1.service", "type": "simple"}
 GUARD = {**W1, "name": "dsv41-memguard.service", "type": "exec"}
+R0 = {**HEAD, "name": "dsv41-r0.service", "type": "exec"}
 CASES = [
     ("DSV41ApiDown", [series("up", ENGINE, "1x8 0x12 1x8")],
      [("1m", []), ("4m", [ENGINE]), ("6m", [])]),
-    ("DSV41RankDown", [series("node_systemd_unit_state", {**R1, "state": "active"}, "1x8 0x12 1x8"),
+    # a failed rank unit stays loaded (state active 0); a stopped one is unloaded: its series vanishes
+    ("DSV41RankDown", [series("up", W1, "1x28"), series("up", HEAD, "1x28"),
+                       series("node_systemd_unit_state", {**R1, "state": "active"}, "1x8 0x12 1x8"),
                        series("node_systemd_unit_state", {**R1, "state": "failed"}, "0x8 1x12 0x8"),
+                       series("node_systemd_unit_state", {**R0, "state": "active"}, "1x28"),
                        series("node_systemd_unit_state", {**GUARD, "state": "active"}, "1x8 0x12 1x8")],
-     [("1m", []), ("4m", [{**R1, "state": "active"}]), ("6m", [])]),
+     [("1m", []), ("4m", [W1]), ("6m", [])]),
+    ("DSV41RankDown", [series("up", W1, "1x28"), series("up", HEAD, "1x28"),
+                       series("node_systemd_unit_state", {**R1, "state": "active"}, "1x8 stale _x11 1x8"),   # stale: the scrape no longer has it
+                       series("node_systemd_unit_state", {**R0, "state": "active"}, "1x28")],
+     [("1m", []), ("4m", [W1]), ("6m", [])]),
     ("DSV41RankRestarted", [series("node_systemd_service_restart_total", R1, "0x8 1x100"),
                             series("node_systemd_service_restart_total", {**R1, "node": "head", "name": "dsv41-r0.service"},
                                    "0x108"),
