@@ -123,19 +123,19 @@ CASES = [
                        series("node_systemd_unit_state", {**R0, "state": "active"}, "1x28"),
                        series("node_systemd_unit_state", {**GUARD, "state": "active"}, "1x8 0x12 1x8")],
      [("1m", []), ("4m", [W1]), ("6m", [])]),
-    ("DSV41RankDown", [series("up", W1, "1x28"), series("up", HEAD, "1x28"),
-                       series("node_systemd_unit_state", {**R1, "state": "active"}, "1x8 stale _x11 1x8"),   # stale: the scrape no longer has it
+    ("DSV41RankDown", [series("up", W1, "1x28"), series("up", HEAD, "1x28"),     # stale: the scrape lost it
+                       series("node_systemd_unit_state", {**R1, "state": "active"}, "1x8 stale _x11 1x8"),
                        series("node_systemd_unit_state", {**R0, "state": "active"}, "1x28")],
      [("1m", []), ("4m", [W1]), ("6m", [])]),
     ("DSV41RankRestarted", [series("node_systemd_service_restart_total", R1, "0x8 1x100"),
-                            series("node_systemd_service_restart_total", {**R1, "node": "head", "name": "dsv41-r0.service"},
-                                   "0x108"),
+                            series("node_systemd_service_restart_total", R0, "0x108"),
                             series("node_systemd_service_restart_total", GUARD, "0x8 1x100")],
      [("1m", []), ("3m", [R1]), ("20m", [])]),
     ("DSV41MemoryGuardTripped", [series("dsv41_memguard_tripped", W1, "0x4 1x4 0x4"),
                                  series("dsv41_memguard_tripped", HEAD, "0x12")],
      [("30s", []), ("1m30s", [W1]), ("2m45s", [])]),
-    ("DSV41MemoryNearFloor", [series("dsv41_memguard_mem_available_bytes", W1, f"{20 * GIB}x4 {4 * GIB}x12 {20 * GIB}x4"),
+    ("DSV41MemoryNearFloor", [series("dsv41_memguard_mem_available_bytes", W1,
+                                     f"{20 * GIB}x4 {4 * GIB}x12 {20 * GIB}x4"),
                               series("dsv41_memguard_floor_bytes", W1, f"{GIB // 2}x20"),
                               series("dsv41_memguard_mem_available_bytes", HEAD, f"{int(4.6 * GIB)}x20"),
                               series("dsv41_memguard_floor_bytes", HEAD, f"{GIB // 2}x20")],
@@ -237,7 +237,8 @@ def project_series(tmp_path):
 
 
 def recorded_vllm():
-    return {re.split(r"[{ ]", line)[0] for line in RECORDED.read_text().splitlines() if line and not line.startswith("#")}
+    lines = RECORDED.read_text().splitlines()
+    return {re.split(r"[{ ]", line)[0] for line in lines if line and not line.startswith("#")}
 
 
 def test_every_dashboard_query_names_a_series_that_exists(tmp_path):
@@ -294,3 +295,20 @@ def test_launch_installs_the_dropin_and_starts_the_exporter_without_touching_the
     w_off = want(off)
     assert all(dropin not in w_off.units[n.name] for n in off.nodes) and unit not in off.unit_names(off.head)
     assert decide(off.cfg.nodes, w_off, running(off, w_off)) == []
+
+
+def test_doit_monitoring_renders_and_says_where(tmp_path, promtool):
+    root = Path(__file__).resolve().parents[1]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "state"),
+           "WORKER": "root@10.10.10.11"}
+    run = [str(root / ".venv" / "bin" / "doit"), "-f", str(root / "dodo.py"), "monitoring"]
+    r = subprocess.run(run, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    d = tmp_path / "state" / "monitoring"
+    assert f"rendered into {d}:" in r.stdout
+    assert "node_exporter on head 127.0.0.1:9100, worker1 10.10.10.11:9100" in r.stdout
+    assert sorted(p.name for p in d.iterdir()) == ["dashboard.json", "dsv41-prometheus.service", "prometheus.yml",
+                                                  "rules.yml"]
+    r = subprocess.run(run, env={**env, "PROMETHEUS_PORT": "8000"}, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "dsv41: PROMETHEUS_PORT=8000 is not valid: expected a port other than PORT and EXPORTER_PORT"]
