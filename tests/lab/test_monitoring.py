@@ -63,7 +63,8 @@ def load(lab, n=6):
     body = json.dumps({"model": "deepseek-v4.1-flash", "prompt": "Count to ten:", "max_tokens": 24})
     for _ in range(n):
         lab.on("head", f"curl -sf -o /dev/null -H \"Authorization: Bearer $(cat {STATE}/api_key)\" "
-                       f"-H 'Content-Type: application/json' -d {shlex.quote(body)} http://127.0.0.1:8000/v1/completions")
+                       f"-H 'Content-Type: application/json' -d {shlex.quote(body)} "
+                       "http://127.0.0.1:8000/v1/completions")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,8 @@ def monitored(lab, launched):
     assert "started prometheus-node-exporter.service" in out, out
     r = lab.doit("monitoring --install", MON)
     assert "dsv41-prometheus.service" in r.stdout
-    wait_for("every target scraped", lambda: all(t["health"] != "unknown" for t in api(lab, "/api/v1/targets")["activeTargets"]))
+    wait_for("every target scraped",
+             lambda: all(t["health"] != "unknown" for t in api(lab, "/api/v1/targets")["activeTargets"]))
     yield r.stdout
     lab.on("head", "systemctl disable --now dsv41-prometheus; rm -f /etc/systemd/system/dsv41-prometheus.service; "
                    "systemctl daemon-reload", check=False)
@@ -89,7 +91,8 @@ def test_every_target_is_up(lab, monitored):
     seen = sorted((t["labels"]["job"], t["labels"]["node"], t["health"]) for t in targets)
     assert seen == [("dsv41-engine", "head", "up")] + [("dsv41-node", n, "up") for n in sorted(lab.ip)], targets
     assert "dsv41-engine  head" in monitored and "up" in monitored        # --install printed the targets
-    units = {r["metric"]["name"] for r in api(lab, "/api/v1/query", query='node_systemd_unit_state{state="active"}')["result"]}
+    active = api(lab, "/api/v1/query", query='node_systemd_unit_state{state="active"}')["result"]
+    units = {r["metric"]["name"] for r in active}
     assert {"dsv41-r0.service", "dsv41-r1.service", "dsv41-memguard.service"} <= units
     metrics = {r["metric"]["__name__"] for r in api(lab, "/api/v1/query", query='{__name__=~"dsv41_.+"}')["result"]}
     assert {"dsv41_memguard_floor_bytes", "dsv41_memguard_tripped"} <= metrics
@@ -159,12 +162,14 @@ def test_after_load_and_an_incident_every_dashboard_query_returns_data(lab, moni
 
     lab.on("head", f"rm -f {STATE}/incidents.jsonl {STATE}/watchdog.gaveup")
     lab.doit("launch", {**MON, **WATCHDOG})
-    wait_for("the watchdog's metrics", lambda: api(lab, "/api/v1/query", query="dsv41_watchdog_recoveries_total")["result"])
+    wait_for("the watchdog's metrics",
+             lambda: api(lab, "/api/v1/query", query="dsv41_watchdog_recoveries_total")["result"])
     quiet(lab, "DSV41WatchdogRecovered")
     lab.on("worker1", "docker kill dsv41-r1")
     fires(lab, "DSV41WatchdogRecovered")
-    wait_for("the recovery", lambda: any(json.loads(line).get("result") == "READY" for line in
-                                         lab.on("head", f"cat {STATE}/incidents.jsonl", check=False).stdout.splitlines()))
+    wait_for("the recovery", lambda: any(
+        json.loads(line).get("result") == "READY"
+        for line in lab.on("head", f"cat {STATE}/incidents.jsonl", check=False).stdout.splitlines()))
     load(lab)
     dash = json.loads(DASHBOARD.read_text())
     queries = [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]
