@@ -13,7 +13,7 @@ from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (completion, config, copy, desired, download, endpoint, fabric_bench, image,  # noqa: E402
-                        launch, logs, pi, plan, preflight, status, stop, verify)
+                        launch, logs, monitoring, pi, plan, preflight, status, stop, verify)
 from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
 
 quiet_on_closed_pipe()                  # `doit ... | head -1` ends quietly, as head expects
@@ -146,6 +146,13 @@ def task_plan():
 def task_clear_trip():
     """Clear a tripped memory guard on every node (after lowering KV_BYTES or GPU_UTIL); launch next."""
     return {"basename": "clear-trip", "actions": [call(stop.clear_trip, mutates=True)], "uptodate": [False]}
+
+
+def task_monitoring():
+    """Prometheus config, alert rules and a Grafana dashboard in $STATE_DIR/monitoring/ (--install runs them)."""
+    return {"actions": [call(monitoring.monitoring, mutates=True)], "uptodate": [False],
+            "params": [{"name": "install", "long": "install", "type": bool, "default": False,
+                        "help": "run dsv41-prometheus.service on the head with them"}]}
 
 
 def task_smoke():

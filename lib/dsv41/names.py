@@ -43,6 +43,11 @@ WATCHDOG_STATUS = "watchdog.status.json"
 WATCHDOG_GAVEUP = "watchdog.gaveup"
 INCIDENTS = "incidents.jsonl"
 CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key
+# ---- monitoring (head/monitoring.py, head/exporter.py) ----
+PROMETHEUS_UNIT = "dsv41-prometheus.service"      # the head's Prometheus (doit monitoring --install)
+MONITORING = "monitoring"                          # on the head: its config, rules, dashboard, data/
+EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's, on every node, enabled when METRICS_DIR is set
+EXPORTER_DROPIN = "prometheus-node-exporter.service.d/dsv41.conf"   # its flags, under UNIT_DIR
 
 
 def rank_name(rank):

@@ -27,6 +27,8 @@ doit() {  # doit "VAR=value ..." TASK [ARGS]: doit on the head with those settin
 [ "$LAB_ENGINE" = standin ] || [ "$LAB_NODES" = 2 ] || die "the real engine runs on 2 lab nodes: use LAB_ENGINE=standin with LAB_NODES=$LAB_NODES"
 workers=$(for n in "${NODES[@]:1}"; do printf 'root@%s,' "${IP[$n]}"; done)
 workers="WORKERS=${workers%,}"
+# LAB_MONITORING=1: every node's node_exporter (METRICS_DIR) and dsv41-prometheus on the head (doit monitoring)
+[ "${LAB_MONITORING:-}" = 1 ] && workers="$workers METRICS_DIR=/var/lib/dsv41/metrics"
 if [ "$LAB_ENGINE" = vllm ]; then
     profile="DSV41_PROFILE=lab-vllm $workers"
     say "engine: vLLM 0.32 (CPU build), two tensor-parallel ranks on head and worker1, serving SmolLM2-135M;"
@@ -45,6 +47,11 @@ fi
 doit "$profile" launch
 doit "$profile" smoke || say "smoke reported a FAIL above (with the real engine's tiny model, expected for arithmetic)"
 doit "$profile" status
+if [ "${LAB_MONITORING:-}" = 1 ]; then
+    doit "$profile" monitoring --install
+    say "Prometheus: tests/lab/on head 'curl -s http://127.0.0.1:9090/api/v1/alerts'; the dashboard to import:"
+    say "/root/.dsv41-two-sparks/monitoring/dashboard.json on the head"
+fi
 say "demo done in $((SECONDS - start)) s ($LAB_ENGINE engine)"
 cat <<MSG
 

@@ -36,7 +36,9 @@ class Cluster:
         return names.rank_unit(self.spec(node).rank)
 
     def unit_names(self, node):
-        return [names.MEMGUARD_UNIT, self.rank_unit(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])
+        exporter = [names.EXPORTER_UNIT, names.EXPORTER_DROPIN] if self.cfg.metrics_dir else []  # monitoring
+        return ([names.MEMGUARD_UNIT, self.rank_unit(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])
+                + exporter)
 
     def paths(self, node):
         home = node.home()

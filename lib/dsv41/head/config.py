@@ -83,6 +83,17 @@ class Config:
     watchdog_window_s: int
     free_gib_head: int
     free_gib_worker: int
+    # ---- monitoring settings (doit monitoring, head/monitoring.py): read by _monitoring() ----------
+    prometheus_port: int
+    exporter_port: int
+    scrape_interval_s: int
+    metrics_with_key: bool
+    alert_for_s: int
+    alert_recent_min: int
+    alert_ttft_p95_s: float
+    alert_decode_toks_min: float
+    alert_mem_margin_gib: float
+    # ---- end of the monitoring settings ----------------------------------------------------------
     skip_checks: tuple[str, ...]
     gpus: str
     memlock: str
@@ -172,6 +183,8 @@ def load_config(env=None):
     port, mport = values["PORT"], values["MPORT"]
     if mport == port:
         raise schema.bad("MPORT", mport, "a port other than PORT")
+    if len({port, values["PROMETHEUS_PORT"], values["EXPORTER_PORT"]}) < 3:
+        raise schema.bad("PROMETHEUS_PORT", values["PROMETHEUS_PORT"], "a port other than PORT and EXPORTER_PORT")
     caps = values["CAPS"] or capture_sizes(values["MAX_SEQS"], values["NSPEC"])
     state_raw = values["STATE_DIR"]
     state_dir = os.path.expanduser(state_raw)
@@ -197,6 +210,10 @@ def load_config(env=None):
         watchdog_max_recoveries=v["WATCHDOG_MAX_RECOVERIES"], watchdog_window_s=60 * v["WATCHDOG_WINDOW_MIN"],
         free_gib_head=v["FREE_GIB_HEAD"], free_gib_worker=v["FREE_GIB_WORKER"], gpus=v["GPUS"],
         memlock=v["MEMLOCK"], privileged=v["PRIVILEGED"], skip_checks=v["SKIP_CHECKS"],
+        prometheus_port=v["PROMETHEUS_PORT"], exporter_port=v["EXPORTER_PORT"],
+        scrape_interval_s=v["SCRAPE_INTERVAL_S"], metrics_with_key=v["METRICS_WITH_KEY"],
+        alert_for_s=v["ALERT_FOR_S"], alert_recent_min=v["ALERT_RECENT_MIN"], alert_ttft_p95_s=v["ALERT_TTFT_P95_S"],
+        alert_decode_toks_min=v["ALERT_DECODE_TOKS_MIN"], alert_mem_margin_gib=v["ALERT_MEM_MARGIN_GIB"],
         profile=profile, nodes=nodes, sources=sources, values=values,
         engine_args=tuple((k, val, src) for k, (val, src) in engine["args"].items()),
         engine_env=tuple((k, val, src) for k, (val, src) in engine["env"].items()),

@@ -20,6 +20,7 @@ class Kind(enum.Enum):
     START_WATCHDOG = "start-watchdog"
     RESTART_WATCHDOG = "restart-watchdog"
     STOP_WATCHDOG = "stop-watchdog"  # WATCHDOG=0: stopped and disabled
+    START_EXPORTER = "start-exporter"  # METRICS_DIR set: the node's prometheus-node-exporter (re)started
 
 
 class Step(NamedTuple):
@@ -118,7 +119,23 @@ def decide(specs, desired, facts):
             rank_reasons.append(f"model files in {f['model_dir']} on {s.name} changed after {unit} started")
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
-    return steps + watchdog_steps(specs[0].name, desired, facts[specs[0].name], changed, written)
+    return (steps + exporter_steps(specs, desired, facts, changed)
+            + watchdog_steps(specs[0].name, desired, facts[specs[0].name], changed, written))
+
+
+def exporter_steps(specs, desired, facts, changed):
+    """With METRICS_DIR set (its drop-in desired): (re)start a node's exporter when the drop-in changed
+    or it is not running; a node without the package is told once, when the drop-in goes in."""
+    steps = []
+    for s in specs:
+        if names.EXPORTER_DROPIN not in desired.units[s.name]:
+            continue
+        u = facts[s.name]["units"].get(names.EXPORTER_UNIT, {})
+        if (s.name, names.EXPORTER_DROPIN) in changed:
+            steps.append(Step(Kind.START_EXPORTER, s.name, names.EXPORTER_UNIT, "its dsv41 drop-in changed"))
+        elif u.get("ActiveState") != "active" and u.get("LoadState") != "not-found":
+            steps.append(Step(Kind.START_EXPORTER, s.name, names.EXPORTER_UNIT, "node exporter not running"))
+    return steps
 
 
 def watchdog_steps(head, desired, f, changed, written):

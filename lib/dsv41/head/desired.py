@@ -10,7 +10,7 @@ from dsv41 import names
 from dsv41.client.api import read_key_file
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head import fabric, preflight, units
+from dsv41.head import exporter, fabric, preflight, units
 from dsv41.head.cluster import Cluster
 from dsv41.head.config import resolved
 
@@ -74,7 +74,8 @@ def state_files(cfg, is_head, key, plan_text):
 def desired(cl, fab, key, plan_text):
     """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)."""
     return Desired(
-        units={n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes},
+        units={n.name: {**units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)),
+                        **exporter.dropin(cl.cfg)} for n in cl.nodes},   # the drop-in: with METRICS_DIR
         files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text) for n in cl.nodes})
 
 

@@ -6,7 +6,7 @@ import time
 from dsv41 import names
 from dsv41.client.api import Client
 from dsv41.errors import UserError
-from dsv41.head import commands, fabric, image, preflight, progress, units
+from dsv41.head import commands, exporter, fabric, image, preflight, progress, units
 from dsv41.head.cluster import Cluster, say
 from dsv41.head.decide import Kind, decide
 from dsv41.head.desired import desired, read_head_plan, read_or_create_key
@@ -83,6 +83,9 @@ def apply(cl, want, steps):
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
             restart_ranks(cl)
+    for s in steps:
+        if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
+            exporter.start(cl, by_name[s.node])
 
 
 WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
@@ -120,9 +123,9 @@ def install_unit(cl, node, name, text):
     if cl.uid(node) == 0:
         node.write_file(path, text)
     else:
-        tmp = f"{cl.paths(node).state_dir}/{names.RUN}/.{name}.tmp"
+        tmp = f"{cl.paths(node).state_dir}/{names.RUN}/.{name.replace('/', '_')}.tmp"
         node.write_file(tmp, text)
-        node.run(["sudo", "-n", "install", "-m", "0644", tmp, path])
+        node.run(["sudo", "-n", "install", "-D", "-m", "0644", tmp, path])   # -D: a drop-in's dir
     say(node, f"installed {path}")
 
 

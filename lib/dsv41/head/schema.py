@@ -124,6 +124,22 @@ SETTINGS = (
     S("WATCHDOG_PROBE_S", "int", 60, "the idle one-token probe's deadline", lo=1, hi=3600),
     S("WATCHDOG_MAX_RECOVERIES", "int", 2, "recoveries allowed per window before it gives up", lo=0, hi=100),
     S("WATCHDOG_WINDOW_MIN", "int", 60, "the window of `WATCHDOG_MAX_RECOVERIES`", lo=1, hi=7 * 24 * 60),
+    S("PROMETHEUS_PORT", "int", 9090, "`doit monitoring --install`: dsv41-prometheus's web UI and API on the head",
+      lo=1, hi=65535),
+    S("EXPORTER_PORT", "int", 9100, "prometheus-node-exporter's port on every node", lo=1, hi=65535),
+    S("SCRAPE_INTERVAL_S", "int", 15, "how often Prometheus scrapes the engine and the exporters", lo=1, hi=3600),
+    S("METRICS_WITH_KEY", "bool", False, "the engine's /metrics is behind the API key: Prometheus reads it from "
+      "`API_KEY_FILE`"),
+    S("ALERT_FOR_S", "int", 60, "a fault (API, rank, exporter, memory near the floor) lasts this long before it "
+      "alerts", lo=0, hi=24 * 3600),
+    S("ALERT_RECENT_MIN", "int", 15, "a rank restart or a watchdog recovery alerts this long; the window of the "
+      "TTFT and decode rates", lo=1, hi=24 * 60),
+    S("ALERT_TTFT_P95_S", "float", 30, "TTFT p95 above this alerts (published two-Spark prefill: a 32k prompt's "
+      "first token in about 16 s)", lo=0, hi=3600),
+    S("ALERT_DECODE_TOKS_MIN", "float", 15, "decode tok/s per stream below this alerts (published: 29 to 40)",
+      lo=0, hi=10000),
+    S("ALERT_MEM_MARGIN_GIB", "float", 4, "MemAvailable within this much of the memory guard's floor alerts",
+      lo=0, hi=1024),
     S("FREE_GIB_HEAD", "int", 700, "free disk preflight wants on the head (a download plus reassembly)", lo=0),
     S("FREE_GIB_WORKER", "int", 470, "free disk preflight wants on each worker", lo=0),
     S("SKIP_CHECKS", "list", "", "preflight checks to downgrade to WARN (comma list)", choices=CHECK_NAMES,

@@ -39,9 +39,11 @@ def units(names):
             text = None
         out[name] = {"installed": text is not None, "text": text,
                      "sha256": hashlib.sha256(text.encode()).hexdigest() if text is not None else None}
-    if names and shutil.which("systemctl"):
-        code, stdout, _ = run_quiet(["systemctl", "show", "--timestamp=unix", "-p", ",".join(SHOW), "--", *names])
-        for name, block in zip(names, stdout.split("\n\n")):
+    units_only = [n for n in names if "/" not in n]          # a drop-in (x.service.d/y.conf): its text only
+    if units_only and shutil.which("systemctl"):
+        code, stdout, _ = run_quiet(["systemctl", "show", "--timestamp=unix", "-p", ",".join(SHOW), "--",
+                                     *units_only])
+        for name, block in zip(units_only, stdout.split("\n\n")):
             props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
             out[name].update(props)
     return out

@@ -1,0 +1,314 @@
+"""doit monitoring: the rendered Prometheus config passes `promtool check config`, every alert rule
+fires on its fault and stays quiet otherwise (`promtool test rules`, Debian's promtool: installed by
+tests/setup/monitoring.sh; under CI a missing promtool fails these tests), and every dashboard query
+names a series that exists: vLLM's from its recorded /metrics, dsv41's from the code that writes them,
+node_exporter's from the list below (the lab test proves each returns data)."""
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dsv41.head import config, exporter, monitoring
+from dsv41.node import memguard
+
+RECORDED = Path("/work/shared/data/vllm-0.32-cpu-metrics.txt")
+# node_exporter 1.5's series the dashboard and rules read (meminfo, systemd and textfile collectors)
+NODE_SERIES = {"node_memory_MemAvailable_bytes", "node_systemd_unit_state", "node_systemd_service_restart_total",
+               "node_textfile_scrape_error"}
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def promtool():
+    path = shutil.which("promtool")
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail("promtool is missing: tests/setup/monitoring.sh installs it (Debian's prometheus)")
+    pytest.skip("promtool is missing: run tests/setup/monitoring.sh (as root) to install Debian's prometheus")
+
+
+def cfg_for(tmp_path, **env):
+    base = {"STATE_DIR": str(tmp_path / "state"), "WORKERS": "root@10.10.10.11,root@10.10.10.12",
+            "METRICS_DIR": "/var/lib/dsv41/metrics"}
+    return config.load_config({**base, **env})
+
+
+def test_config_passes_promtool_and_keeps_the_key_in_its_file(tmp_path, promtool):
+    (tmp_path / "state").mkdir()
+    key = tmp_path / "state" / "api_key"
+    key.write_text("sekrit-key-value\n")
+    cfg = cfg_for(tmp_path, METRICS_WITH_KEY="1", R0_IP="10.10.10.10")
+    paths = monitoring.render(cfg)
+    r = subprocess.run([promtool, "check", "config", paths["prometheus.yml"]], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = Path(paths["prometheus.yml"]).read_text()
+    conf = yaml.safe_load(text)
+    engine, node = conf["scrape_configs"]
+    assert engine["authorization"] == {"type": "Bearer", "credentials_file": str(key)}
+    assert "sekrit" not in "".join(Path(p).read_text() for p in paths.values())
+    assert engine["static_configs"][0]["targets"] == ["10.10.10.10:8000"]
+    assert [(s["labels"]["node"], s["targets"]) for s in node["static_configs"]] == [
+        ("head", ["10.10.10.10:9100"]), ("worker1", ["10.10.10.11:9100"]), ("worker2", ["10.10.10.12:9100"])]
+    r = subprocess.run([promtool, "check", "rules", paths["rules.yml"]], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_without_the_key_setting_no_authorization(tmp_path):
+    conf = yaml.safe_load(Path(monitoring.render(cfg_for(tmp_path))["prometheus.yml"]).read_text())
+    assert "authorization" not in conf["scrape_configs"][0]
+
+
+def test_the_unit_runs_debians_binary_on_our_own_files(tmp_path):
+    cfg = cfg_for(tmp_path, PROMETHEUS_PORT="9191")
+    unit = monitoring.render_unit(cfg)
+    d = f"{cfg.state_dir}/monitoring"
+    assert f"ExecStart=/usr/bin/prometheus --config.file={d}/prometheus.yml --storage.tsdb.path={d}/data " \
+           "--web.listen-address=:9191" in unit
+    assert "/etc/prometheus" not in unit
+
+
+def test_exporter_dropin_only_with_metrics_dir(tmp_path):
+    assert exporter.dropin(cfg_for(tmp_path, METRICS_DIR="")) == {}
+    (name, text), = exporter.dropin(cfg_for(tmp_path)).items()
+    assert name == "prometheus-node-exporter.service.d/dsv41.conf"
+    assert "ExecStart=\nExecStart=/usr/bin/prometheus-node-exporter --web.listen-address=:9100 " \
+           "--collector.textfile.directory=/var/lib/dsv41/metrics --collector.systemd " in text
+
+
+@pytest.mark.parametrize("env, word", [({"PROMETHEUS_PORT": "8000"}, "PROMETHEUS_PORT"),
+                                        ({"ALERT_TTFT_P95_S": "0"}, "ALERT_TTFT_P95_S"),
+                                        ({"ALERT_DECODE_TOKS_MIN": "fast"}, "ALERT_DECODE_TOKS_MIN"),
+                                        ({"ALERT_FOR_S": "-1"}, "ALERT_FOR_S")])
+def test_bad_monitoring_settings_are_one_line(tmp_path, env, word):
+    with pytest.raises(config.ConfigError) as e:
+        cfg_for(tmp_path, **env)
+    assert word in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- the alert rules under promtool test rules -----------------------------------------------------
+
+ENGINE = {"job": "dsv41-engine", "instance": "127.0.0.1:8000", "node": "head"}
+W1 = {"job": "dsv41-node", "instance": "10.10.10.11:9100", "node": "worker1"}
+HEAD = {"job": "dsv41-node", "instance": "127.0.0.1:9100", "node": "head"}
+
+
+def series(name, labels, values):
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+def buckets(name, labels, per_le):
+    """A histogram's _bucket series: per_le {le: values}."""
+    return [series(f"{name}_bucket", {**labels, "le": le}, v) for le, v in per_le.items()]
+
+
+# (alert, input series, [(eval time, [labels of each firing alert])]); defaults: ALERT_FOR_S 60,
+# ALERT_RECENT_MIN 15, ALERT_TTFT_P95_S 30, ALERT_DECODE_TOKS_MIN 15, ALERT_MEM_MARGIN_GIB 4; one sample per 15 s
+R1 = {**W1, "name": "dsv41-r1.service", "type": "simple"}
+GUARD = {**W1, "name": "dsv41-memguard.service", "type": "exec"}
+R0 = {**HEAD, "name": "dsv41-r0.service", "type": "exec"}
+CASES = [
+    ("DSV41ApiDown", [series("up", ENGINE, "1x8 0x12 1x8")],
+     [("1m", []), ("4m", [ENGINE]), ("6m", [])]),
+    # a failed rank unit stays loaded (state active 0); a stopped one is unloaded: its series vanishes
+    ("DSV41RankDown", [series("up", W1, "1x28"), series("up", HEAD, "1x28"),
+                       series("node_systemd_unit_state", {**R1, "state": "active"}, "1x8 0x12 1x8"),
+                       series("node_systemd_unit_state", {**R1, "state": "failed"}, "0x8 1x12 0x8"),
+                       series("node_systemd_unit_state", {**R0, "state": "active"}, "1x28"),
+                       series("node_systemd_unit_state", {**GUARD, "state": "active"}, "1x8 0x12 1x8")],
+     [("1m", []), ("4m", [W1]), ("6m", [])]),
+    ("DSV41RankDown", [series("up", W1, "1x28"), series("up", HEAD, "1x28"),     # stale: the scrape lost it
+                       series("node_systemd_unit_state", {**R1, "state": "active"}, "1x8 stale _x11 1x8"),
+                       series("node_systemd_unit_state", {**R0, "state": "active"}, "1x28")],
+     [("1m", []), ("4m", [W1]), ("6m", [])]),
+    ("DSV41RankRestarted", [series("node_systemd_service_restart_total", R1, "0x8 1x100"),
+                            series("node_systemd_service_restart_total", R0, "0x108"),
+                            series("node_systemd_service_restart_total", GUARD, "0x8 1x100")],
+     [("1m", []), ("3m", [R1]), ("20m", [])]),
+    ("DSV41MemoryGuardTripped", [series("dsv41_memguard_tripped", W1, "0x4 1x4 0x4"),
+                                 series("dsv41_memguard_tripped", HEAD, "0x12")],
+     [("30s", []), ("1m30s", [W1]), ("2m45s", [])]),
+    ("DSV41MemoryNearFloor", [series("dsv41_memguard_mem_available_bytes", W1,
+                                     f"{20 * GIB}x4 {4 * GIB}x12 {20 * GIB}x4"),
+                              series("dsv41_memguard_floor_bytes", W1, f"{GIB // 2}x20"),
+                              series("dsv41_memguard_mem_available_bytes", HEAD, f"{int(4.6 * GIB)}x20"),
+                              series("dsv41_memguard_floor_bytes", HEAD, f"{GIB // 2}x20")],
+     [("30s", []), ("3m", [W1]), ("4m45s", [])]),
+    ("DSV41WatchdogGaveUp", [series("dsv41_watchdog_gave_up", HEAD, "0x4 1x4 0x4")],
+     [("30s", []), ("1m30s", [HEAD]), ("2m45s", [])]),
+    ("DSV41WatchdogRecovered", [series("dsv41_watchdog_recoveries_total", HEAD, "0x8 1x100")],
+     [("1m", []), ("3m", [HEAD]), ("20m", [])]),
+    # TTFT: 5 min of 45 s first tokens (p95 58.5 s), then 25 min of 0.5 s ones; a second engine idle
+    ("DSV41TtftHigh", buckets("vllm:time_to_first_token_seconds", ENGINE,
+                              {"1": "0x20 1+1x99", "10": "0x20 1+1x99", "30": "0x20 1+1x99",
+                               "60": "0+1x20 21+1x99", "+Inf": "0+1x20 21+1x99"}),
+     [("3m", [{}]), ("25m", [])]),
+    ("DSV41TtftHigh", buckets("vllm:time_to_first_token_seconds", ENGINE,          # fast only: quiet
+                              {"1": "0+1x40", "10": "0+1x40", "30": "0+1x40", "60": "0+1x40", "+Inf": "0+1x40"}),
+     [("3m", []), ("9m", [])]),
+    ("DSV41TtftHigh", buckets("vllm:time_to_first_token_seconds", ENGINE,          # idle: quiet
+                              {"1": "0x40", "10": "0x40", "30": "0x40", "60": "0x40", "+Inf": "0x40"}),
+     [("3m", []), ("9m", [])]),
+    # decode: 0.1 s per output token (10 tok/s per stream) for 5 min, then 0.025 s (40 tok/s)
+    ("DSV41DecodeSlow", [series("vllm:request_time_per_output_token_seconds_count", ENGINE, "0+1x120"),
+                         series("vllm:request_time_per_output_token_seconds_sum", ENGINE, "0+0.1x20 2.025+0.025x99")],
+     [("3m", [{}]), ("25m", [])]),
+    ("DSV41DecodeSlow", [series("vllm:request_time_per_output_token_seconds_count", ENGINE, "0x40"),   # idle
+                         series("vllm:request_time_per_output_token_seconds_sum", ENGINE, "0x40")],
+     [("3m", []), ("9m", [])]),
+    ("DSV41ExporterDown", [series("up", W1, "1x8 0x12 1x8"), series("up", HEAD, "1x28")],
+     [("1m", []), ("4m", [W1]), ("6m", [])]),
+    ("DSV41MetricsFileUnreadable", [series("node_textfile_scrape_error", W1, "0x8 1x12 0x8"),
+                                    series("node_textfile_scrape_error", HEAD, "0x28")],
+     [("1m", []), ("4m", [W1]), ("6m", [])]),
+]
+
+
+def expected(rule, labels):
+    """An alert as promtool reports it: the series' labels, the rule's, its annotations expanded."""
+    out = {**labels, **rule.get("labels", {})}
+    ann = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), v)
+           for k, v in rule.get("annotations", {}).items()}
+    return {"exp_labels": out, "exp_annotations": ann}
+
+
+def test_every_alert_fires_on_its_fault_and_only_then(tmp_path, promtool):
+    rules_path = Path(monitoring.render(cfg_for(tmp_path))["rules.yml"])
+    rules = {r["alert"]: r for g in yaml.safe_load(rules_path.read_text())["groups"] for r in g["rules"]}
+    assert {c[0] for c in CASES} == set(rules), "every rule has its cases, every case its rule"
+    tests = [{"interval": "15s", "input_series": inputs,
+              "alert_rule_test": [{"eval_time": t, "alertname": alert,
+                                   "exp_alerts": [expected(rules[alert], lab) for lab in firing]}
+                                  for t, firing in evals]}
+             for alert, inputs, evals in CASES]
+    for alert, _, evals in CASES:
+        assert any(f for _, f in evals) or alert in ("DSV41TtftHigh", "DSV41DecodeSlow")
+        assert any(not f for _, f in evals)
+    test_file = rules_path.parent / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [rules_path.name], "evaluation_interval": "15s",
+                                         "tests": tests}, sort_keys=False))
+    r = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+def test_thresholds_follow_the_settings(tmp_path):
+    text = monitoring.render_rules(cfg_for(tmp_path, ALERT_TTFT_P95_S="7.5", ALERT_DECODE_TOKS_MIN="22",
+                                           ALERT_MEM_MARGIN_GIB="2", ALERT_FOR_S="5", ALERT_RECENT_MIN="2"))
+    rules = {r["alert"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
+    assert rules["DSV41TtftHigh"]["expr"].endswith("[2m]))) > 7.5")
+    assert rules["DSV41DecodeSlow"]["expr"].endswith(" < 22")
+    assert rules["DSV41MemoryNearFloor"]["expr"].endswith(f"< {2 * GIB}")
+    assert rules["DSV41ApiDown"]["for"] == "5s"
+
+
+# ---- the dashboard's queries ----------------------------------------------------------------------
+
+def dashboard_queries():
+    dash = json.loads((monitoring.TEMPLATES / "dashboard.json").read_text())
+    out = [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]
+    return out + [(a["name"], a["expr"]) for a in dash["annotations"]["list"]]
+
+
+def selectors(expr):
+    """Every series an expression selects: the names before `{` (each query spells its selectors so)."""
+    bare = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"', " ", expr)
+    words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare))
+    promql = {"sum", "max", "by", "rate", "increase", "changes", "histogram_quantile", "le", "verdict"}
+    assert words - promql <= set(re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr)), \
+        f"{expr}: a series without a selector, or a function the test does not know"
+    return re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr)
+
+
+def project_series(tmp_path):
+    """dsv41_ series as the guard and the watchdog write them (their own code, run here)."""
+    lines = memguard.metrics_lines(10 * GIB, GIB, "enforce", 1, 1.0, True)
+    from dsv41.head import watchdog
+    cfg = cfg_for(tmp_path, METRICS_DIR=str(tmp_path / "metrics"), WORKERS="")
+    os.makedirs(cfg.state_dir, exist_ok=True)
+    watchdog.Watchdog(cfg, log=lambda m: None).publish("HEALTHY", "test")
+    lines += (tmp_path / "metrics" / "dsv41_watchdog.prom").read_text().splitlines()
+    return {re.split(r"[{ ]", line)[0] for line in lines if line and not line.startswith("#")}
+
+
+def recorded_vllm():
+    lines = RECORDED.read_text().splitlines()
+    return {re.split(r"[{ ]", line)[0] for line in lines if line and not line.startswith("#")}
+
+
+def test_every_dashboard_query_names_a_series_that_exists(tmp_path):
+    queries = dashboard_queries()
+    assert len(queries) >= 12
+    vllm, ours = recorded_vllm(), project_series(tmp_path)
+    seen = set()
+    for title, expr in queries:
+        names = selectors(expr)
+        assert names, f"{title}: {expr} names no series"
+        for name in names:
+            assert name.startswith(("vllm:", "dsv41_", "node_")), f"{title}: {name}"
+            known = vllm if name.startswith("vllm:") else ours if name.startswith("dsv41_") else NODE_SERIES
+            assert name in known, f"{title}: {name} is not a series that exists"
+            seen.add(name)
+    for want in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:kv_cache_usage_perc", "node_memory_MemAvailable_bytes", "dsv41_memguard_floor_bytes",
+                 "dsv41_memguard_tripped", "dsv41_watchdog_verdict", "dsv41_watchdog_recoveries_total"):
+        assert want in seen, f"the dashboard shows no {want}"
+
+
+def test_a_misspelt_series_is_caught(tmp_path):
+    assert "vllm:num_requests_runing" not in recorded_vllm()
+    with pytest.raises(AssertionError):
+        selectors("sum(rate(vllm:prompt_tokens_total[5m]))")       # no selector braces: not checkable
+
+
+# ---- launch: the node exporter's drop-in in the desired state and the decision --------------------
+
+def test_launch_installs_the_dropin_and_starts_the_exporter_without_touching_the_ranks(tmp_path):
+    from test_decide import cluster, running, steps_of, want
+
+    from dsv41.head.decide import Kind, decide
+    dropin, unit = "prometheus-node-exporter.service.d/dsv41.conf", "prometheus-node-exporter.service"
+    cl = cluster(tmp_path, METRICS_DIR="/var/lib/dsv41/metrics")
+    w = want(cl)
+    assert all(dropin in w.units[n.name] for n in cl.nodes)
+    assert dropin in cl.unit_names(cl.head) and unit in cl.unit_names(cl.head)
+    facts = running(cl, w)
+    for n in cl.nodes:
+        facts[n.name]["units"][unit] = {"ActiveState": "active", "LoadState": "loaded"}
+    assert decide(cl.cfg.nodes, w, facts) == []
+    facts["worker1"]["units"][dropin] = {"installed": False, "text": None}
+    facts["head"]["units"][unit] = {"ActiveState": "inactive", "LoadState": "masked"}
+    assert steps_of(decide(cl.cfg.nodes, w, facts)) == [
+        (Kind.INSTALL, "worker1"), (Kind.START_EXPORTER, "head"), (Kind.START_EXPORTER, "worker1")]
+    facts["head"]["units"][unit] = {"ActiveState": "inactive", "LoadState": "not-found"}   # no package: once only
+    facts["worker1"]["units"][dropin] = {"installed": True, "text": w.units["worker1"][dropin]}
+    assert decide(cl.cfg.nodes, w, facts) == []
+
+    off = cluster(tmp_path, METRICS_DIR="")
+    w_off = want(off)
+    assert all(dropin not in w_off.units[n.name] for n in off.nodes) and unit not in off.unit_names(off.head)
+    assert decide(off.cfg.nodes, w_off, running(off, w_off)) == []
+
+
+def test_doit_monitoring_renders_and_says_where(tmp_path, promtool):
+    root = Path(__file__).resolve().parents[1]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "state"),
+           "WORKER": "root@10.10.10.11"}
+    run = [str(root / ".venv" / "bin" / "doit"), "-f", str(root / "dodo.py"), "monitoring"]
+    r = subprocess.run(run, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    d = tmp_path / "state" / "monitoring"
+    assert f"rendered into {d}:" in r.stdout
+    assert "node_exporter on head 127.0.0.1:9100, worker1 10.10.10.11:9100" in r.stdout
+    assert sorted(p.name for p in d.iterdir()) == ["dashboard.json", "dsv41-prometheus.service", "prometheus.yml",
+                                                  "rules.yml"]
+    r = subprocess.run(run, env={**env, "PROMETHEUS_PORT": "8000"}, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "dsv41: PROMETHEUS_PORT=8000 is not valid: expected a port other than PORT and EXPORTER_PORT"]
