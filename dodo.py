@@ -12,9 +12,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib
 from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
-from dsv41.head import (completion, config, copy, desired, download, endpoint, fabric_bench, image,  # noqa: E402
-                        launch, logs, pi, plan, preflight, status, stop, verify)
-from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
+from dsv41.head import (completion, config, copy_checkpoint, download, fabric_bench, launch, logs,  # noqa: E402
+                        pi, plan, smoke_bench, status, stop)
+from dsv41.head.core import desired, image, preflight, verify  # noqa: E402
+from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
 
 try:
     CFG = config.load_config()
@@ -81,8 +82,8 @@ def task_verify():
 
 def task_copy():
     """Copy the verified model to every worker over the fabric and verify it there."""
-    return {"actions": [call(copy.copy, mutates=True)], "task_dep": ["_workers", "verify"],
-            "uptodate": [fresh(copy.fresh_on_workers)]}
+    return {"actions": [call(copy_checkpoint.copy, mutates=True)], "task_dep": ["_workers", "verify"],
+            "uptodate": [fresh(copy_checkpoint.fresh_on_workers)]}
 
 
 def task__workers():
@@ -147,12 +148,12 @@ def task_clear_trip():
 
 def task_smoke():
     """Smoke-test the API: text, tools, vision, reasoning, stream; PASS/FAIL per check."""
-    return {"actions": [call(endpoint.smoke)], "params": [JSON], "uptodate": [False]}
+    return {"actions": [call(smoke_bench.smoke)], "params": [JSON], "uptodate": [False]}
 
 
 def task_bench():
     """Benchmark prefill, decode and long context: doit bench -- --out FILE [bench options]."""
-    return {"actions": [call(endpoint.bench)], "pos_arg": "args", "uptodate": [False]}
+    return {"actions": [call(smoke_bench.bench)], "pos_arg": "args", "uptodate": [False]}
 
 
 def task_pi():

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dsv41.head import commands as c
+from dsv41.head.core import commands as c
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
 

@@ -134,11 +134,11 @@ def test_hf_token_is_never_shown(tmp_path):
 
 
 def test_second_concurrent_run_fails_at_once(tmp_path):
-    from dsv41.head import runlock
+    from dsv41.head.core import runlock
     state = tmp_path / "state"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys,time; sys.path.insert(0, %r);"
-         "from dsv41.head import runlock; runlock.take(%r); print('held', flush=True);"
+         "from dsv41.head.core import runlock; runlock.take(%r); print('held', flush=True);"
          "time.sleep(30)" % (os.path.join(ROOT, "lib"), str(state))],
         stdout=subprocess.PIPE, text=True)
     try:

@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from dsv41.errors import UserError
-from dsv41.head import fabric, image
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import fabric, image
+from dsv41.head.core.cluster import Cluster
 from dsv41.head.config import load_config, settings_env
-from dsv41.head.decide import Kind, decide, sha, stale_workers
-from dsv41.head.desired import desired, guard_settings
+from dsv41.head.core.decide import Kind, decide, sha, stale_workers
+from dsv41.head.core.desired import desired, guard_settings
 from dsv41.head.logs import _log_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

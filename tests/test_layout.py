@@ -111,14 +111,14 @@ def test_the_check_catches_a_breach(tmp_path):
     probe = lib / "dsv41/node/probe.py"
     probe.write_text("import requests\n" + probe.read_text())
     facts = lib / "dsv41/node/facts.py"
-    facts.write_text(facts.read_text() + "\n\ndef late():\n    from dsv41.head import nodes\n")
+    facts.write_text(facts.read_text() + "\n\ndef late():\n    from dsv41.head.core import nodes\n")
     smoke = lib / "dsv41/client/smoke.py"
     smoke.write_text(smoke.read_text() + "\nfrom dsv41.head.config import load_config\n")
-    cluster = lib / "dsv41/head/cluster.py"
+    cluster = lib / "dsv41/head/core/cluster.py"
     cluster.write_text(cluster.read_text() + "\n\ndef late():\n    from dsv41.head import launch\n")
     found = violations(lib)
     assert "dsv41.node.probe is shipped to nodes but imports requests" in found
-    assert "dsv41.node.facts is shipped to nodes but imports dsv41.head.nodes" in found
+    assert "dsv41.node.facts is shipped to nodes but imports dsv41.head.core.nodes" in found
     assert "dsv41.client.smoke is a client tool but imports dsv41.head.config" in found
-    assert any(p.startswith("import cycle:") and "dsv41.head.cluster" in p and "dsv41.head.launch" in p
+    assert any(p.startswith("import cycle:") and "dsv41.head.core.cluster" in p and "dsv41.head.launch" in p
                for p in found), found

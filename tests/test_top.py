@@ -22,7 +22,7 @@ from rich.console import Console
 from dsv41 import names
 from dsv41.head import top
 from dsv41.head.config import load_config
-from dsv41.head.desired import guard_settings
+from dsv41.head.core.desired import guard_settings
 from dsv41.head.watchdog import Watchdog
 from sshd import need_sshd, start_sshd, stop_sshd
 from test_standin_engine import Ranks, events, token_text

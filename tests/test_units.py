@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv41.head import commands as c
-from dsv41.head import units
+from dsv41.head.core import commands as c
+from dsv41.head.core import units
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
 from test_commands import HEAD, WORKER, spec_args, spec_env, values_for

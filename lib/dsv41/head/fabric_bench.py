@@ -5,9 +5,9 @@ import subprocess
 import time
 
 from dsv41.errors import UserError, one_line
-from dsv41.head import preflight
-from dsv41.head.cluster import Cluster
-from dsv41.head.fabric import resolve
+from dsv41.head.core import preflight
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.fabric import resolve
 
 EXPECTED_WRITE_GBPS = 112.0        # ib_write_bw on one HCA, as reported between two Sparks
 NCCL_FLOOR_GBPS = 175.0            # NCCL bus bandwidth between two Sparks, all HCAs

@@ -6,10 +6,10 @@ import time
 from dsv41 import names
 from dsv41.client.api import Client
 from dsv41.errors import UserError
-from dsv41.head import commands, fabric, image, preflight, progress, units
-from dsv41.head.cluster import Cluster, say
-from dsv41.head.decide import Kind, decide
-from dsv41.head.desired import desired, read_head_plan, read_or_create_key
+from dsv41.head.core import commands, fabric, image, preflight, progress, units
+from dsv41.head.core.cluster import Cluster, say
+from dsv41.head.core.decide import Kind, decide
+from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
 from dsv41.node.memguard import describe_trip
 
 

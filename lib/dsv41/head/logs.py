@@ -1,8 +1,8 @@
 """doit logs r0|r1|...|memguard|watchdog [-f] [-n N] [--node NAME]: a unit's journal on its node."""
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head import commands
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import commands
+from dsv41.head.core.cluster import Cluster
 
 
 def targets(cfg):

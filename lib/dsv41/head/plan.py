@@ -2,10 +2,10 @@
 take, each with its reason; nothing on any node changes."""
 import difflib
 
-from dsv41.head import fabric, preflight
-from dsv41.head.cluster import Cluster
-from dsv41.head.decide import changed_units, decide
-from dsv41.head.desired import desired, read_head_plan, read_key
+from dsv41.head.core import fabric, preflight
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.decide import changed_units, decide
+from dsv41.head.core.desired import desired, read_head_plan, read_key
 
 
 def plan(cfg):

@@ -5,10 +5,10 @@ import time
 
 from dsv41 import names
 from dsv41.client.api import Client
-from dsv41.head.cluster import Cluster
-from dsv41.head.decide import stale_workers
-from dsv41.head.desired import read_key
-from dsv41.head.nodes import NodeError
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.decide import stale_workers
+from dsv41.head.core.desired import read_key
+from dsv41.head.core.nodes import NodeError
 from dsv41.node.memguard import describe_trip
 
 SCHEMA = "dsv41.status/1"

@@ -4,9 +4,9 @@ Stop is what people reach for when things are broken: it stops everything on eve
 then fails naming each node it could not reach and what may still run there."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands, runlock
-from dsv41.head.cluster import Cluster, say
-from dsv41.head.nodes import NodeError
+from dsv41.head.core import commands, runlock
+from dsv41.head.core.cluster import Cluster, say
+from dsv41.head.core.nodes import NodeError
 
 
 def stop(cfg):

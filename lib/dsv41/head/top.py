@@ -44,11 +44,11 @@ from rich.text import Text
 from dsv41 import names
 from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import commands
+from dsv41.head.core.cluster import Cluster
 from dsv41.head.config import LIB_DIR
-from dsv41.head.decide import unit_age
-from dsv41.head.nodes import ship_code
+from dsv41.head.core.decide import unit_age
+from dsv41.head.core.nodes import ship_code
 from dsv41.head.status import unit_state, watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 

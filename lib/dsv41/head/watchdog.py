@@ -27,11 +27,12 @@ from dsv41.client import metrics
 from dsv41.client.api import Client
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic, write_textfile
-from dsv41.head import launch, nodes, runlock
-from dsv41.head.cluster import Cluster
+from dsv41.head import launch
+from dsv41.head.core import nodes, runlock
+from dsv41.head.core.cluster import Cluster
 from dsv41.head.config import load_config
-from dsv41.head.decide import since, stale_workers
-from dsv41.head.desired import read_key
+from dsv41.head.core.decide import since, stale_workers
+from dsv41.head.core.desired import read_key
 
 SCHEMA = "dsv41.watchdog/1"
 HEALTHY, BUSY, STARTING, STOPPED, SUSPECT = "HEALTHY", "BUSY", "STARTING", "STOPPED", "SUSPECT"

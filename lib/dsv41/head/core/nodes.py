@@ -22,7 +22,7 @@ import time
 import sh
 
 from dsv41 import names
-from dsv41.head import commands, runlock
+from dsv41.head.core import commands, runlock
 from dsv41.head.config import LIB_DIR
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic

@@ -5,8 +5,8 @@ import os
 
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head import commands
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import commands
+from dsv41.head.core.cluster import Cluster
 
 
 def pull(cfg):

@@ -1,4 +1,4 @@
-"""The decision: from every node's facts (dsv41.node.probe) and the desired state (dsv41.head.desired)
+"""The decision: from every node's facts (dsv41.node.probe) and the desired state (dsv41.head.core.desired)
 to the steps that bring one to the other. Pure: no I/O, so `doit plan` and `doit launch` take the
 same decision, and tests can state it as tables."""
 import enum

@@ -16,7 +16,7 @@ import jinja2
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head import commands as c
+from dsv41.head.core import commands as c
 from dsv41.head.config import LIB_DIR, ROOT
 
 UNITS_DIR = ROOT / "units"

@@ -10,8 +10,8 @@ from dsv41 import names
 from dsv41.client.api import read_key_file
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head import fabric, preflight, units
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import fabric, preflight, units
+from dsv41.head.core.cluster import Cluster
 from dsv41.head.config import settings_env
 
 

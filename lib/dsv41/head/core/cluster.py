@@ -4,7 +4,7 @@ import json
 from typing import NamedTuple
 
 from dsv41 import names
-from dsv41.head.nodes import Node, connect, ship_code
+from dsv41.head.core.nodes import Node, connect, ship_code
 
 
 class Paths(NamedTuple):

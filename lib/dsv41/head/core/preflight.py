@@ -8,9 +8,9 @@ import time
 from typing import NamedTuple
 
 from dsv41.errors import UserError, one_line
-from dsv41.head import fabric
-from dsv41.head.cluster import Cluster
-from dsv41.head.nodes import FACTS_TIMEOUT_S
+from dsv41.head.core import fabric
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.nodes import FACTS_TIMEOUT_S
 from dsv41.names import RANK_PREFIX, rank_name
 from dsv41.node.fabric import ROCE_V2, explain, summary
 
