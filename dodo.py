@@ -13,8 +13,8 @@ from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (completion, config, copy_checkpoint, download, fabric_bench, launch, logs,  # noqa: E402
-                        pi, plan, smoke_bench, status, stop)
-from dsv41.head.core import desired, image, preflight, verify  # noqa: E402
+                        pi, plan, render, smoke_bench, status, stop)
+from dsv41.head.core import image, preflight, verify  # noqa: E402
 from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action  # noqa: E402
 
 try:
@@ -99,7 +99,7 @@ def task_image():
 def task_render():
     """Render every node's systemd units into $STATE_DIR/units/r<N>/ (no node contacted when every
     per-node value is given by override)."""
-    return {"actions": [call(desired.render, mutates=True)], "uptodate": [False]}
+    return {"actions": [call(render.render, mutates=True)], "uptodate": [False]}
 
 
 def task_launch():

@@ -145,7 +145,7 @@ def test_decide(tmp_path, what, env, change, key, plan, expected, why):
     if change:
         change(facts)
     new = cluster(tmp_path, **env)
-    steps = decide(new.cfg.nodes, want(new, key, plan), facts)
+    steps = decide(new.cfg.nodes, want(new, key, plan), facts, new.recipe)
     assert steps_of(steps) == expected
     if why:
         assert why in steps[-1].reason
@@ -159,7 +159,7 @@ def test_stale_workers_name_each_worker(tmp_path):
                  R2_IFNAME="enp1s0f1np1", R2_HCAS="rocep1s0f1", R2_GID_INDEX="3")
     facts = running(cl, want(cl))
     worker_restarted_alone(facts)
-    [line] = stale_workers(cl.cfg.nodes, facts)
+    [line] = stale_workers(cl.cfg.nodes, facts, cl.recipe)
     assert line.startswith("dsv41-r1.service on worker1 (bob@10.10.10.11) restarted after the head's rank")
 
 
@@ -167,7 +167,7 @@ def test_plan_lines_name_kind_node_and_reason(tmp_path):
     cl = cluster(tmp_path)
     facts = running(cl, want(cl))
     new = cluster(tmp_path, KV_BYTES="2500000000")
-    steps = decide(new.cfg.nodes, want(new), facts)
+    steps = decide(new.cfg.nodes, want(new), facts, new.recipe)
     assert steps[-2].line() == "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed"
     assert steps[1].line() == "install on head: dsv41-r0.service differs from the rendered unit"
 

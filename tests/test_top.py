@@ -61,7 +61,7 @@ def test_probe_gives_memory_swap_and_the_guards_floor_and_mode(tmp_path):
     cfg = load_config({"STATE_DIR": str(tmp_path), "MEMGUARD_GIB": "2.5", "MEMGUARD_MODE": "observe"})
     (tmp_path / names.GUARD_SETTINGS).write_text(guard_settings(cfg))
     facts = real_probe(tmp_path, units=units(since=1000.0), time=1000.0 + 2 * 3600 + 3 * 60 + 4)
-    f = top.node_figures(facts, "dsv41-r1.service")
+    f = top.node_figures(facts, ["dsv41-r1.service"])
     meminfo = dict(line.split(":") for line in Path("/proc/meminfo").read_text().splitlines())
     assert f["mem_total_bytes"] == int(meminfo["MemTotal"].split()[0]) * 1024
     assert f["swap_total_bytes"] == int(meminfo["SwapTotal"].split()[0]) * 1024 and f["swap_used_bytes"] >= 0
@@ -101,9 +101,9 @@ def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
     facts = real_probe(tmp_path, units=units(since=1.0), time=61.0)
     facts["memory"]["available_bytes"] = int(3.5 * GIB)      # 2.5 GiB above a 1 GiB floor
     view = {"time": time.time(), "interval_s": 2.0,
-            "nodes": {"head": {**top.node_figures(facts, "dsv41-r1.service"), "state": "ok", "seen_s_ago": 1.0,
+            "nodes": {"head": {**top.node_figures(facts, ["dsv41-r1.service"]), "state": "ok", "seen_s_ago": 1.0,
                                "error": None},
-                      "worker1": {**top.node_figures(facts, "dsv41-r1.service"), "state": "stale", "seen_s_ago": 14.2,
+                      "worker1": {**top.node_figures(facts, ["dsv41-r1.service"]), "state": "stale", "seen_s_ago": 14.2,
                                   "error": "worker1 (u@w) did not answer within 10 s (SSH_TIMEOUT_S)"}},
             "engine": {"url": "http://h:8000/metrics", "state": "no answer", "seen_s_ago": None,
                        "error": "no answer from http://h:8000/metrics (connection refused)"},

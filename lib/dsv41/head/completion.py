@@ -8,7 +8,7 @@ import sys
 
 from doit.loader import load_tasks
 
-from dsv41.head import logs
+from dsv41.head.core.units import log_targets
 
 WRAPPER = r"""
 # dsv41: each task's options and arguments (doit's script above completes the task names)
@@ -39,7 +39,7 @@ def task_options(tasks, cfg):
             words += [f"--{p['long']}"] if p.get("long") else []
             words += [f"-{p['short']}"] if p.get("short") else []
         if t.name == "logs":
-            words += logs.targets(cfg)
+            words += log_targets(cfg)
         if words:
             out[t.name] = words
     return out

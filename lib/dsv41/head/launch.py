@@ -1,15 +1,15 @@
 """doit launch: preflight, image, then facts -> decide -> apply, then wait until the API generates a
-token. Ranks start workers first and the head last, and stop head first (a stale rendezvous races)."""
+token. The engine's units stop and start in the recipe's order (core.ranks)."""
 import os
 import time
 
 from dsv41 import names
-from dsv41.client.api import Client
 from dsv41.errors import UserError
-from dsv41.head.core import commands, fabric, image, preflight, progress, units
+from dsv41.head.core import commands, fabric, image, preflight, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.core.decide import Kind, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
+from dsv41.head.core.ranks import restart_ranks, wait_ready
 from dsv41.node.memguard import describe_trip
 
 
@@ -26,7 +26,7 @@ def launch(cfg):
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes},
                          os.path.join(cfg.state_dir, names.UNITS))
-    steps = decide(cfg.nodes, want, facts)
+    steps = decide(cfg.nodes, want, facts, cl.recipe)
     paused = pause_watchdog(cl, facts, steps)
     apply(cl, want, steps)
     wait_ready(cl)
@@ -126,68 +126,5 @@ def install_unit(cl, node, name, text):
     say(node, f"installed {path}")
 
 
-def stop_ranks(cl):
-    for node in [cl.head] + cl.workers:
-        node.run(cl.priv(node, commands.systemctl("stop", cl.rank_unit(node))), check=False)
-
-
-def restart_ranks(cl):
-    """Stop every rank (head first), then start the workers' ranks, then the head's."""
-    stop_ranks(cl)
-    for node in cl.workers + [cl.head]:
-        unit = cl.rank_unit(node)
-        node.run(cl.priv(node, commands.systemctl("reset-failed", unit)), check=False)
-        node.run(cl.priv(node, commands.systemctl("start", unit)))
-        say(node, f"started {unit}")
-
-
-def wait_ready(cl):
-    """Ready: /v1/models answers 200 with the key and one token is generated, while every rank
-    unit stays active. A failed rank stops the wait at once with its journal."""
-    cfg = cl.cfg
-    client = Client(cfg.api_url, read_or_create_key(cfg), read_timeout=60)
-    started = last = time.monotonic()
-    with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
-                      cfg.start_timeout_s, unit="s") as wait:
-        while True:
-            problem = ranks_down(cl)
-            if problem:
-                wait.close()
-                show_rank_logs(cl)
-                raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
-            if client.generates(cfg.served_model_name):
-                return
-            now = time.monotonic()
-            wait.update(now - last)
-            last = now
-            if now - started > cfg.start_timeout_s:
-                wait.close()
-                show_rank_logs(cl)
-                raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
-                                "(START_TIMEOUT_MIN); the ranks' journals are above")
-            time.sleep(2)
-
-
 def fmt_elapsed(s):
     return f"{int(s // 60)}m{int(s % 60):02d}s"
-
-
-def ranks_down(cl):
-    """None when every rank unit is active, else a sentence naming the first that is not."""
-    for node in cl.nodes:
-        unit = cl.rank_unit(node)
-        r = node.run(commands.systemctl("show", "-p", "ActiveState,SubState,Result", unit), check=False)
-        props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
-        if (props.get("ActiveState") not in ("active", "activating", "reloading")
-                or props.get("SubState") == "auto-restart"):  # its container exited
-            return (f"rank {unit} on {node.label} is {props.get('ActiveState', 'unknown')} "
-                    f"({props.get('Result', '?')})")
-    return None
-
-
-def show_rank_logs(cl, lines=40):
-    for node in cl.nodes:
-        unit = cl.rank_unit(node)
-        r = node.run(commands.journalctl(unit, lines=lines), check=False)
-        print(f"---- last {lines} lines of {unit} on {node.label} ----")
-        print(r.stdout.rstrip() or r.stderr.rstrip() or "(empty)")

@@ -5,11 +5,6 @@ from dsv41.head.core import commands
 from dsv41.head.core.cluster import Cluster
 
 
-def targets(cfg):
-    """The words `doit logs` takes: one rank per node, memguard, watchdog."""
-    return [f"r{s.rank}" for s in cfg.nodes] + ["memguard", "watchdog"]
-
-
 def _log_args(words, follow, lines, node):
     """doit stops parsing options at the first positional word: take -f/-n/--node from anywhere."""
     targets, words = [], list(words)
@@ -33,7 +28,7 @@ def _log_args(words, follow, lines, node):
 def logs(cfg, units=(), follow=False, lines=100, node=""):
     cl = Cluster(cfg)
     targets, follow, lines, node = _log_args(units, follow, lines, node)
-    ranks = {f"r{cl.spec(n).rank}": n for n in cl.nodes}
+    ranks = cl.recipe.log_units(cfg.nodes)
     for t in targets or ["r0"]:
         if t == "memguard":
             picks = [n for n in cl.nodes if not node or n.name == node]
@@ -47,7 +42,8 @@ def logs(cfg, units=(), follow=False, lines=100, node=""):
             continue
         if t not in ranks and t != "watchdog":
             raise UserError(f"no unit {t!r}: choose from {', '.join(ranks)}, memguard or watchdog")
-        n = ranks.get(t, cl.head)
-        unit = cl.rank_unit(n) if t in ranks else names.WATCHDOG_UNIT
-        print(f"---- {unit} on {n.label} ----", flush=True)
-        n.run(commands.journalctl(unit, follow=follow, lines=lines), fg=True)
+        spec, units = ranks.get(t, (cfg.head, [names.WATCHDOG_UNIT]))
+        n = cl.node(spec)
+        for unit in units:
+            print(f"---- {unit} on {n.label} ----", flush=True)
+            n.run(commands.journalctl(unit, follow=follow and len(units) == 1, lines=lines), fg=True)

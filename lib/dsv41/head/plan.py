@@ -33,7 +33,7 @@ def plan(cfg):
         print(f"diff {name} on {cl.specs[node].label}:")
         print("".join(difflib.unified_diff((have or "").splitlines(True), text.splitlines(True),
                                            f"installed/{name}", f"rendered/{name}")), end="")
-    steps = decide(cfg.nodes, want, facts)
+    steps = decide(cfg.nodes, want, facts, cl.recipe)
     missing = [n for n in cl.nodes if not facts[n.name]["image_id"]]
     print("launch would:")
     for n in missing:

@@ -6,9 +6,10 @@ import time
 from dsv41 import names
 from dsv41.client.api import Client
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.decide import stale_workers
+from dsv41.head.core.decide import shown_unit, stale_workers, unit_state
 from dsv41.head.core.desired import read_key
 from dsv41.head.core.nodes import NodeError
+from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 
 SCHEMA = "dsv41.status/1"
@@ -31,16 +32,12 @@ def _when(stamp):
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(stamp[1:])))
 
 
-def unit_state(u):
-    """A unit's "ActiveState/SubState", or "not installed"."""
-    return f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}" if u.get("installed") else "not installed"
-
-
-def node_entry(spec, f):
-    """One node's row from its probe facts."""
-    unit = names.rank_unit(spec.rank)
+def node_entry(recipe, spec, f):
+    """One node's row from its probe facts (its engine unit: the recipe's, the first not active)."""
+    parts = dict(recipe.parts(spec))
+    unit = shown_unit(f, list(parts))
     g, u = f["units"][names.MEMGUARD_UNIT], f["units"][unit]
-    c = f["containers"].get(names.rank_name(spec.rank)) if isinstance(f["containers"], dict) else None
+    c = f["containers"].get(parts[unit]) if isinstance(f["containers"], dict) else None
     return {
         "memguard": g.get("ActiveState", "not installed") if g["installed"] else "not installed",
         "rank_unit": unit,
@@ -98,35 +95,6 @@ class Table:
             print(f"{'':<10} memory guard {describe_trip(e['tripped'])}", flush=True)
 
 
-def watchdog_entry(cfg, head_facts):
-    """The watchdog's unit state and what it last saw (watchdog.status.json on the head)."""
-    unit = (head_facts.get("units") or {}).get(names.WATCHDOG_UNIT, {})
-    entry = {"enabled": cfg.watchdog, "unit": unit.get("ActiveState", "not installed") if unit.get("installed") else "not installed"}
-    try:
-        with open(names.state_path(cfg.state_dir, names.WATCHDOG_STATUS)) as f:
-            entry.update(_json.load(f))
-    except (OSError, ValueError):
-        pass
-    return entry
-
-
-def watchdog_line(w):
-    """What the watchdog is doing, from its unit and its status file (the setting only adds a note)."""
-    running = w["unit"] == "active"
-    if not running and not w["enabled"]:
-        return "watchdog: off (WATCHDOG=0)"
-    seen = (f", saw {w['verdict']} {time.time() - w['time']:.0f} s ago: {w['evidence']}"
-            if running and "verdict" in w else "")
-    line = f"watchdog: {w['unit']}{seen}" + ("" if w["enabled"] else " (WATCHDOG=0: the next launch stops it)")
-    if w.get("gave_up"):
-        line += f"; GAVE UP ({w['gave_up'].get('reason', '?')}): hands off until `doit launch`"
-    last = w.get("last_incident")
-    if last:
-        line += (f"; last incident {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(last['started']))}: "
-                 f"{last['verdict']}, {last['action']}, {last['result']} ({last['took_s']:.0f} s)")
-    return line
-
-
 def status(cfg, json=False):
     cl = Cluster(cfg)
     table = Table(not json)
@@ -135,12 +103,12 @@ def status(cfg, json=False):
         if i == 1:
             cl.connect()                 # the workers at once, after the head's row is out
         try:
-            entries[node.name] = node_entry(cl.spec(node), cl.probe(node))
+            entries[node.name] = node_entry(cl.recipe, cl.spec(node), cl.probe(node))
         except NodeError as err:
             entries[node.name] = {"error": str(err)}
         table.row(node.name, entries[node.name])
     api = api_status(cfg)
-    stale = stale_workers(cfg.nodes, cl.facts)
+    stale = stale_workers(cfg.nodes, cl.facts, cl.recipe)
     state = verdict(entries, api, stale)
     wd = watchdog_entry(cfg, cl.facts.get(cl.head.name, {}))
     if json:

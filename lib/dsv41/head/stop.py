@@ -1,5 +1,5 @@
-"""doit stop (the watchdog first, so it never fights the stop; then the head's rank, the workers' and
-the memory guards) and doit clear-trip.
+"""doit stop (the watchdog first, so it never fights the stop; then the engine's units in the recipe's
+stop order, then the memory guards) and doit clear-trip.
 Stop is what people reach for when things are broken: it stops everything on every node it can reach,
 then fails naming each node it could not reach and what may still run there."""
 from dsv41 import names
@@ -27,13 +27,13 @@ def stop(cfg):
     # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
     on(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT), "stopped the watchdog")
     runlock.take(cfg.state_dir)
-    for node in [cl.head] + cl.workers:
-        on(node, commands.systemctl("stop", cl.rank_unit(node)), f"stopped {cl.rank_unit(node)}")
+    for spec, unit in cl.recipe.stop_order(cfg.nodes):
+        on(cl.node(spec), commands.systemctl("stop", unit), f"stopped {unit}")
     for node in cl.nodes:
         on(node, commands.systemctl("stop", names.MEMGUARD_UNIT), "stopped the memory guard")
     if missed:
         raise UserError("not stopped: " + "; ".join(
-            f"{n.label} did not answer ({one_line(err, 160)}), so {cl.rank_unit(n)} and "
+            f"{n.label} did not answer ({one_line(err, 160)}), so {', '.join(cl.engine_units(n))} and "
             f"{names.MEMGUARD_UNIT} may still run there" for n, err in missed.items())
             + "; run `doit stop` again once it answers")
 

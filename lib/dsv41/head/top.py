@@ -47,9 +47,9 @@ from dsv41.errors import UserError, one_line
 from dsv41.head.core import commands
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.config import LIB_DIR
-from dsv41.head.core.decide import unit_age
+from dsv41.head.core.decide import shown_unit, unit_age, unit_state
 from dsv41.head.core.nodes import ship_code
-from dsv41.head.status import unit_state, watchdog_entry, watchdog_line
+from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 
 SCHEMA = "dsv41.top/1"
@@ -100,9 +100,10 @@ def gpu_figures(text):
     return (int(used), int(total)) if found else (None, None)
 
 
-def node_figures(facts, rank_unit):
+def node_figures(facts, engine_units):
     """A node's row from its probe facts (dsv41.node.probe, shipped by this run; figures it could not
-    read, and the guard's without a memguard.json, are None)."""
+    read, and the guard's without a memguard.json, are None); engine_units: the recipe's on the node."""
+    rank_unit = shown_unit(facts, engine_units)
     mem = facts.get("memory") or {}
     avail = mem.get("available_bytes")
     settings = facts.get("guard_settings") or {}
@@ -192,8 +193,8 @@ class Watch:
     """What top knows about one node: its last facts and when they came, why the last try failed,
     the child in flight."""
 
-    def __init__(self, node, rank_unit):
-        self.node, self.rank_unit = node, rank_unit
+    def __init__(self, node, engine_units):
+        self.node, self.engine_units = node, engine_units
         self.facts = self.at = self.error = self.job = self.kind = None
         self.ready = False               # home known and node code shipped in this run
 
@@ -205,8 +206,8 @@ class Watch:
 
     def view(self, now):
         v = {"state": self.state, "seen_s_ago": round(now - self.at, 1) if self.at else None, "error": self.error}
-        v.update(node_figures(self.facts, self.rank_unit) if self.facts is not None
-                 else dict.fromkeys(node_figures({}, self.rank_unit)))               # every figure None
+        v.update(node_figures(self.facts, self.engine_units) if self.facts is not None
+                 else dict.fromkeys(node_figures({}, self.engine_units)))               # every figure None
         return v
 
 
@@ -232,8 +233,8 @@ class Top:
     def __init__(self, cfg, interval):
         self.cfg, self.interval = cfg, interval
         self.cl = Cluster(cfg)
-        self.watches = {n.name: Watch(n, self.cl.rank_unit(n)) for n in self.cl.nodes}
-        self.url = metrics.metrics_url(cfg.api_url)
+        self.watches = {n.name: Watch(n, self.cl.engine_units(n)) for n in self.cl.nodes}
+        self.url = self.cl.recipe.metrics_url()
         self.scrape = None
         self.prev = self.snap = None     # the last two snapshots that came back
         self.engine_error = None

@@ -4,6 +4,7 @@ import json
 from typing import NamedTuple
 
 from dsv41 import names
+from dsv41.head.core import engine
 from dsv41.head.core.nodes import Node, connect, ship_code
 
 
@@ -13,8 +14,9 @@ class Paths(NamedTuple):
 
 
 class Cluster:
-    def __init__(self, cfg):
+    def __init__(self, cfg, recipe=None):
         self.cfg = cfg
+        self.recipe = recipe or engine.for_config(cfg)
         self.nodes = [Node.from_spec(s, cfg) for s in cfg.nodes]
         self.specs = {n.name: s for n, s in zip(self.nodes, cfg.nodes)}
         self.facts = {}
@@ -32,11 +34,15 @@ class Cluster:
     def spec(self, node):
         return self.specs[node.name]
 
-    def rank_unit(self, node):
-        return names.rank_unit(self.spec(node).rank)
+    def engine_units(self, node):
+        """The recipe's units on this node, in their start order there."""
+        return list(self.recipe.units(self.spec(node)))
+
+    def node(self, spec):
+        return self.nodes[self.cfg.nodes.index(spec)]
 
     def unit_names(self, node):
-        return [names.MEMGUARD_UNIT, self.rank_unit(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])
+        return [names.MEMGUARD_UNIT, *self.engine_units(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])
 
     def paths(self, node):
         home = node.home()
@@ -53,7 +59,7 @@ class Cluster:
         memory, state file hashes (dsv41.node.probe)."""
         p = self.paths(node)
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
-               "image": self.cfg.image, "containers": [names.rank_name(self.spec(node).rank)],
+               "image": self.cfg.image, "containers": list(self.recipe.containers(self.spec(node))),
                "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
                          names.WATCHDOG_SETTINGS]}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout

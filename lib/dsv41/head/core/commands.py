@@ -1,26 +1,16 @@
-"""Pure argv builders: every command the units and the launcher run, as a list of strings.
-Nothing here executes anything; nodes.Node.run() does.
+"""Pure argv builders for the commands dsv41 runs on nodes (docker, systemctl, journalctl, its own
+services), as lists of strings. Nothing here executes anything; nodes.Node.run() does. The engine's
+container command is the recipe's (core.vllm).
 
-`fabric` is one node's resolved fabric facts and `paths` one node's paths: objects or dicts with
-ip, ifname, hcas, gid_index / model_dir, state_dir."""
-import json
+`paths` is one node's paths: an object or dict with model_dir, state_dir."""
 from collections.abc import Mapping
 
 from dsv41 import names
-from dsv41.errors import UserError
 
 DOCKER = "docker"
 SYSTEMCTL = "systemctl"
 JOURNALCTL = "journalctl"
-# rank 0's entrypoint: read the key from the mounted secret, then exec the server (ENGINE_CMD and its
-# arguments follow as "$@"); a missing key file stops the container before the server starts
-KEY_WRAPPER = f'VLLM_API_KEY=$(cat {names.CONTAINER_SECRET}) && export VLLM_API_KEY && exec "$@"'
-RANK_DIRS = (names.RUN, f"{names.CACHE}/b12x", f"{names.CACHE}/b12x-roce")   # made before a rank starts
 STOP_GRACE_S = 30                  # docker stop -t; the unit's TimeoutStopSec is above it
-DEFAULT_GID_INDEX = 3              # the measured value, used only when neither detected nor set
-LIMIT_MM = '{"image":1}'
-ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": False,
-          "disk_prefetch_max_tokens": 0, "projection_tp": False}
 
 
 def fact(obj, name, default=None):
@@ -60,121 +50,7 @@ def memguard_argv(state_dir):
                                      names.state_path(state_dir, names.GUARD_SETTINGS), "--state-dir", state_dir]
 
 
-# ---- the container ---------------------------------------------------------------------------------
-
-def compilation_config(cfg):
-    return json.dumps({"cudagraph_mode": cfg.graph_mode, "custom_ops": ["all"],
-                       "cudagraph_capture_sizes": list(cfg.caps)})
-
-
-def speculative_config(cfg):
-    return json.dumps({"method": "dspark", "num_speculative_tokens": cfg.nspec,
-                       "draft_tensor_parallel_size": 2, "attention_backend": "B12X",
-                       "draft_sample_method": "greedy", "rejection_sample_method": "standard",
-                       "enable_adaptive_verification": True})
-
-
-def engram_config():
-    return json.dumps(ENGRAM)
-
-
-def _need(fabric, name, rank):
-    v = fact(fabric, name)
-    if v in (None, "", ()):
-        var = {"ip": "IP", "ifname": "IFNAME", "hcas": "HCAS"}[name]
-        raise UserError(f"rank {rank}: no fabric {name} known; check `ip -br a` and `rdma link` on "
-                        f"that node and set R{rank}_{var}")
-    return v
-
-
-def container_env(cfg, fabric, rank=None):
-    """The container's environment, in the measured order, with the engine profile's changes. The API
-    key is not here."""
-    return engine_env(cfg, measured_env(cfg, fabric, rank), rank)
-
-
-def measured_env(cfg, fabric, rank=None):
-    r = "?" if rank is None else rank
-    ifname = _need(fabric, "ifname", r)
-    hcas = _need(fabric, "hcas", r)
-    hcas = hcas if isinstance(hcas, str) else ",".join(hcas)
-    gid = fact(fabric, "gid_index")
-    if gid is None:
-        gid = cfg.nccl_ib_gid_index if cfg.nccl_ib_gid_index is not None else DEFAULT_GID_INDEX
-    return [
-        ("CUDA_VISIBLE_DEVICES", "0"), ("CUTE_DSL_ARCH", "sm_121a"), ("HF_HUB_OFFLINE", "1"),
-        ("TRANSFORMERS_OFFLINE", "1"), ("VLLM_WORKER_MULTIPROC_METHOD", "spawn"),
-        ("VLLM_USE_V2_MODEL_RUNNER", "1"), ("VLLM_USE_BREAKABLE_CUDAGRAPH", "0"),
-        ("VLLM_USE_FLASHINFER_SAMPLER", "1"), ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1"),
-        ("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1"), ("OMP_NUM_THREADS", "16"), ("MALLOC_ARENA_MAX", "2"),
-        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("SAFETENSORS_FAST_GPU", "1"),
-        ("VLLM_ENABLE_PCIE_ALLREDUCE", "0"), ("NCCL_IB_DISABLE", "0"), ("NCCL_NET_PLUGIN", "none"),
-        ("NCCL_IB_GID_INDEX", str(gid)), ("NCCL_IB_HCA", hcas), ("NCCL_IB_MERGE_NICS", "1"),
-        ("NCCL_SOCKET_IFNAME", ifname), ("GLOO_SOCKET_IFNAME", ifname), ("NCCL_DEBUG", "WARN"),
-        ("VLLM_ENABLE_ROCE_ALLREDUCE", "1"), ("VLLM_ROCE_ALLREDUCE_MAX_SIZE", "2MB"),
-        ("VLLM_ROCE_ALLGATHER_MAX_SIZE", "16MB"), ("B12X_ROCE_CACHE_DIR", "/cache/b12x-roce"),
-        ("B12X_ROCE_TRAFFIC_CLASS", "106"), ("NCCL_IB_TC", "106"),
-        ("B12X_COMPILE_CACHE_DIR", "/cache/b12x"), ("XDG_CACHE_HOME", "/cache"),
-        ("ST_EXL3_PLAN", f"/plans/{cfg.plan_name}"), ("ST_EXL3_PREFILL", "st"),
-        ("ST_EXL3_PREFILL_MIN_ROWS", "1"), ("VLLM_HOST_IP", _need(fabric, "ip", r)),
-    ]
-
-
-def engine_env(cfg, env, rank):
-    """env [(name, value)] with the engine profile's [env] changes: replaced, dropped or added."""
-    changes = {k: v for k, v, _ in cfg.engine_env}
-    out = [(k, changes.get(k, v)) for k, v in env]
-    out += [(k, v) for k, v in changes.items() if k not in dict(env)]
-    return [(k, v.replace("{rank}", str(rank))) for k, v in out if v is not None]
-
-
-def engine_args(cfg, args):
-    """vLLM's argv with the engine profile's [args] changes to the flags it has: a value replaced, or
-    the flag dropped with its value (new flags come from EXTRA)."""
-    changes = {k: v for k, v, _ in cfg.engine_args}
-    out, i = [], 0
-    while i < len(args):
-        word, has_value = args[i], i + 1 < len(args) and not args[i + 1].startswith("--")
-        if word in changes:
-            out += [word, changes[word]] if changes[word] is not None else []
-            i += 2 if has_value else 1
-        else:
-            out.append(word)
-            i += 1
-    return out
-
-
-def vllm_args(cfg, rank, fabric_by_rank):
-    """vLLM's arguments after the image, with the engine profile's changes; fabric_by_rank[0] gives
-    the rendezvous (head) address."""
-    return engine_args(cfg, measured_args(cfg, rank, fabric_by_rank))
-
-
-def measured_args(cfg, rank, fabric_by_rank):
-    """vLLM's arguments as measured on two Sparks (serving-config.md)."""
-    master = _need(fabric_by_rank[0], "ip", 0)
-    args = [
-        "/model", "--served-model-name", cfg.served_model_name, "--dtype", "bfloat16",
-        "--tensor-parallel-size", str(cfg.tp_size), "--nnodes", str(cfg.nnodes),
-        "--master-addr", master, "--master-port", str(cfg.mport),
-        "--kv-cache-dtype", "fp8", "--block-size", "256", "--swa-block-size", "128",
-        "--kv-cache-memory-bytes", str(cfg.kv_bytes), "--gpu-memory-utilization", str(cfg.gpu_util),
-        "--max-model-len", str(cfg.max_len), "--max-num-seqs", str(cfg.max_seqs),
-        "--max-num-batched-tokens", str(cfg.batch), "--max-cudagraph-capture-size", str(cfg.cap),
-        "--compilation-config", compilation_config(cfg), "--enable-chunked-prefill",
-        "--async-scheduling", "--enable-prefix-caching", "--safetensors-load-strategy", "lazy",
-        "--engram-config", engram_config(), "--attention-backend", "B12X",
-        "--linear-backend", "b12x", "--moe-backend", "b12x",
-        "--speculative-config", speculative_config(cfg), "--generation-config", "vllm",
-        "--tokenizer-mode", "deepseek_v41", "--limit-mm-per-prompt", LIMIT_MM,
-    ]
-    if rank:
-        return args + ["--node-rank", str(rank), "--headless"]
-    return args + ["--node-rank", "0", "--host", "0.0.0.0", "--port", str(cfg.port),
-                   "--reasoning-parser", "deepseek_v41", "--tool-call-parser", "deepseek_v41",
-                   "--enable-auto-tool-choice", "--enable-prompt-tokens-details",
-                   "--enable-force-include-usage", *cfg.extra]
-
+# ---- docker's --mount ------------------------------------------------------------------------------
 
 def _csv_field(s):
     """One field of docker's --mount value (Go encoding/csv): quoted when it holds , " or newlines."""
@@ -187,57 +63,6 @@ def mount(source, target, readonly=False):
     """--mount value; unlike -v it takes any path (colons, commas, quotes, spaces)."""
     fields = ["type=bind", f"source={source}", f"target={target}"] + (["readonly"] if readonly else [])
     return ",".join(_csv_field(f) for f in fields)
-
-
-def fabric_for(cfg, spec, fabric, master_addr=None):
-    """(this node's fabric, {0: head fabric}) from one node's fabric or a {rank: fabric} mapping."""
-    if isinstance(fabric, Mapping) and all(isinstance(k, int) for k in fabric):
-        if spec.rank not in fabric or 0 not in fabric:
-            raise UserError(f"no fabric facts for rank {spec.rank} or the head; run the fabric check")
-        return fabric[spec.rank], {0: fabric[0]}
-    if master_addr is None:
-        master_addr = fact(fabric, "ip") if spec.rank == 0 else cfg.head.ip
-    if not master_addr:
-        raise UserError(f"rank {spec.rank}: the head's fabric address is unknown: render with every "
-                        "node's fabric facts ({rank: fabric}) or set R0_IP (HEAD_IP)")
-    return fabric, {0: {"ip": master_addr}}
-
-
-def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
-    """docker run's argv in groups (one option with its value each), for readable unit files."""
-    own, heads = fabric_for(cfg, spec, fabric, master_addr)
-    state, rank, name = fact(paths, "state_dir"), spec.rank, names.rank_name(spec.rank)
-    groups = [
-        [DOCKER, "run"], ["--rm"], ["--name", name], ["--cidfile", cidfile(state, rank)],
-        ["--pull", "never"], ["--init"], *([["--gpus", cfg.gpus]] if cfg.gpus else []), ["--network", "host"],
-        ["--ipc", "host"], *([["--privileged"]] if cfg.privileged else []), ["--ulimit", f"memlock={cfg.memlock}"], ["--shm-size", "32g"],
-        ["--mount", mount(fact(paths, "model_dir"), "/model", readonly=True)],
-        ["--mount", mount(names.state_path(state, names.PLANS), "/plans", readonly=True)],
-        ["--mount", mount(names.state_path(state, names.CACHE), "/cache")],
-    ]
-    if rank == 0:
-        groups.append(["--mount", mount(secret_key_file(state), names.CONTAINER_SECRET, readonly=True)])
-        groups.append(["--entrypoint", "/bin/sh"])
-    else:
-        groups.append(["--entrypoint", cfg.engine_cmd[0]])
-    groups.append(["-e", f"{names.RANK_ENV}={rank}"])
-    groups += [["-e", f"{k}={v}"] for k, v in container_env(cfg, own, rank)]
-    groups.append([cfg.image])
-    if rank == 0:   # the key goes from the mounted file into the server's environment, nowhere else
-        groups.append(["-c", KEY_WRAPPER, name, *cfg.engine_cmd])
-    elif cfg.engine_cmd[1:]:
-        groups.append(list(cfg.engine_cmd[1:]))
-    for word in vllm_args(cfg, rank, heads):
-        if word.startswith("-") or len(groups[-1]) != 1 or groups[-1] == [cfg.image]:
-            groups.append([word])
-        else:
-            groups[-1].append(word)
-    return groups
-
-
-def docker_run_argv(cfg, spec, fabric, paths, master_addr=None):
-    """The full foreground container command: docker options, the image, then vLLM's arguments."""
-    return [w for g in docker_run_groups(cfg, spec, fabric, paths, master_addr) for w in g]
 
 
 # ---- docker, systemctl, journalctl ---------------------------------------------------------------

@@ -50,20 +50,36 @@ def unit_age(facts, unit):
     return facts["time"] - since(u)
 
 
-def stale_workers(specs, facts):
-    """A worker rank that (re)started after the head's rank cannot rejoin its rendezvous: the ranks
-    must restart together. One line per such worker. Ages are measured on each node's own clock, so
-    clock skew between nodes cannot fake a restart. specs: the NodeSpecs, head first."""
+def unit_state(u):
+    """A unit's "ActiveState/SubState", or "not installed"."""
+    return f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}" if u.get("installed") else "not installed"
+
+
+def shown_unit(facts, units):
+    """Which of a node's engine units stands for the node in one line: the first that is not
+    active, else the first."""
+    got = facts.get("units") or {}
+    return next((u for u in units if (got.get(u) or {}).get("ActiveState") != "active"), units[0])
+
+
+def stale_workers(specs, facts, recipe):
+    """A worker's engine unit that (re)started after the head's cannot rejoin its rendezvous: the ranks
+    must restart together (when the recipe says so). One line per such unit. Ages are measured on each
+    node's own clock, so clock skew between nodes cannot fake a restart. specs: the NodeSpecs, head first."""
+    if not recipe.restart_together:
+        return []
     head = specs[0]
-    head_age = unit_age(facts.get(head.name, {}), names.rank_unit(0))
+    ages = [unit_age(facts.get(head.name, {}), u) for u in recipe.units(head)]
+    head_age = None if None in ages or not ages else min(ages)        # the head's latest start
     out = []
     for s in specs[1:]:
         f = facts.get(s.name, {})
-        age = unit_age(f, names.rank_unit(s.rank))
-        if head_age is not None and age is not None and age < head_age - STALE_MARGIN_S:
-            u = f["units"][names.rank_unit(s.rank)]
-            out.append(f"{names.rank_unit(s.rank)} on {s.label} restarted after the head's rank "
-                       f"(NRestarts={u.get('NRestarts', '?')}): the ranks must restart together")
+        for unit in recipe.units(s):
+            age = unit_age(f, unit)
+            if head_age is not None and age is not None and age < head_age - STALE_MARGIN_S:
+                u = f["units"][unit]
+                out.append(f"{unit} on {s.label} restarted after the head's rank "
+                           f"(NRestarts={u.get('NRestarts', '?')}): the ranks must restart together")
     return out
 
 
@@ -78,10 +94,10 @@ def changed_units(specs, desired, facts):
     return out
 
 
-def decide(specs, desired, facts):
-    """The steps, in the order launch applies them."""
+def decide(specs, desired, facts, recipe):
+    """The steps, in the order launch applies them; the recipe names each node's engine units."""
     steps = []
-    rank_reasons = list(stale_workers(specs, facts))
+    rank_reasons = list(stale_workers(specs, facts, recipe))
     changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, facts)}
     written = set()                                     # (node, state file)
     for s in specs:
@@ -105,20 +121,25 @@ def decide(specs, desired, facts):
         elif (s.name, names.GUARD_SETTINGS) in written:
             steps.append(Step(Kind.RELOAD_GUARD, s.name, names.MEMGUARD_UNIT,
                               "MEMGUARD_GIB, MEMGUARD_MODE or METRICS_DIR changed"))
-        unit = names.rank_unit(s.rank)
-        u = f["units"].get(unit, {})
-        container = f["containers"].get(names.rank_name(s.rank))
-        if (s.name, unit) in changed:
-            rank_reasons.append(f"{unit} changed")
-        elif u.get("ActiveState") != "active":
-            rank_reasons.append(f"{unit} on {s.name} is {u.get('ActiveState', 'not installed')}")
-        elif container and f["image_id"] and container["image"] != f["image_id"]:
-            rank_reasons.append(f"{unit} runs an older image")
-        elif (f.get("model_changed_at") or 0) > since(u):
-            rank_reasons.append(f"model files in {f['model_dir']} on {s.name} changed after {unit} started")
+        for unit, name in recipe.parts(s):
+            rank_reasons += unit_reasons(s, f, unit, f["containers"].get(name), (s.name, unit) in changed)
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
     return steps + watchdog_steps(specs[0].name, desired, facts[specs[0].name], changed, written)
+
+
+def unit_reasons(s, f, unit, container, changed):
+    """Why one engine unit must restart ([] when it need not)."""
+    u = f["units"].get(unit, {})
+    if changed:
+        return [f"{unit} changed"]
+    if u.get("ActiveState") != "active":
+        return [f"{unit} on {s.name} is {u.get('ActiveState', 'not installed')}"]
+    if container and f["image_id"] and container["image"] != f["image_id"]:
+        return [f"{unit} runs an older image"]
+    if (f.get("model_changed_at") or 0) > since(u):
+        return [f"model files in {f['model_dir']} on {s.name} changed after {unit} started"]
+    return []
 
 
 def watchdog_steps(head, desired, f, changed, written):

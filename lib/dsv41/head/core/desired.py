@@ -1,6 +1,6 @@
 """The desired state of every node, computed on the head: rendered units and the state files (the
 guard's settings, the EXL3 plan copy, on the head the API key file rank 0 mounts and the watchdog's
-settings). Also the API key itself and `doit render`."""
+settings). Also the API key itself."""
 import json
 import os
 import secrets
@@ -10,8 +10,7 @@ from dsv41 import names
 from dsv41.client.api import read_key_file
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head.core import fabric, preflight, units
-from dsv41.head.core.cluster import Cluster
+from dsv41.head.core import units
 from dsv41.head.config import settings_env
 
 
@@ -70,25 +69,5 @@ def desired(cl, fab, key, plan_text, env=None):
     and env (default: this process's settings_env)."""
     env = settings_env() if env is None else env
     return Desired(
-        units={n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes},
+        units={n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n), recipe=cl.recipe) for n in cl.nodes},
         files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text, env) for n in cl.nodes})
-
-
-def render(cfg):
-    """doit render: write every node's units under $STATE_DIR/units/r<N>/ (changed files only).
-    With every per-node fabric value given by override no node is contacted; a worker's home is
-    then assumed from its ssh user (/root or /home/<user>)."""
-    cl = Cluster(cfg)
-    fab = fabric.from_overrides(cfg)
-    offline = fab is not None
-    if not offline:
-        fab = fabric.resolve(cfg, preflight.gather(cl).decided)
-    else:
-        for n in cl.workers:
-            user = n.target.split("@")[0] if "@" in n.target else os.environ.get("USER", "root")
-            n.assume_home("/root" if user == "root" else f"/home/{user}")
-    rendered = {cl.spec(n).rank: units.render_units(cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes}
-    out = os.path.join(cfg.state_dir, names.UNITS)
-    units.write_rendered(cfg, rendered, out)
-    note = " (no node contacted; workers' homes assumed from their ssh users)" if offline else ""
-    print(f"rendered units for {len(rendered)} nodes in {out}{note}")
