@@ -8,7 +8,7 @@ import sys
 
 from doit.loader import load_tasks
 
-from dsv41.head.core.units import log_targets
+from dsv41.head.core.cluster import log_targets
 
 WRAPPER = r"""
 # dsv41: each task's options and arguments (doit's script above completes the task names)

@@ -5,7 +5,7 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import commands, fabric, image, preflight, units
+from dsv41.head.core import image, preflight, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.core.decide import Kind, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
@@ -17,15 +17,13 @@ def launch(cfg):
     t0 = time.monotonic()
     cfg.require_workers()
     cl = Cluster(cfg)
-    gathered = preflight.for_launch(cl)
-    fab = fabric.resolve(cfg, gathered.decided)
+    fab = preflight.for_launch(cl)
     facts = cl.probe_all()
     refuse_if_tripped(cl, facts)
     resume_watchdog(cfg)
     image.ensure(cl, facts)
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
-    units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes},
-                         os.path.join(cfg.state_dir, names.UNITS))
+    units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
     steps = decide(cfg.nodes, want, facts, cl.recipe)
     paused = pause_watchdog(cl, facts, steps)
     apply(cl, want, steps)
@@ -70,12 +68,12 @@ def apply(cl, want, steps):
             text, mode = want.files[node.name][s.target]
             node.write_file(f"{state}/{s.target}", text, mode=mode)
             if s.target == names.SECRET_KEY:      # the key's old place (an env file): gone
-                node.run(commands.rm_f(f"{state}/{names.KEY_ENV}"))
+                cl.remove(node, f"{state}/{names.KEY_ENV}")
             say(node, f"wrote {state}/{s.target}" + (f" (mode {mode:o})" if mode != 0o644 else ""))
         elif s.kind is Kind.INSTALL:
             install_unit(cl, node, s.target, want.units[node.name][s.target])
     for name in {s.node for s in steps if s.kind is Kind.INSTALL}:
-        by_name[name].run(cl.priv(by_name[name], commands.systemctl("daemon-reload")))
+        cl.systemctl(by_name[name], "daemon-reload")
     for s in steps:
         if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
             control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
@@ -93,7 +91,7 @@ def pause_watchdog(cl, facts, steps):
     fault); apply_watchdog starts it again once the API is ready, so a failed launch leaves it stopped."""
     running = facts[cl.head.name]["units"].get(names.WATCHDOG_UNIT, {}).get("ActiveState") == "active"
     if running and any(s.kind is Kind.RESTART_RANKS for s in steps):
-        cl.head.run(cl.priv(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT)))
+        cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT)
         say(cl.head, "paused the watchdog while the ranks restart")
         return True
     return False
@@ -109,8 +107,8 @@ def apply_watchdog(cl, steps, paused):
 def control(cl, node, kind, unit, what):
     """systemctl start, restart, reload or stop of a service kept enabled (disabled when stopped)."""
     verb = kind.value.split("-")[0]
-    node.run(cl.priv(node, commands.systemctl(verb, unit)))
-    node.run(cl.priv(node, commands.systemctl("disable" if verb == "stop" else "enable", "--quiet", unit)))
+    cl.systemctl(node, verb, unit)
+    cl.systemctl(node, "disable" if verb == "stop" else "enable", "--quiet", unit)
     say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
 
 

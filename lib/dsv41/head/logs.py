@@ -1,7 +1,6 @@
 """doit logs r0|r1|...|memguard|watchdog [-f] [-n N] [--node NAME]: a unit's journal on its node."""
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import commands
 from dsv41.head.core.cluster import Cluster
 
 
@@ -37,8 +36,7 @@ def logs(cfg, units=(), follow=False, lines=100, node=""):
                                 + ", ".join(n.name for n in cl.nodes))
             for n in picks:
                 print(f"---- {names.MEMGUARD_UNIT} on {n.label} ----", flush=True)
-                n.run(commands.journalctl(names.MEMGUARD_UNIT, follow=follow and len(picks) == 1,
-                                          lines=lines), fg=True)
+                cl.journal(n, names.MEMGUARD_UNIT, lines, follow=follow and len(picks) == 1, fg=True)
             continue
         if t not in ranks and t != "watchdog":
             raise UserError(f"no unit {t!r}: choose from {', '.join(ranks)}, memguard or watchdog")
@@ -46,4 +44,4 @@ def logs(cfg, units=(), follow=False, lines=100, node=""):
         n = cl.node(spec)
         for unit in units:
             print(f"---- {unit} on {n.label} ----", flush=True)
-            n.run(commands.journalctl(unit, follow=follow and len(units) == 1, lines=lines), fg=True)
+            cl.journal(n, unit, lines, follow=follow and len(units) == 1, fg=True)

@@ -2,7 +2,7 @@
 take, each with its reason; nothing on any node changes."""
 import difflib
 
-from dsv41.head.core import fabric, preflight
+from dsv41.head.core import preflight
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import changed_units, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_key
@@ -11,7 +11,7 @@ from dsv41.head.core.desired import desired, read_head_plan, read_key
 def plan(cfg):
     cfg.require_workers()
     cl = Cluster(cfg)
-    fab = fabric.resolve(cfg, preflight.gather(cl).decided)
+    fab = preflight.resolved_fabric(cl)
     facts = cl.probe_all()
     print("settings:")
     for key in ("image", "model_dir", "state_dir", "kv_bytes", "max_len", "max_seqs", "nspec",

@@ -4,11 +4,9 @@ import json as _json
 import time
 
 from dsv41 import names
-from dsv41.client.api import Client
+from dsv41.errors import UserError
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import shown_unit, stale_workers, unit_state
-from dsv41.head.core.desired import read_key
-from dsv41.head.core.nodes import NodeError
 from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 
@@ -49,8 +47,8 @@ def node_entry(recipe, spec, f):
         "gpu_memory": f["gpu_memory"], "tripped": f["tripped"]}
 
 
-def api_status(cfg):
-    client = Client(cfg.api_url, read_key(cfg), read_timeout=5)
+def api_status(cl):
+    client = cl.api(read_timeout=5)
     out = {"url": client.base, "health": client.health(), "models": None}
     try:
         out["models"] = client.models()
@@ -104,10 +102,10 @@ def status(cfg, json=False):
             cl.connect()                 # the workers at once, after the head's row is out
         try:
             entries[node.name] = node_entry(cl.recipe, cl.spec(node), cl.probe(node))
-        except NodeError as err:
+        except UserError as err:             # the node did not answer
             entries[node.name] = {"error": str(err)}
         table.row(node.name, entries[node.name])
-    api = api_status(cfg)
+    api = api_status(cl)
     stale = stale_workers(cfg.nodes, cl.facts, cl.recipe)
     state = verdict(entries, api, stale)
     wd = watchdog_entry(cfg, cl.facts.get(cl.head.name, {}))

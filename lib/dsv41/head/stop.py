@@ -4,9 +4,8 @@ Stop is what people reach for when things are broken: it stops everything on eve
 then fails naming each node it could not reach and what may still run there."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import commands, runlock
+from dsv41.head.core import runlock
 from dsv41.head.core.cluster import Cluster, say
-from dsv41.head.core.nodes import NodeError
 
 
 def stop(cfg):
@@ -14,23 +13,23 @@ def stop(cfg):
     cl.connect()
     missed = {}
 
-    def on(node, argv, done):
+    def on(node, unit, done):
         if node.unreachable:
             missed.setdefault(node, node.unreachable)
             return
         try:
-            node.run(cl.priv(node, argv), check=False)
+            cl.systemctl(node, "stop", unit, check=False)
             say(node, done)
-        except NodeError as err:
+        except UserError as err:                    # the node stopped answering
             missed.setdefault(node, err)
 
     # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
-    on(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT), "stopped the watchdog")
+    on(cl.head, names.WATCHDOG_UNIT, "stopped the watchdog")
     runlock.take(cfg.state_dir)
     for spec, unit in cl.recipe.stop_order(cfg.nodes):
-        on(cl.node(spec), commands.systemctl("stop", unit), f"stopped {unit}")
+        on(cl.node(spec), unit, f"stopped {unit}")
     for node in cl.nodes:
-        on(node, commands.systemctl("stop", names.MEMGUARD_UNIT), "stopped the memory guard")
+        on(node, names.MEMGUARD_UNIT, "stopped the memory guard")
     if missed:
         raise UserError("not stopped: " + "; ".join(
             f"{n.label} did not answer ({one_line(err, 160)}), so {', '.join(cl.engine_units(n))} and "
@@ -43,10 +42,10 @@ def clear_trip(cfg):
     would otherwise restart the ranks with the settings that tripped the guard."""
     cl = Cluster(cfg)
     cl.connect()
-    cl.head.run(cl.priv(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT)), check=False)
+    cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT, check=False)
     for n in cl.nodes:
-        marker = commands.tripped_marker(cl.paths(n).state_dir)
-        r = n.run(commands.rm_f("--", marker), check=False)
+        marker = names.state_path(cl.paths(n).state_dir, names.TRIP_MARKER)
+        r = cl.remove(n, marker)
         if not r.ok:
             raise UserError(f"{n.label}: could not remove {marker}: {one_line(r.stderr) or f'exit {r.code}'}")
         say(n, f"cleared {marker}")

@@ -44,11 +44,9 @@ from rich.text import Text
 from dsv41 import names
 from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import commands
-from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.cluster import Cluster, ship_code
 from dsv41.head.config import LIB_DIR
 from dsv41.head.core.decide import shown_unit, unit_age, unit_state
-from dsv41.head.core.nodes import ship_code
 from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 
@@ -267,8 +265,7 @@ class Top:
                                 pickle.dumps((self.cfg, node.name)), env), "prepare"
             return
         state_dir = self.cl.paths(node).state_dir
-        req = {"state_dir": state_dir, "units": self.cl.unit_names(node), "containers": []}
-        argv = commands.node_python(state_dir) + ["dsv41.node.probe", _json.dumps(req)]
+        argv = self.cl.probe_argv(node, state_dir)
         w.job, w.kind = Job(node.argv_for(argv), node.timeout_s + 1), "probe"
 
     # -- collecting ----------------------------------------------------------------------------

@@ -22,14 +22,11 @@ import threading
 import time
 
 from dsv41 import names
-from dsv41.client import metrics
-from dsv41.client.api import Client
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic, write_textfile
 from dsv41.head.config import load_config
-from dsv41.head.core import nodes, ranks, runlock
+from dsv41.head.core import ranks, runlock
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.desired import read_key
 from dsv41.head.core.judge import ACT_ON, NO_TOKEN, TOKEN, VERDICTS, Memory, Observation, judge
 
 SCHEMA = "dsv41.watchdog/1"
@@ -39,19 +36,17 @@ SCHEMA = "dsv41.watchdog/1"
 
 def observe(cl, cfg):
     """One look at everything judge() needs; never raises for a node or the API being down."""
-    nodes.forget_unreachable()                 # each interval asks every node afresh
-    cl.facts.clear()
-    cl.connect()
+    cl.refresh()                               # each interval asks every node afresh
     facts = {}
     for n in cl.nodes:
         try:
             facts[n.name] = cl.probe(n)
         except UserError as err:
             facts[n.name] = {"error": str(err)}
-    client = Client(cfg.api_url, read_key(cfg), read_timeout=cfg.watchdog_probe_s)
+    client = cl.api(read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
     try:
-        snap = metrics.scrape(cl.recipe.metrics_url(), timeout=10)
+        snap = cl.recipe.scrape(timeout=10)
     except UserError:
         pass
     idle = snap is None or not any(cl.recipe.work(snap))

@@ -1,16 +1,37 @@
 """Cluster: the configured nodes and what this run learned about them (homes, paths, probes, uids).
 Every command module works through one Cluster per run."""
 import json
+import shlex
 from typing import NamedTuple
 
 from dsv41 import names
-from dsv41.head.core import engine
-from dsv41.head.core.nodes import Node, connect, ship_code
+from dsv41.client.api import Client
+from dsv41.head.config import LIB_DIR
+from dsv41.head.core import commands, engine
+from dsv41.head.core.desired import read_key, read_or_create_key
+from dsv41.head.core.nodes import Node, connect, forget_unreachable
 
 
 class Paths(NamedTuple):
     model_dir: str
     state_dir: str
+
+
+# What a node gets: the node package and the shared standard-library modules it imports.
+SHIPPED = ("dsv41/__init__.py", "dsv41/errors.py", "dsv41/files.py", "dsv41/names.py", "dsv41/node/")
+
+
+def ship_code(node, state_dir):
+    """Copy the node code to <state_dir>/lib on a node, the head included (services run it from there:
+    workers may have no internet or venv, and the checkout may move); returns node_python's prefix."""
+    dest = f"{state_dir}/{names.LIB}/"
+    node.run(["mkdir", "-p", dest])
+    ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
+    includes = [f"--include={p}" if not p.endswith("/") else f"--include={p}***" for p in SHIPPED]
+    Node("head").run(["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/",
+                      "--include=dsv41/", *includes, "--exclude=*", *ssh, "--", f"{LIB_DIR}/dsv41",
+                      node.rsync_target(dest)])
+    return commands.node_python(state_dir)
 
 
 class Cluster:
@@ -67,6 +88,23 @@ class Cluster:
         self._uid[node.name] = self.facts[node.name]["uid"]
         return self.facts[node.name]
 
+    def refresh(self):
+        """Ask every node afresh (a long-running process: the watchdog): forget who did not answer
+        and what the probes said, then contact every node again."""
+        forget_unreachable()
+        self.facts.clear()
+        return self.connect()
+
+    def api(self, read_timeout, create_key=False):
+        """A client of the cluster's API with its key (created first when create_key and missing)."""
+        key = read_or_create_key(self.cfg) if create_key else read_key(self.cfg)
+        return Client(self.cfg.api_url, key, read_timeout=read_timeout)
+
+    def probe_argv(self, node, state_dir):
+        """The probe's argv without its containers (top, run from code it shipped itself)."""
+        req = {"state_dir": state_dir, "units": self.unit_names(node), "containers": []}
+        return commands.node_python(state_dir) + ["dsv41.node.probe", json.dumps(req)]
+
     def connect(self):
         """First contact with every node at once; returns those that did not answer (their errors
         are in .unreachable; every later command to them fails at once)."""
@@ -85,6 +123,28 @@ class Cluster:
     def priv(self, node, argv):
         """argv as root: through sudo -n when the node's user is not root."""
         return list(argv) if self.uid(node) == 0 else ["sudo", "-n", *argv]
+
+    def systemctl(self, node, *args, check=True):
+        """systemctl as root on the node."""
+        return node.run(self.priv(node, commands.systemctl(*args)), check=check)
+
+    def unit_props(self, node, unit, *props):
+        """{property: value} of a unit, read without privileges."""
+        r = node.run(commands.systemctl("show", "-p", ",".join(props), unit), check=False)
+        return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+
+    def journal(self, node, unit, lines=None, follow=False, fg=False, check=True):
+        """A unit's journal on the node (fg: straight to the terminal)."""
+        return node.run(commands.journalctl(unit, follow=follow, lines=lines), check=check, fg=fg)
+
+    def remove(self, node, *paths):
+        """rm -f on the node (as the node's user)."""
+        return node.run(commands.rm_f("--", *paths), check=False)
+
+
+def log_targets(cfg):
+    """The words `doit logs` takes: each node's engine units (r<N>), memguard, watchdog."""
+    return list(engine.for_config(cfg).log_units(cfg.nodes)) + ["memguard", "watchdog"]
 
 
 def say(node, text):

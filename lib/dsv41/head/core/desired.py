@@ -69,5 +69,5 @@ def desired(cl, fab, key, plan_text, env=None):
     and env (default: this process's settings_env)."""
     env = settings_env() if env is None else env
     return Desired(
-        units={n.name: units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n), recipe=cl.recipe) for n in cl.nodes},
+        units={n.name: units.render_units(cl.cfg, cl.recipe, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes},
         files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text, env) for n in cl.nodes})

@@ -1,7 +1,7 @@
 """Node: run an argv on the head (locally) or on a worker over ssh, read and write files there, and ship
 the node code. Commands on nodes go through Node.run; what must run beside it (copy's rsyncs and
 verifiers, fabric-bench's server, top's background probes) starts from Node.argv_for or
-Node.ssh_command, with spawn() where it must end with doit. ssh is always BatchMode with one
+Node.ssh_command, with spawn() where it must end with doit (core.cluster ships the node code). ssh is always BatchMode with one
 multiplexed master per node (ControlMaster/ControlPersist, socket under the state dir); remote commands
 are one shlex.join'ed string after `--` and the target, so spaces, quotes, `$` and backticks arrive
 literally and nothing becomes an option.
@@ -21,16 +21,13 @@ import time
 
 import sh
 
-from dsv41 import names
-from dsv41.head.core import commands, runlock
-from dsv41.head.config import LIB_DIR
+from dsv41.head.core import runlock
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
 SSH_TIMEOUT_S = 10           # the SSH_TIMEOUT_S setting's default
 COMMAND_TIMEOUT_S = 120      # default bound on one remote command; longer ones pass their own
 PERSIST_S = 120
-FACTS_TIMEOUT_S = 180
 _UNREACHABLE = {}            # (ssh target, ssh options) -> NodeError: who did not answer in this run
 
 # Atomic write on a node: temp file in the same dir, fsync, chmod, rename. Data comes on stdin.
@@ -289,20 +286,3 @@ def _text(b):
 def _short(argv, limit=120):
     s = shlex.join(str(a) for a in argv)
     return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-# What a node gets: the node package and the shared standard-library modules it imports.
-SHIPPED = ("dsv41/__init__.py", "dsv41/errors.py", "dsv41/files.py", "dsv41/names.py", "dsv41/node/")
-
-
-def ship_code(node, state_dir):
-    """Copy the node code to <state_dir>/lib on a node, the head included (services run it from there:
-    workers may have no internet or venv, and the checkout may move); returns node_python's prefix."""
-    dest = f"{state_dir}/{names.LIB}/"
-    node.run(["mkdir", "-p", dest])
-    ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
-    includes = [f"--include={p}" if not p.endswith("/") else f"--include={p}***" for p in SHIPPED]
-    Node("head").run(["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/",
-                      "--include=dsv41/", *includes, "--exclude=*", *ssh, "--", f"{LIB_DIR}/dsv41",
-                      node.rsync_target(dest)])
-    return commands.node_python(state_dir)

@@ -3,17 +3,14 @@ watchdog both perform (every unit stopped in the stop order, then started in the
 readiness wait, and which unit is down."""
 import time
 
-from dsv41.client.api import Client
 from dsv41.errors import UserError
-from dsv41.head.core import commands, progress
+from dsv41.head.core import progress
 from dsv41.head.core.cluster import say
-from dsv41.head.core.desired import read_or_create_key
 
 
 def stop_ranks(cl):
     for spec, unit in cl.recipe.stop_order(cl.cfg.nodes):
-        node = cl.node(spec)
-        node.run(cl.priv(node, commands.systemctl("stop", unit)), check=False)
+        cl.systemctl(cl.node(spec), "stop", unit, check=False)
 
 
 def restart_ranks(cl):
@@ -21,8 +18,8 @@ def restart_ranks(cl):
     stop_ranks(cl)
     for spec, unit in cl.recipe.start_order(cl.cfg.nodes):
         node = cl.node(spec)
-        node.run(cl.priv(node, commands.systemctl("reset-failed", unit)), check=False)
-        node.run(cl.priv(node, commands.systemctl("start", unit)))
+        cl.systemctl(node, "reset-failed", unit, check=False)
+        cl.systemctl(node, "start", unit)
         say(node, f"started {unit}")
 
 
@@ -31,7 +28,7 @@ def wait_ready(cl):
     token is generated), while every engine unit stays active. A failed unit stops the wait at once
     with its journal."""
     cfg = cl.cfg
-    client = Client(cfg.api_url, read_or_create_key(cfg), read_timeout=60)
+    client = cl.api(read_timeout=60, create_key=True)
     started = last = time.monotonic()
     with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
                       cfg.start_timeout_s, unit="s") as wait:
@@ -58,8 +55,7 @@ def ranks_down(cl):
     """None when every engine unit is active, else a sentence naming the first that is not."""
     for node in cl.nodes:
         for unit in cl.engine_units(node):
-            r = node.run(commands.systemctl("show", "-p", "ActiveState,SubState,Result", unit), check=False)
-            props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+            props = cl.unit_props(node, unit, "ActiveState", "SubState", "Result")
             if (props.get("ActiveState") not in ("active", "activating", "reloading")
                     or props.get("SubState") == "auto-restart"):  # its container exited
                 return (f"rank {unit} on {node.label} is {props.get('ActiveState', 'unknown')} "
@@ -70,6 +66,6 @@ def ranks_down(cl):
 def show_rank_logs(cl, lines=40):
     for node in cl.nodes:
         for unit in cl.engine_units(node):
-            r = node.run(commands.journalctl(unit, lines=lines), check=False)
+            r = cl.journal(node, unit, lines=lines, check=False)
             print(f"---- last {lines} lines of {unit} on {node.label} ----")
             print(r.stdout.rstrip() or r.stderr.rstrip() or "(empty)")

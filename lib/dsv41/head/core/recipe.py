@@ -5,7 +5,8 @@ environment), the readiness probe and the metrics that show the engine at work a
 launch, stop, status, decide, the watchdog and top ask the recipe and spell no engine flag, engine
 unit name or order themselves; dsv41's own units (the memory guard, the watchdog) are not part of it.
 vllm.Vllm is the recipe dsv41 ships; another engine (or another way to run the ranks) is another
-subclass of Recipe, chosen in engine.for_config. Pure: nothing here runs anything."""
+subclass of Recipe, chosen in engine.for_config. Only the probes (ready, scrape) reach the engine;
+the rest is pure."""
 from typing import NamedTuple
 
 
@@ -64,6 +65,11 @@ class Recipe:
     # ---- probes -------------------------------------------------------------------------------
 
     def metrics_url(self):
+        raise NotImplementedError
+
+    def scrape(self, timeout):
+        """One snapshot of the engine's /metrics (dsv41.client.metrics.Snapshot); UserError when
+        it does not answer."""
         raise NotImplementedError
 
     def ready(self, client):

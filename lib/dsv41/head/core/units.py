@@ -16,7 +16,7 @@ import jinja2
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head.core import commands as c, engine
+from dsv41.head.core import commands as c
 from dsv41.head.config import LIB_DIR, ROOT
 
 UNITS_DIR = ROOT / "units"
@@ -86,11 +86,6 @@ def watchdog_vars(paths):
     return {"user": user, "watchdog": c.watchdog_argv(c.fact(paths, "state_dir"), sys.executable, LIB_DIR)}
 
 
-def log_targets(cfg):
-    """The words `doit logs` takes: each node's engine units (r<N>), memguard, watchdog."""
-    return list(engine.for_config(cfg).log_units(cfg.nodes)) + ["memguard", "watchdog"]
-
-
 def _render(env, name, values):
     try:
         return env.get_template(name).render(**values)
@@ -100,15 +95,14 @@ def _render(env, name, values):
         raise UserError(f"units/{name}: {err} (a template variable that is not provided)") from None
 
 
-def render_units(cfg, spec, fabric, paths, master_addr=None, templates_dir=None, recipe=None):
-    """{filename: text} for one node: its memory guard, the recipe's engine units (default: the
-    configuration's recipe) and on the head the watchdog, unless WATCHDOG=0.
+def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_dir=None):
+    """{filename: text} for one node: its memory guard, the recipe's engine units (core.recipe) and on
+    the head the watchdog, unless WATCHDOG=0.
 
     fabric: this node's resolved fabric facts (ip, ifname, hcas, gid_index), or {rank: facts} with
     the head's; the rendezvous address is the head's ip (master_addr, else cfg's R0_IP for a worker).
     paths: this node's model_dir and state_dir."""
     env = environment(templates_dir)
-    recipe = recipe or engine.for_config(cfg)
     out = {names.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths))}
     out.update(recipe.render(lambda name, values: _render(env, name, values), spec, fabric, paths, master_addr))
     if spec.rank == 0 and cfg.watchdog:
@@ -116,11 +110,16 @@ def render_units(cfg, spec, fabric, paths, master_addr=None, templates_dir=None,
     return out
 
 
+def rendered_dir(cfg):
+    """Where rendered units are kept on the head: $STATE_DIR/units."""
+    return names.state_path(cfg.state_dir, names.UNITS)
+
+
 def write_rendered(cfg, rendered_by_rank, out_dir=None):
     """Write {rank: {filename: text}} to <out_dir>/r<N>/ (default $STATE_DIR/units on the head).
     Unchanged files are left alone (their mtime too); files of ranks or units no longer rendered
     are removed. Returns the paths written."""
-    out_dir = out_dir or os.path.join(cfg.state_dir, "units")
+    out_dir = out_dir or rendered_dir(cfg)
     written = []
     for rank, files in sorted(rendered_by_rank.items()):
         d = os.path.join(out_dir, f"r{rank}")

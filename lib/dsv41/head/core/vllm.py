@@ -1,7 +1,7 @@
 """The vLLM recipe: one rank container per node under one systemd unit (dsv41-r<N>), workers started
 before the head and stopped after it, vLLM's argv and environment as measured on two Sparks
 (serving-config.md) with an engine profile's [args]/[env] changes, ready when a token comes back, and
-the /metrics names the watchdog and top read. Pure: nothing here runs anything.
+the /metrics names the watchdog and top read. Only the probes (ready, scrape) reach the engine.
 
 `fabric` is one node's resolved fabric facts: an object or dict with ip, ifname, hcas, gid_index."""
 import json
@@ -39,6 +39,9 @@ class Vllm(Recipe):
 
     def metrics_url(self):
         return metrics.metrics_url(self.cfg.api_url)
+
+    def scrape(self, timeout):
+        return metrics.scrape(self.metrics_url(), timeout=timeout)
 
     def ready(self, client):
         """/v1/models answers with the key and one token is generated."""
