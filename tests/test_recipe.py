@@ -14,8 +14,9 @@ from dsv41.head.core.decide import Kind, decide
 from dsv41.head.core.judge import BUSY, DEGRADED, HEALTHY, TOKEN, WEDGED, Memory, Observation, judge
 from dsv41.head.core.nodes import Node, Result
 from dsv41.head.core.recipe import Part, Recipe
+from dsv41.head.core.state import parse
 from dsv41.head.config import load_config
-from test_decide import KEY, OVERRIDES, PLAN, want
+from test_decide import KEY, OVERRIDES, PLAN, states, want
 
 STEPS = "fake:engine_steps_total"
 QUEUE = "fake:queue_depth"
@@ -102,22 +103,22 @@ def test_the_decision_follows_the_recipes_units(tmp_path):
     w = want(cl, KEY, PLAN)
     assert list(w.units["worker1"]) == ["dsv41-memguard.service", "fake-store-1.service", "fake-serve-1.service"]
     facts = facts_of(cl, w)
-    assert decide(cl.cfg.nodes, w, facts, cl.recipe) == []
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe) == []
     facts["worker1"]["units"]["fake-store-1.service"]["ActiveState"] = "failed"
-    [step] = decide(cl.cfg.nodes, w, facts, cl.recipe)
+    [step] = decide(cl.cfg.nodes, w, states(facts), cl.recipe)
     assert step.kind is Kind.RESTART_RANKS and step.reason == "fake-store-1.service on worker1 is failed"
     facts["worker1"]["units"]["fake-store-1.service"]["ActiveState"] = "active"
     facts["head"]["containers"]["fake-serve-0"]["image"] = "sha256:old"
-    assert decide(cl.cfg.nodes, w, facts, cl.recipe)[0].reason == "fake-serve-0.service runs an older image"
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe)[0].reason == "fake-serve-0.service runs an older image"
     # a worker unit younger than the head's is no restart for a recipe whose ranks need not restart together
     facts["head"]["containers"]["fake-serve-0"]["image"] = "sha256:abc"
     facts["worker1"]["units"]["fake-serve-1.service"]["ActiveEnterTimestamp"] = "@4000"
-    assert decide(cl.cfg.nodes, w, facts, cl.recipe) == []
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe) == []
     # a changed unit text of the recipe is installed and restarts the engine
     cl2 = fake_cluster(tmp_path)
     cl2.recipe.render = lambda render, spec, *a, **k: {u: "[Service]\nExecStart=/usr/bin/fake2\n"
                                                        for u in cl2.recipe.units(spec)}
-    steps = decide(cl2.cfg.nodes, want(cl2, KEY, PLAN), facts_of(cl, w), cl2.recipe)
+    steps = decide(cl2.cfg.nodes, want(cl2, KEY, PLAN), states(facts_of(cl, w)), cl2.recipe)
     assert [(s.kind, s.node, s.target) for s in steps if s.kind is Kind.INSTALL] == [
         (Kind.INSTALL, "head", "fake-serve-0.service"), (Kind.INSTALL, "head", "fake-store-0.service"),
         (Kind.INSTALL, "worker1", "fake-serve-1.service"), (Kind.INSTALL, "worker1", "fake-store-1.service")]
@@ -130,7 +131,7 @@ def test_launch_restarts_in_the_recipes_order_and_waits_on_its_readiness_probe(t
     monkeypatch.setattr(ranks.time, "sleep", lambda s: None)
     cl = fake_cluster(tmp_path)
     w = want(cl, KEY, PLAN)
-    step = decide(cl.cfg.nodes, w, {**facts_of(cl, w), "worker1": {**facts_of(cl, w)["worker1"], "units": {}}},
+    step = decide(cl.cfg.nodes, w, states({**facts_of(cl, w), "worker1": {**facts_of(cl, w)["worker1"], "units": {}}}),
                   cl.recipe)
     launch.apply(cl, w, [s for s in step if s.kind is Kind.RESTART_RANKS])
     assert systemctl(recorded, "stop") == [("worker1", "fake-serve-1.service"), ("worker1", "fake-store-1.service"),
@@ -164,7 +165,7 @@ def look(cl, t, steps=100.0, queue=0.0, worker_store="active", probe=TOKEN):
                           "ActiveEnterTimestamp": "@1000", "NRestarts": "0"} for u in cl.engine_units(n)}
              for n in cl.nodes}
     units["worker1"]["fake-store-1.service"]["ActiveState"] = worker_store
-    nodes = {name: {"units": u, "tripped": None, "time": 1000.0 + t} for name, u in units.items()}
+    nodes = {name: parse({"units": u, "tripped": None, "time": 1000.0 + t}) for name, u in units.items()}
     # vLLM's token counters move in every look: the fake recipe must not read them
     snap = metrics.parse(f"{STEPS} {steps}\n{QUEUE} {queue}\n"
                          f"vllm:prompt_tokens_total {t}\nvllm:num_requests_running 0\n")

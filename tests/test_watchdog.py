@@ -7,6 +7,7 @@ import pytest
 from dsv41.client import metrics
 from dsv41.head.config import load_config
 from dsv41.head.core.engine import for_config
+from dsv41.head.core.state import parse, unreachable
 from dsv41.head.core.judge import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
                                    TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge)
 
@@ -33,6 +34,7 @@ def look(t, head=None, worker=None, health=200, snap=None, probe=TOKEN):
     for f in nodes.values():
         if "error" not in f:
             f["time"] = START + t + f.pop("_clock", 0.0)
+    nodes = {n: unreachable(f["error"]) if "error" in f else parse(f) for n, f in nodes.items()}
     return Observation(START + t, nodes, health, snap if snap is not None else snapshot(), probe)
 
 

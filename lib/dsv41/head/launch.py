@@ -1,4 +1,4 @@
-"""doit launch: preflight, image, then facts -> decide -> apply, then wait until the API generates a
+"""doit launch: preflight, image, then each node's state -> decide -> apply, then wait until the API generates a
 token. The engine's units stop and start in the recipe's order (core.ranks)."""
 import os
 import time
@@ -18,14 +18,14 @@ def launch(cfg):
     cfg.require_workers()
     cl = Cluster(cfg)
     fab = preflight.for_launch(cl)
-    facts = cl.probe_all()
-    refuse_if_tripped(cl, facts)
+    states = cl.probe_all()
+    refuse_if_tripped(cl, states)
     resume_watchdog(cfg)
-    image.ensure(cl, facts)
+    image.ensure(cl, states)
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
-    steps = decide(cfg.nodes, want, facts, cl.recipe)
-    paused = pause_watchdog(cl, facts, steps)
+    steps = decide(cfg.nodes, want, states, cl.recipe)
+    paused = pause_watchdog(cl, states, steps)
     apply(cl, want, steps)
     wait_ready(cl)
     apply_watchdog(cl, steps, paused)
@@ -42,8 +42,8 @@ def done(steps, took):
     return "nothing changed"
 
 
-def refuse_if_tripped(cl, facts):
-    tripped = [(n, facts[n.name]["tripped"]) for n in cl.nodes if facts[n.name]["tripped"]]
+def refuse_if_tripped(cl, states):
+    tripped = [(n, states[n.name].tripped) for n in cl.nodes if states[n.name].tripped]
     if tripped:
         n, t = tripped[0]
         raise UserError(
@@ -86,10 +86,10 @@ def apply(cl, want, steps):
 WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
 
 
-def pause_watchdog(cl, facts, steps):
+def pause_watchdog(cl, states, steps):
     """A running watchdog stops while launch restarts the ranks (it would take their start-up for a
     fault); apply_watchdog starts it again once the API is ready, so a failed launch leaves it stopped."""
-    running = facts[cl.head.name]["units"].get(names.WATCHDOG_UNIT, {}).get("ActiveState") == "active"
+    running = states[cl.head.name].unit(names.WATCHDOG_UNIT).active == "active"
     if running and any(s.kind is Kind.RESTART_RANKS for s in steps):
         cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT)
         say(cl.head, "paused the watchdog while the ranks restart")

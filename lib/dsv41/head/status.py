@@ -6,7 +6,7 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.decide import shown_unit, stale_workers, unit_state
+from dsv41.head.core.decide import stale_workers
 from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 from dsv41.node.memguard import describe_trip
 
@@ -31,20 +31,19 @@ def _when(stamp):
 
 
 def node_entry(recipe, spec, f):
-    """One node's row from its probe facts (its engine unit: the recipe's, the first not active)."""
+    """One node's row from its state (its engine unit: the recipe's, the first not active)."""
     parts = dict(recipe.parts(spec))
-    unit = shown_unit(f, list(parts))
-    g, u = f["units"][names.MEMGUARD_UNIT], f["units"][unit]
-    c = f["containers"].get(parts[unit]) if isinstance(f["containers"], dict) else None
+    unit = f.shown_unit(list(parts))
+    g, u = f.unit(names.MEMGUARD_UNIT), f.unit(unit)
+    c = f.container(parts[unit])
     return {
-        "memguard": g.get("ActiveState", "not installed") if g["installed"] else "not installed",
+        "memguard": (g.active or "not installed") if g.installed else "not installed",
         "rank_unit": unit,
-        "rank_state": unit_state(u),
-        "since": _when(u.get("ActiveEnterTimestamp") if u.get("ActiveState") == "active"
-                       else u.get("InactiveEnterTimestamp")),
-        "container": c["state"]["Status"] if c else "none",
-        "mem_available_gib": round(f["mem_available_kib"] / 2**20, 3),
-        "gpu_memory": f["gpu_memory"], "tripped": f["tripped"]}
+        "rank_state": u.state,
+        "since": _when(u.active_enter if u.active == "active" else u.inactive_enter),
+        "container": c.status if c else "none",
+        "mem_available_gib": round(f.mem_available_kib / 2**20, 3),
+        "gpu_memory": f.gpu_memory, "tripped": f.tripped}
 
 
 def api_status(cl):
@@ -106,9 +105,9 @@ def status(cfg, json=False):
             entries[node.name] = {"error": str(err)}
         table.row(node.name, entries[node.name])
     api = api_status(cl)
-    stale = stale_workers(cfg.nodes, cl.facts, cl.recipe)
+    stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
     state = verdict(entries, api, stale)
-    wd = watchdog_entry(cfg, cl.facts.get(cl.head.name, {}))
+    wd = watchdog_entry(cfg, cl.states.get(cl.head.name))
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": state, "exit_code": EXIT_CODES[state], "nodes": entries,
                            "api": api, "stale": stale, "watchdog": wd}, indent=2))

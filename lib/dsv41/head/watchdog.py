@@ -36,13 +36,7 @@ SCHEMA = "dsv41.watchdog/1"
 
 def observe(cl, cfg):
     """One look at everything judge() needs; never raises for a node or the API being down."""
-    cl.refresh()                               # each interval asks every node afresh
-    facts = {}
-    for n in cl.nodes:
-        try:
-            facts[n.name] = cl.probe(n)
-        except UserError as err:
-            facts[n.name] = {"error": str(err)}
+    states = cl.observe()                      # each interval asks every node afresh
     client = cl.api(read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
     try:
@@ -52,7 +46,7 @@ def observe(cl, cfg):
     idle = snap is None or not any(cl.recipe.work(snap))
     if health == 200 and idle:
         probe = token_probe(client, cfg.served_model_name)
-    return Observation(time.time(), facts, health, snap, probe)
+    return Observation(time.time(), states, health, snap, probe)
 
 
 def token_probe(client, model):

@@ -7,9 +7,9 @@ from typing import NamedTuple
 from dsv41 import names
 from dsv41.client.api import Client
 from dsv41.head.config import LIB_DIR
-from dsv41.head.core import commands, engine
+from dsv41.head.core import commands, engine, state
 from dsv41.head.core.desired import read_key, read_or_create_key
-from dsv41.head.core.nodes import Node, connect, forget_unreachable
+from dsv41.head.core.nodes import Node, NodeError, connect, forget_unreachable
 
 
 class Paths(NamedTuple):
@@ -40,7 +40,7 @@ class Cluster:
         self.recipe = recipe or engine.for_config(cfg)
         self.nodes = [Node.from_spec(s, cfg) for s in cfg.nodes]
         self.specs = {n.name: s for n, s in zip(self.nodes, cfg.nodes)}
-        self.facts = {}
+        self.states = {}                # node name -> state.NodeState from this run's probe
         self._prefix = {}
         self._uid = {}
 
@@ -77,22 +77,22 @@ class Cluster:
 
     def probe(self, node):
         """One call on the node: installed units and their states, containers, image, trip marker,
-        memory, state file hashes (dsv41.node.probe)."""
+        memory, state file hashes (dsv41.node.probe), as a state.NodeState."""
         p = self.paths(node)
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
                "image": self.cfg.image, "containers": list(self.recipe.containers(self.spec(node))),
                "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
                          names.WATCHDOG_SETTINGS]}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
-        self.facts[node.name] = json.loads(out)
-        self._uid[node.name] = self.facts[node.name]["uid"]
-        return self.facts[node.name]
+        self.states[node.name] = state.parse(out, node.label)
+        self._uid[node.name] = self.states[node.name].uid
+        return self.states[node.name]
 
     def refresh(self):
         """Ask every node afresh (a long-running process: the watchdog): forget who did not answer
         and what the probes said, then contact every node again."""
         forget_unreachable()
-        self.facts.clear()
+        self.states.clear()
         return self.connect()
 
     def api(self, read_timeout, create_key=False):
@@ -109,6 +109,18 @@ class Cluster:
         """First contact with every node at once; returns those that did not answer (their errors
         are in .unreachable; every later command to them fails at once)."""
         return connect(self.nodes)
+
+    def observe(self):
+        """{node name: NodeState} of every node asked afresh; a node that did not answer has its
+        error in its state (the watchdog looks at every node every interval)."""
+        self.refresh()
+        out = {}
+        for n in self.nodes:
+            try:
+                out[n.name] = self.probe(n)
+            except (NodeError, state.ProbeError) as err:
+                out[n.name] = state.unreachable(err)
+        return out
 
     def probe_all(self):
         self.connect()

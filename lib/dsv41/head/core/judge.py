@@ -3,8 +3,7 @@
 recipe names the engine's units and the metrics that show work and progress."""
 import dataclasses
 
-from dsv41.errors import one_line
-from dsv41.head.core.decide import since, stale_workers
+from dsv41.head.core.decide import stale_workers
 
 HEALTHY, BUSY, STARTING, STOPPED, SUSPECT = "HEALTHY", "BUSY", "STARTING", "STOPPED", "SUSPECT"
 DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN = "DEGRADED", "DEAD", "WEDGED", "TRIPPED", "UNKNOWN"
@@ -16,7 +15,7 @@ TOKEN, NO_TOKEN = "token", "no token"
 @dataclasses.dataclass
 class Observation:
     time: float
-    nodes: dict                      # node name -> probe facts, or {"error": why}
+    nodes: dict                      # node name -> state.NodeState (its error set when it did not answer)
     health: int | None               # /health status, None: no answer
     metrics: object | None           # the engine's /metrics snapshot (dsv41.client.metrics.Snapshot)
     probe: str | None                # None (not sent), TOKEN, NO_TOKEN, or "error ..." (5xx, no answer)
@@ -33,19 +32,19 @@ class Memory:
 
 def judge(cfg, obs, mem, recipe):
     """(verdict, evidence) from one observation and the memory, which it updates. Pure: no I/O."""
-    lost = [f"{n}: {one_line(f['error'], 160)}" for n, f in obs.nodes.items() if "error" in f]
+    lost = [f"{n}: {f.error}" for n, f in obs.nodes.items() if f.error]
     if lost:
         return UNKNOWN, "no fresh facts from " + "; ".join(lost)
-    tripped = [n for n, f in obs.nodes.items() if f.get("tripped")]
+    tripped = [n for n, f in obs.nodes.items() if f.tripped]
     if tripped:
         return TRIPPED, f"the memory guard is tripped on {', '.join(tripped)}"
-    units = {(s.name, u): obs.nodes[s.name]["units"].get(u, {}) for s in cfg.nodes for u in recipe.units(s)}
-    states = {k: u.get("ActiveState", "not installed") for k, u in units.items()}
-    if all(st == "inactive" and units[k].get("Result") == "success" for k, st in states.items()):
+    units = {(s.name, u): obs.nodes[s.name].unit(u) for s in cfg.nodes for u in recipe.units(s)}
+    states = {k: u.active or "not installed" for k, u in units.items()}
+    if all(st == "inactive" and units[k].result == "success" for k, st in states.items()):
         return STOPPED, "every rank is stopped; `doit launch` starts them"
     head = cfg.nodes[0]
-    r0_start = max(since(units[head.name, u]) for u in recipe.units(head))   # the head's latest start
-    r0_age = obs.nodes[head.name]["time"] - r0_start
+    r0_start = max(units[head.name, u].since for u in recipe.units(head))   # the head's latest start
+    r0_age = obs.nodes[head.name].time - r0_start
     starting = (all(states[head.name, u] == "active" for u in recipe.units(head))
                 and mem.ready_start != r0_start and r0_age < cfg.start_timeout_s)
     down = [f"{unit} on {node} is {st}" for (node, unit), st in states.items() if st != "active"]

@@ -6,10 +6,11 @@ import time
 from dsv41 import names
 
 
-def watchdog_entry(cfg, head_facts):
-    """The watchdog's unit state and what it last saw (watchdog.status.json on the head)."""
-    unit = (head_facts.get("units") or {}).get(names.WATCHDOG_UNIT, {})
-    entry = {"enabled": cfg.watchdog, "unit": unit.get("ActiveState", "not installed") if unit.get("installed") else "not installed"}
+def watchdog_entry(cfg, head):
+    """The watchdog's unit state (head: the head's state.NodeState, None when unknown) and what it
+    last saw (watchdog.status.json on the head)."""
+    unit = head.unit(names.WATCHDOG_UNIT) if head is not None else None
+    entry = {"enabled": cfg.watchdog, "unit": (unit.active or "not installed") if unit and unit.installed else "not installed"}
     try:
         with open(names.state_path(cfg.state_dir, names.WATCHDOG_STATUS)) as f:
             entry.update(json.load(f))
