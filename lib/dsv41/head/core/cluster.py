@@ -38,19 +38,21 @@ class Cluster:
     def __init__(self, cfg, recipe=None):
         self.cfg = cfg
         self.recipe = recipe or engine.for_config(cfg)
-        self.nodes = [Node.from_spec(s, cfg) for s in cfg.nodes]
-        self.specs = {n.name: s for n, s in zip(self.nodes, cfg.nodes)}
+        self.nodes = [Node.from_spec(s, cfg) for s in cfg.nodes]       # in cfg.nodes' order
+        self._by_name = {n.name: n for n in self.nodes}
+        self.specs = {s.name: s for s in cfg.nodes}
         self.states = {}                # node name -> state.NodeState from this run's probe
         self._prefix = {}
         self._uid = {}
 
     @property
     def head(self):
-        return self.nodes[0]
+        """The head's Node (which node is the head: the configuration's head)."""
+        return self.node(self.cfg.head)
 
     @property
     def workers(self):
-        return self.nodes[1:]
+        return [self.node(s) for s in self.cfg.workers]
 
     def spec(self, node):
         return self.specs[node.name]
@@ -60,7 +62,8 @@ class Cluster:
         return list(self.recipe.units(self.spec(node)))
 
     def node(self, spec):
-        return self.nodes[self.cfg.nodes.index(spec)]
+        """The Node of a NodeSpec."""
+        return self._by_name[spec.name]
 
     def unit_names(self, node):
         return [names.MEMGUARD_UNIT, *self.engine_units(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])

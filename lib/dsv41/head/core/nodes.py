@@ -61,8 +61,8 @@ class Result:
 
 
 class Node:
-    def __init__(self, name, target=None, ssh_opts=(), control_dir=None, rank=None, timeout_s=SSH_TIMEOUT_S):
-        self.name, self.target, self.rank = name, target, rank
+    def __init__(self, name, target=None, ssh_opts=(), control_dir=None, timeout_s=SSH_TIMEOUT_S):
+        self.name, self.target = name, target
         self.ssh_opts = tuple(ssh_opts)
         self.timeout_s = timeout_s
         self.control_dir = _socket_dir(control_dir or os.path.join(tempfile.gettempdir(), "dsv41-ssh"))
@@ -70,8 +70,7 @@ class Node:
 
     @classmethod
     def from_spec(cls, spec, cfg):
-        return cls(spec.name, spec.target, cfg.ssh_opts, control_dir(cfg.state_dir), rank=spec.rank,
-                   timeout_s=cfg.ssh_timeout_s)
+        return cls(spec.name, spec.target, cfg.ssh_opts, control_dir(cfg.state_dir), timeout_s=cfg.ssh_timeout_s)
 
     def __repr__(self):
         return f"Node({self.label})"
