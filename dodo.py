@@ -12,9 +12,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib
 from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
-from dsv41.head import (completion, config, copy, desired, download, endpoint, fabric_bench, image,  # noqa: E402
-                        launch, logs, monitoring, pi, plan, preflight, status, stop, verify)
-from dsv41.head.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
+from dsv41.head import (completion, config, copy_checkpoint, download, fabric_bench, launch, logs,  # noqa: E402
+                        monitoring, pi, plan, render, smoke_bench, status, stop)
+from dsv41.head.core import image, preflight, verify  # noqa: E402
+from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
 
 quiet_on_closed_pipe()                  # `doit ... | head -1` ends quietly, as head expects
 try:
@@ -82,8 +83,8 @@ def task_verify():
 
 def task_copy():
     """Copy the verified model to every worker over the fabric and verify it there."""
-    return {"actions": [call(copy.copy, mutates=True)], "task_dep": ["_workers", "verify"],
-            "uptodate": [fresh(copy.fresh_on_workers)]}
+    return {"actions": [call(copy_checkpoint.copy, mutates=True)], "task_dep": ["_workers", "verify"],
+            "uptodate": [fresh(copy_checkpoint.fresh_on_workers)]}
 
 
 def task__workers():
@@ -100,7 +101,7 @@ def task_render():
     """Render every node's systemd units into $STATE_DIR/units/r<N>/, changing nothing on any node.
 
     No node is contacted when every per-node value is given by override."""
-    return {"actions": [call(desired.render, mutates=True)], "uptodate": [False]}
+    return {"actions": [call(render.render, mutates=True)], "uptodate": [False]}
 
 
 def task_launch():
@@ -157,12 +158,12 @@ def task_monitoring():
 
 def task_smoke():
     """Smoke-test the API: text, tools, vision, reasoning, stream; PASS/FAIL per check."""
-    return {"actions": [call(endpoint.smoke)], "params": [JSON], "uptodate": [False]}
+    return {"actions": [call(smoke_bench.smoke)], "params": [JSON], "uptodate": [False]}
 
 
 def task_bench():
     """Benchmark prefill, decode and long context: doit bench -- --out FILE [bench options]."""
-    return {"actions": [call(endpoint.bench)], "pos_arg": "args", "uptodate": [False]}
+    return {"actions": [call(smoke_bench.bench)], "pos_arg": "args", "uptodate": [False]}
 
 
 def task_pi():

@@ -1,6 +1,6 @@
 """What checking every setting against the schema costs each command: `doit list` (which loads the
 Config, as every command does) on this tree against the tree before the schema (the parent of the commit
-that added lib/dsv41/head/schema.py), best of 7 runs each. The target: at most 1.2x."""
+that added lib/dsv41/head/core/schema.py), best of 7 runs each. The target: at most 1.2x."""
 import os
 import subprocess
 import sys
@@ -25,7 +25,7 @@ def best(tree, state):
 
 def main():
     git = ["git", "-C", ROOT]
-    added = subprocess.run(git + ["log", "--diff-filter=A", "--format=%H", "--", "lib/dsv41/head/schema.py"],
+    added = subprocess.run(git + ["log", "--diff-filter=A", "--format=%H", "--", "lib/dsv41/head/core/schema.py"],
                            capture_output=True, text=True, check=True).stdout.split()
     if not added:
         print("bench_config: schema.py is not committed yet; nothing to compare")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dsv41.head import verify
+from dsv41.head.core import verify
 from dsv41.node import checkpoint
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
@@ -307,7 +307,7 @@ def test_node_verifier_machine_progress_lines(ck):
 
 
 def test_head_verify_prints_plain_lines_when_stderr_is_not_a_terminal(ck, tmp_path, capfd, monkeypatch):
-    from dsv41.head import progress
+    from dsv41.head.core import progress
     d, _, _ = ck
     monkeypatch.setattr(progress, "INTERVAL_S", 0)
     verify.verify(load_config({"MODEL_DIR": str(d), "STATE_DIR": str(tmp_path / "st")}))
@@ -321,7 +321,7 @@ def test_head_verify_prints_plain_lines_when_stderr_is_not_a_terminal(ck, tmp_pa
 def test_head_verify_updates_one_bar_in_place_on_a_terminal(tmp_path):
     d = tmp_path / "m"
     make_checkpoint(str(d), shard_bytes=20_000_000, parts=3)
-    code = (f"from dsv41.head import verify; from dsv41.head.config import load_config; "
+    code = (f"from dsv41.head.core import verify; from dsv41.head.config import load_config; "
             f"verify.verify(load_config({{'MODEL_DIR': {str(d)!r}, 'STATE_DIR': {str(tmp_path / 'st')!r}}}))")
     rc, out = on_pty([sys.executable, "-c", code], {**os.environ, "PYTHONPATH": LIB}, cols=200)
     assert rc == 0, out

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from dsv41.head import commands as c
+from dsv41.head.core import commands as c, vllm
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
 
@@ -108,7 +108,7 @@ def test_spec_tables_are_complete():
 
 @pytest.mark.parametrize("rank,fabric", [(0, HEAD), (1, WORKER)])
 def test_container_env_is_the_measured_one(cfg, rank, fabric):
-    env = c.container_env(cfg, fabric)
+    env = vllm.container_env(cfg, fabric)
     want = spec_env(values_for(fabric))
     want = [(k, str(fabric["gid_index"]) if k == "NCCL_IB_GID_INDEX" else v) for k, v in want]
     for item in want:
@@ -120,25 +120,25 @@ def test_container_env_is_the_measured_one(cfg, rank, fabric):
 def test_gid_index_detected_then_override_then_measured_default(tmp_path):
     base = {"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path)}
     undetected = dict(HEAD, gid_index=None)
-    assert dict(c.container_env(load_config(base), undetected))["NCCL_IB_GID_INDEX"] == "3"
+    assert dict(vllm.container_env(load_config(base), undetected))["NCCL_IB_GID_INDEX"] == "3"
     cfg4 = load_config(dict(base, NCCL_IB_GID_INDEX="4"))
-    assert dict(c.container_env(cfg4, undetected))["NCCL_IB_GID_INDEX"] == "4"
-    assert dict(c.container_env(cfg4, dict(HEAD, gid_index=5)))["NCCL_IB_GID_INDEX"] == "5"
+    assert dict(vllm.container_env(cfg4, undetected))["NCCL_IB_GID_INDEX"] == "4"
+    assert dict(vllm.container_env(cfg4, dict(HEAD, gid_index=5)))["NCCL_IB_GID_INDEX"] == "5"
 
 
 def test_missing_fabric_fact_is_a_user_error(cfg):
     with pytest.raises(UserError, match="R1_IFNAME"):
-        c.container_env(cfg, dict(WORKER, ifname=None), rank=1)
+        vllm.container_env(cfg, dict(WORKER, ifname=None), rank=1)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_vllm_args_default(cfg, rank):
-    got = c.vllm_args(cfg, rank, {0: HEAD, 1: WORKER})
+    got = vllm.vllm_args(cfg, rank, {0: HEAD, 1: WORKER})
     assert got == spec_args(values_for(WORKER if rank else HEAD), rank)
 
 
 def test_vllm_args_json_values_are_exact(cfg):
-    got = c.vllm_args(cfg, 0, {0: HEAD})
+    got = vllm.vllm_args(cfg, 0, {0: HEAD})
     assert got[got.index("--compilation-config") + 1] == (
         '{"cudagraph_mode": "FULL_DECODE_ONLY", "custom_ops": ["all"], '
         '"cudagraph_capture_sizes": [1, 2, 3, 4, 5, 6, 7, 8, 12, 16]}')
@@ -160,24 +160,24 @@ def test_vllm_args_json_values_are_exact(cfg):
 def test_vllm_args_overrides(tmp_path, env, want):
     cfg = load_config(dict(env, WORKER="root@198.51.100.13", STATE_DIR=str(tmp_path)))
     for rank in (0, 1):
-        got = c.vllm_args(cfg, rank, {0: HEAD})
+        got = vllm.vllm_args(cfg, rank, {0: HEAD})
         assert got == spec_args(values_for(HEAD, **want), rank)
 
 
 def test_extra_is_appended_to_the_head_only(tmp_path):
     cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path),
                        "EXTRA": "--chat-template '/t/my template.jinja' --x=\"a b\""})
-    head = c.vllm_args(cfg, 0, {0: HEAD})
+    head = vllm.vllm_args(cfg, 0, {0: HEAD})
     assert head[-3:] == ["--chat-template", "/t/my template.jinja", "--x=a b"]
     assert head == spec_args(values_for(HEAD), 0, extra=head[-3:])
-    assert "--chat-template" not in c.vllm_args(cfg, 1, {0: HEAD})
+    assert "--chat-template" not in vllm.vllm_args(cfg, 1, {0: HEAD})
 
 
 def test_four_nodes_use_tp4_and_the_head_as_master(tmp_path):
     cfg = load_config({"WORKERS": "root@198.51.100.12,root@198.51.100.13,root@198.51.100.14",
                        "STATE_DIR": str(tmp_path)})
     for rank in range(4):
-        got = c.vllm_args(cfg, rank, {0: HEAD})
+        got = vllm.vllm_args(cfg, rank, {0: HEAD})
         assert got == spec_args(values_for(HEAD), rank, tp=4, nnodes=4)
         assert got[got.index("--master-addr") + 1] == HEAD["ip"]
 
@@ -190,7 +190,7 @@ def test_mount_values_quote_like_go_csv():
 def test_docker_run_argv_layout(cfg):
     spec = cfg.nodes[1]
     paths = {"model_dir": "/m", "state_dir": "/s"}
-    argv = c.docker_run_argv(cfg, spec, WORKER, paths, master_addr=HEAD["ip"])
+    argv = vllm.docker_run_argv(cfg, spec, WORKER, paths, master_addr=HEAD["ip"])
     i = argv.index(cfg.image)
     assert argv[:2] == ["docker", "run"]
     assert argv[argv.index("--entrypoint") + 1] == "vllm"
@@ -198,7 +198,7 @@ def test_docker_run_argv_layout(cfg):
     assert not any("secrets" in a for a in argv)                    # the key is for the head only
     assert argv[argv.index("--cidfile") + 1] == "/s/run/dsv41-r1.cid"
     with pytest.raises(UserError, match="R0_IP"):
-        c.docker_run_argv(cfg, spec, WORKER, paths)                   # worker without the head's ip
+        vllm.docker_run_argv(cfg, spec, WORKER, paths)                   # worker without the head's ip
 
 
 def test_small_builders():
@@ -220,8 +220,8 @@ def test_the_lab_engine_profile_changes_only_what_it_lists(tmp_path):
     lab = load_config({"WORKER": "u@h", "IMG": img, "DSV41_PROFILE": "lab-vllm"})
     heads = {0: HEAD}
     for rank, fab in ((0, HEAD), (1, WORKER)):
-        want = c.measured_args(spark, rank, heads)
-        got = c.vllm_args(lab, rank, heads)
+        want = vllm.measured_args(spark, rank, heads)
+        got = vllm.vllm_args(lab, rank, heads)
         dropped = {"--swa-block-size", "--engram-config", "--speculative-config", "--reasoning-parser"}
         assert not dropped & set(got)
         for flag, value in (("--dtype", "float32"), ("--kv-cache-dtype", "auto"), ("--max-model-len", "8192"),
@@ -232,8 +232,8 @@ def test_the_lab_engine_profile_changes_only_what_it_lists(tmp_path):
         assert [w for w in got if w.startswith("--")] == same                # order and the rest unchanged
         for flag in ("--master-addr", "--master-port", "--node-rank", "--tensor-parallel-size", "--nnodes"):
             assert got[got.index(flag) + 1] == want[want.index(flag) + 1]
-        env = dict(c.container_env(lab, fab, rank))
-        spark_env = dict(c.container_env(spark, fab, rank))
+        env = dict(vllm.container_env(lab, fab, rank))
+        spark_env = dict(vllm.container_env(spark, fab, rank))
         assert "VLLM_USE_V2_MODEL_RUNNER" not in env and "OMP_NUM_THREADS" not in env
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == str(rank) and env["VLLM_NO_USAGE_STATS"] == "1"
         assert {k: v for k, v in env.items() if k in spark_env} == {

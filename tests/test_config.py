@@ -135,11 +135,11 @@ def test_hf_token_is_never_shown(tmp_path):
 
 
 def test_second_concurrent_run_fails_at_once(tmp_path):
-    from dsv41.head import runlock
+    from dsv41.head.core import runlock
     state = tmp_path / "state"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys,time; sys.path.insert(0, %r);"
-         "from dsv41.head import runlock; runlock.take(%r); print('held', flush=True);"
+         "from dsv41.head.core import runlock; runlock.take(%r); print('held', flush=True);"
          "time.sleep(30)" % (os.path.join(ROOT, "lib"), str(state))],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -266,8 +266,8 @@ def test_doit_config_names_the_profile_a_worker_came_from(tmp_path):
 
 
 def test_readme_settings_table_is_the_schema():
-    """README's settings table is made from the schema (`python -m dsv41.head.schema` prints it)."""
-    from dsv41.head import schema
+    """README's settings table is made from the schema (`python -m dsv41.head.core.schema` prints it)."""
+    from dsv41.head.core import schema
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert schema.readme_table() in readme
     assert all(f"| `{s.name}` |" in readme for s in schema.SETTINGS)

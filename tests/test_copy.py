@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dsv41.head import copy as head_copy, runlock, verify
+from dsv41.head import copy_checkpoint as head_copy
+from dsv41.head.core import runlock, verify
 from dsv41.node import checkpoint
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
@@ -70,7 +71,7 @@ def test_copy_verifies_on_the_worker_and_second_copy_is_a_noop(setup, monkeypatc
 def test_progress_of_the_verify_on_the_worker_reaches_the_head(setup, capfd, monkeypatch):
     """The worker's verifier reports machine-readable progress; the head shows it as its own display
     (plain lines here, stderr being no terminal), the raw lines never."""
-    from dsv41.head import progress
+    from dsv41.head.core import progress
     s = setup
     monkeypatch.setattr(progress, "INTERVAL_S", 0)
     head_copy.copy(s.cfg)
@@ -166,7 +167,7 @@ def test_killed_copy_leaves_no_rsync_behind_and_frees_the_run_lock(setup, tmp_pa
     env = {**os.environ, "PATH": f"{slow}:{os.environ['PATH']}", "HOME": str(s.model.parents[1]),
            "MODEL_DIR": str(s.model), "STATE_DIR": f"~/st-{tmp_path.name}", "WORKER": s.cfg.workers[0].target,
            "SSH_OPTS": " ".join(s.cfg.ssh_opts), "WORKER_MODEL_DIR": str(s.wmodel)}
-    code = ("import sys; sys.path.insert(0, %r); from dsv41.head import copy, runlock; "
+    code = ("import sys; sys.path.insert(0, %r); from dsv41.head import copy_checkpoint as copy; from dsv41.head.core import runlock; "
             "from dsv41.head.config import load_config; cfg = load_config(); runlock.take(cfg.state_dir); "
             "copy.copy(cfg)" % os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
     doit = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,

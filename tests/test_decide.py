@@ -8,11 +8,12 @@ import sys
 import pytest
 
 from dsv41.errors import UserError
-from dsv41.head import fabric, image
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import fabric, image
+from dsv41.head.core.cluster import Cluster
 from dsv41.head.config import load_config
-from dsv41.head.decide import Kind, decide, sha, stale_workers
-from dsv41.head.desired import desired, guard_settings
+from dsv41.head.core.decide import Kind, decide, sha, stale_workers
+from dsv41.head.core.desired import desired, guard_settings
+from dsv41.head.core.state import NodeState, parse
 from dsv41.head.logs import _log_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +54,11 @@ def running(cl, w, since=None, image_id="sha256:abc", clock=None):
             "files": {rel: sha(text) for rel, (text, _) in w.files[n.name].items()},
         }
     return facts
+
+
+def states(facts):
+    """The probe's reports as the Cluster parses them."""
+    return {name: parse(report) for name, report in facts.items()}
 
 
 def steps_of(steps):
@@ -145,7 +151,7 @@ def test_decide(tmp_path, what, env, change, key, plan, expected, why):
     if change:
         change(facts)
     new = cluster(tmp_path, **env)
-    steps = decide(new.cfg.nodes, want(new, key, plan), facts)
+    steps = decide(new.cfg.nodes, want(new, key, plan), states(facts), new.recipe)
     assert steps_of(steps) == expected
     if why:
         assert why in steps[-1].reason
@@ -159,7 +165,7 @@ def test_stale_workers_name_each_worker(tmp_path):
                  R2_IFNAME="enp1s0f1np1", R2_HCAS="rocep1s0f1", R2_GID_INDEX="3")
     facts = running(cl, want(cl))
     worker_restarted_alone(facts)
-    [line] = stale_workers(cl.cfg.nodes, facts)
+    [line] = stale_workers(cl.cfg.nodes, states(facts), cl.recipe)
     assert line.startswith("dsv41-r1.service on worker1 (bob@10.10.10.11) restarted after the head's rank")
 
 
@@ -167,7 +173,7 @@ def test_plan_lines_name_kind_node_and_reason(tmp_path):
     cl = cluster(tmp_path)
     facts = running(cl, want(cl))
     new = cluster(tmp_path, KV_BYTES="2500000000")
-    steps = decide(new.cfg.nodes, want(new), facts)
+    steps = decide(new.cfg.nodes, want(new), states(facts), new.recipe)
     assert steps[-2].line() == "restart-ranks on all: dsv41-r0.service changed; dsv41-r1.service changed"
     assert steps[1].line() == "install on head: dsv41-r0.service differs from the rendered unit"
 
@@ -208,12 +214,12 @@ def test_log_arguments_after_the_unit_name_are_options():
 
 def test_nodes_holding_different_images_stop_the_launch(tmp_path):
     cl = cluster(tmp_path)
-    facts = {"head": {"image_id": "sha256:" + "a" * 64}, "worker1": {"image_id": "sha256:" + "b" * 64}}
+    facts = {"head": NodeState(image_id="sha256:" + "a" * 64), "worker1": NodeState(image_id="sha256:" + "b" * 64)}
     with pytest.raises(UserError, match="nodes hold different images") as e:
         image.ensure(cl, facts)
     assert "head sha256:aaaaaaaaaaaa" in str(e.value) and "docker rmi" in str(e.value)
     assert not (tmp_path / "state" / "image.stamp").exists()
-    facts["worker1"]["image_id"] = facts["head"]["image_id"]
+    facts["worker1"] = facts["head"]
     assert image.ensure(cl, facts) == {"head": "sha256:" + "a" * 64, "worker1": "sha256:" + "a" * 64}
     stamp = json.loads((tmp_path / "state" / "image.stamp").read_text())
     assert stamp["image"] == cl.cfg.image and set(stamp["ids"]) == {"head", "worker1"}
@@ -221,7 +227,6 @@ def test_nodes_holding_different_images_stop_the_launch(tmp_path):
 
 def test_privileged_commands_use_sudo_only_for_a_non_root_user(tmp_path):
     cl = cluster(tmp_path)
-    cl.facts = {"head": {"uid": 0}, "worker1": {"uid": 1000}}
     cl._uid = {"head": 0, "worker1": 1000}
     assert cl.priv(cl.head, ["systemctl", "start", "x"]) == ["systemctl", "start", "x"]
     assert cl.priv(cl.workers[0], ["systemctl", "start", "x"]) == ["sudo", "-n", "systemctl", "start", "x"]

@@ -201,7 +201,8 @@ def test_hub_partials_left_by_a_killed_run_are_removed(repo, tmp_path):
 # ---- progress: one bar, in place on a terminal, plain lines otherwise ----------------------------------
 
 def test_download_progress_is_plain_lines_when_stderr_is_not_a_terminal(repo, tmp_path, capfd, monkeypatch):
-    from dsv41.head import download as head_download, progress
+    from dsv41.head import download as head_download
+    from dsv41.head.core import progress
     from dsv41.head.config import load_config
     src, _ = repo
     monkeypatch.setattr(progress, "INTERVAL_S", 0)       # a line per update instead of one every 10 s

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from dsv41.head import fabric as head_fabric
+from dsv41.head.core import fabric as head_fabric
 from dsv41.node import fabric
 from dsv41.head.config import load_config
 from dsv41.errors import UserError

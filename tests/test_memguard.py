@@ -341,7 +341,7 @@ def test_bad_input_is_one_line(args, env, needle):
 
 
 def test_unit_template_verifies(tmp_path):
-    from dsv41.head import commands, units
+    from dsv41.head.core import commands, units
     if not shutil.which("systemd-analyze"):
         pytest.skip("systemd-analyze not installed (apt-get install systemd)")
     env = units.environment()

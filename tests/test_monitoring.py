@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsv41.head import config, exporter, monitoring
+from dsv41.head import config, monitoring
+from dsv41.head.core import exporter
 from dsv41.node import memguard
 
 RECORDED = Path("/work/shared/data/vllm-0.32-cpu-metrics.txt")
@@ -271,9 +272,9 @@ def test_a_misspelt_series_is_caught(tmp_path):
 # ---- launch: the node exporter's drop-in in the desired state and the decision --------------------
 
 def test_launch_installs_the_dropin_and_starts_the_exporter_without_touching_the_ranks(tmp_path):
-    from test_decide import cluster, running, steps_of, want
+    from test_decide import cluster, running, states, steps_of, want
 
-    from dsv41.head.decide import Kind, decide
+    from dsv41.head.core.decide import Kind, decide
     dropin, unit = "prometheus-node-exporter.service.d/dsv41.conf", "prometheus-node-exporter.service"
     cl = cluster(tmp_path, METRICS_DIR="/var/lib/dsv41/metrics")
     w = want(cl)
@@ -282,19 +283,19 @@ def test_launch_installs_the_dropin_and_starts_the_exporter_without_touching_the
     facts = running(cl, w)
     for n in cl.nodes:
         facts[n.name]["units"][unit] = {"ActiveState": "active", "LoadState": "loaded"}
-    assert decide(cl.cfg.nodes, w, facts) == []
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe) == []
     facts["worker1"]["units"][dropin] = {"installed": False, "text": None}
     facts["head"]["units"][unit] = {"ActiveState": "inactive", "LoadState": "masked"}
-    assert steps_of(decide(cl.cfg.nodes, w, facts)) == [
+    assert steps_of(decide(cl.cfg.nodes, w, states(facts), cl.recipe)) == [
         (Kind.INSTALL, "worker1"), (Kind.START_EXPORTER, "head"), (Kind.START_EXPORTER, "worker1")]
     facts["head"]["units"][unit] = {"ActiveState": "inactive", "LoadState": "not-found"}   # no package: once only
     facts["worker1"]["units"][dropin] = {"installed": True, "text": w.units["worker1"][dropin]}
-    assert decide(cl.cfg.nodes, w, facts) == []
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe) == []
 
     off = cluster(tmp_path, METRICS_DIR="")
     w_off = want(off)
     assert all(dropin not in w_off.units[n.name] for n in off.nodes) and unit not in off.unit_names(off.head)
-    assert decide(off.cfg.nodes, w_off, running(off, w_off)) == []
+    assert decide(off.cfg.nodes, w_off, states(running(off, w_off)), off.recipe) == []
 
 
 def test_doit_monitoring_renders_and_says_where(tmp_path, promtool):

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from dsv41.head.nodes import Node, NodeError
+from dsv41.head.core.nodes import Node, NodeError
 from sshd import loopback_sshd  # noqa: F401  (fixture)
 
 NASTY = ["a b", "it's", 'say "hi"', "$HOME", "x;rm -rf /nonexistent", "`id`", "back\\slash", "*", ""]

@@ -20,9 +20,11 @@ import pytest
 from rich.console import Console
 
 from dsv41 import names
+from dsv41.errors import UserError
 from dsv41.head import top
 from dsv41.head.config import load_config
-from dsv41.head.desired import guard_settings
+from dsv41.head.core.desired import guard_settings
+from dsv41.head.core.state import parse
 from dsv41.head.watchdog import Watchdog
 from sshd import need_sshd, start_sshd, stop_sshd
 from test_standin_engine import Ranks, events, token_text
@@ -61,7 +63,7 @@ def test_probe_gives_memory_swap_and_the_guards_floor_and_mode(tmp_path):
     cfg = load_config({"STATE_DIR": str(tmp_path), "MEMGUARD_GIB": "2.5", "MEMGUARD_MODE": "observe"})
     (tmp_path / names.GUARD_SETTINGS).write_text(guard_settings(cfg))
     facts = real_probe(tmp_path, units=units(since=1000.0), time=1000.0 + 2 * 3600 + 3 * 60 + 4)
-    f = top.node_figures(facts, "dsv41-r1.service")
+    f = top.node_figures(parse(facts), ["dsv41-r1.service"])
     meminfo = dict(line.split(":") for line in Path("/proc/meminfo").read_text().splitlines())
     assert f["mem_total_bytes"] == int(meminfo["MemTotal"].split()[0]) * 1024
     assert f["swap_total_bytes"] == int(meminfo["SwapTotal"].split()[0]) * 1024 and f["swap_used_bytes"] >= 0
@@ -82,11 +84,11 @@ def test_memory_is_near_the_floor_within_2x_or_4_gib(avail_gib, floor_gib, state
 
 
 def test_guard_shows_tripped_observe_or_its_unit_state():
-    assert top.guard_state({"units": units(), "tripped": {"time": "t"}}, "enforce") == "TRIPPED"
-    assert top.guard_state({"units": units(), "tripped": None}, "enforce") == "active"
-    assert top.guard_state({"units": units(), "tripped": None}, "observe") == "observe"
-    assert top.guard_state({"units": units(guard="failed"), "tripped": None}, "enforce") == "failed"
-    assert top.guard_state({"units": {}, "tripped": None}, None) == "not installed"
+    assert top.guard_state(parse({"units": units(), "tripped": {"time": "t"}}), "enforce") == "TRIPPED"
+    assert top.guard_state(parse({"units": units(), "tripped": None}), "enforce") == "active"
+    assert top.guard_state(parse({"units": units(), "tripped": None}), "observe") == "observe"
+    assert top.guard_state(parse({"units": units(guard="failed"), "tripped": None}), "enforce") == "failed"
+    assert top.guard_state(parse({"units": {}, "tripped": None}), None) == "not installed"
 
 
 def test_gpu_memory_where_nvidia_smi_reports_it():
@@ -101,9 +103,9 @@ def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
     facts = real_probe(tmp_path, units=units(since=1.0), time=61.0)
     facts["memory"]["available_bytes"] = int(3.5 * GIB)      # 2.5 GiB above a 1 GiB floor
     view = {"time": time.time(), "interval_s": 2.0,
-            "nodes": {"head": {**top.node_figures(facts, "dsv41-r1.service"), "state": "ok", "seen_s_ago": 1.0,
+            "nodes": {"head": {**top.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "ok", "seen_s_ago": 1.0,
                                "error": None},
-                      "worker1": {**top.node_figures(facts, "dsv41-r1.service"), "state": "stale", "seen_s_ago": 14.2,
+                      "worker1": {**top.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "stale", "seen_s_ago": 14.2,
                                   "error": "worker1 (u@w) did not answer within 10 s (SSH_TIMEOUT_S)"}},
             "engine": {"url": "http://h:8000/metrics", "state": "no answer", "seen_s_ago": None,
                        "error": "no answer from http://h:8000/metrics (connection refused)"},
@@ -369,3 +371,14 @@ def test_ctrl_c_quits_cleanly_too(cluster, terminal):
     assert b"Traceback" not in t.raw and b"interrupted" not in t.raw
     assert t.raw.rindex(b"\x1b[?1049l") > t.raw.rindex(b"\x1b[?1049h")
     assert termios.tcgetattr(t.fd) == t.before
+
+
+def test_the_probes_answer_is_parsed_once_and_a_foreign_one_is_one_line(tmp_path):
+    state = parse(json.dumps(real_probe(tmp_path, units=units(since=1000.0), time=1060.0)), "worker1")
+    assert state.unit("dsv41-r1.service").state == "active/running" and state.age("dsv41-r1.service") == 60.0
+    assert state.unit("dsv41-r9.service").state == "not installed" and state.memory["total_bytes"] > 0
+    for answer, why in [("Traceback (most recent call last):", "printed no JSON"),
+                        ('{"units": [1, 2]}', "not what this version expects")]:
+        with pytest.raises(UserError, match=why) as e:
+            parse(answer, "worker1 (u@w)")
+        assert str(e.value).startswith("worker1 (u@w): ") and "\n" not in str(e.value)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41.head import commands as c
-from dsv41.head import units
+from dsv41.head.core import units, vllm
 from dsv41.head.config import load_config
 from dsv41.errors import UserError
 from test_commands import HEAD, WORKER, spec_args, spec_env, values_for
@@ -221,7 +220,7 @@ def node_paths(root, rank):
 
 def render_all(env, root, fabrics=FABRICS):
     cfg = load_config(dict(env, STATE_DIR=f"{root}/node0/state dir 5%"))
-    return cfg, {s.rank: units.render_units(cfg, s, {0: fabrics[0], s.rank: fabrics[s.rank]},
+    return cfg, {s.rank: units.render_units(cfg, vllm.Vllm(cfg), s, {0: fabrics[0], s.rank: fabrics[s.rank]},
                                             node_paths(root, s.rank)) for s in cfg.nodes}
 
 
@@ -330,7 +329,7 @@ def test_rank0_and_worker_differ_only_where_the_spec_says(two):
     # rank 0 reads the key from a mounted file into the server's environment; workers get no key
     assert f"type=bind,source={root}/node0/state dir 5%/secrets/api_key,target=/run/secrets/dsv41_api_key,readonly" \
         in [o0[i + 1] for i, o in enumerate(o0) if o == "--mount"]
-    assert entrypoint(r0) == ("/bin/sh", ["-c", c.KEY_WRAPPER, "dsv41-r0", "vllm", "serve"])
+    assert entrypoint(r0) == ("/bin/sh", ["-c", vllm.KEY_WRAPPER, "dsv41-r0", "vllm", "serve"])
     assert entrypoint(r1) == ("vllm", ["serve"])
     assert "secrets" not in r1 and "--env-file" not in o0 + o1
     assert {k for k in e0 if e0[k] != e1[k]} == {
@@ -406,7 +405,7 @@ def test_model_dir_with_spaces_quote_percent_reaches_the_argv_exactly(two):
     model = node_paths(root, 0)["model_dir"]
     assert " " in model and '"' in model and "%" in model and "$" in model
     cfg = load_config(dict(TWO, STATE_DIR="/s"))
-    want = c.docker_run_argv(cfg, cfg.head, HEAD, node_paths(root, 0))
+    want = vllm.docker_run_argv(cfg, cfg.head, HEAD, node_paths(root, 0))
     assert argv == want
 
 
@@ -511,7 +510,7 @@ def test_docker_cli_receives_exactly_the_configured_container(tmp_path):
         assert req["Image"] == cfg.image
         args = spec_args(values_for(FABRICS[rank]), rank)
         if rank == 0:      # the key: read from the mounted file by the wrapper, never in the container's config
-            assert (req["Entrypoint"], req["Cmd"]) == (["/bin/sh"], ["-c", c.KEY_WRAPPER, "dsv41-r0", "vllm", "serve", *args])
+            assert (req["Entrypoint"], req["Cmd"]) == (["/bin/sh"], ["-c", vllm.KEY_WRAPPER, "dsv41-r0", "vllm", "serve", *args])
         else:
             assert (req["Entrypoint"], req["Cmd"]) == (["vllm"], ["serve", *args])
         want_env = [f"{k}={str(FABRICS[rank]['gid_index']) if k == 'NCCL_IB_GID_INDEX' else v}"
@@ -572,8 +571,9 @@ def test_rewrite_plan_errors(text, match):
 def test_bad_values_are_user_errors(tmp_path):
     cfg = load_config(dict(TWO, STATE_DIR=str(tmp_path)))
     with pytest.raises(UserError, match="R1_IP"):
-        units.render_units(cfg, cfg.nodes[1], {0: HEAD, 1: dict(WORKER, ip=None)}, node_paths(tmp_path, 1))
+        units.render_units(cfg, vllm.Vllm(cfg), cfg.nodes[1], {0: HEAD, 1: dict(WORKER, ip=None)},
+                           node_paths(tmp_path, 1))
     with pytest.raises(UserError, match="control characters"):
-        units.render_units(cfg, cfg.head, HEAD, dict(node_paths(tmp_path, 0), state_dir="/s/x\x01y"))
+        units.render_units(cfg, vllm.Vllm(cfg), cfg.head, HEAD, dict(node_paths(tmp_path, 0), state_dir="/s/x\x01y"))
     with pytest.raises(UserError, match="is missing: restore it"):
-        units.render_units(cfg, cfg.head, HEAD, node_paths(tmp_path, 0), templates_dir=tmp_path)
+        units.render_units(cfg, vllm.Vllm(cfg), cfg.head, HEAD, node_paths(tmp_path, 0), templates_dir=tmp_path)

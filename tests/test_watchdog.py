@@ -7,10 +7,13 @@ import pytest
 from dsv41.client import metrics
 from dsv41.errors import UserError
 from dsv41.head.config import load_config
-from dsv41.head.watchdog import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
-                                 TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge)
+from dsv41.head.core.engine import for_config
+from dsv41.head.core.state import parse, unreachable
+from dsv41.head.core.judge import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
+                                   TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge)
 
 CFG = load_config({"WORKER": "u@w", "WATCHDOG_STALL_S": "600", "WATCHDOG_PROBE_S": "60", "START_TIMEOUT_MIN": "45"})
+RECIPE = for_config(CFG)
 START = 10_000.0          # when the ranks started (each node's clock)
 
 
@@ -32,12 +35,13 @@ def look(t, head=None, worker=None, health=200, snap=None, probe=TOKEN):
     for f in nodes.values():
         if "error" not in f:
             f["time"] = START + t + f.pop("_clock", 0.0)
+    nodes = {n: unreachable(f["error"]) if "error" in f else parse(f) for n, f in nodes.items()}
     return Observation(START + t, nodes, health, snap if snap is not None else snapshot(), probe)
 
 
 def run(*observations, mem=None):
     mem = mem or Memory()
-    return [judge(CFG, o, mem)[0] for o in observations]
+    return [judge(CFG, o, mem, RECIPE)[0] for o in observations]
 
 
 def test_ready_and_idle_is_healthy():
@@ -94,13 +98,13 @@ def test_every_rank_stopped_cleanly_is_left_alone():
 
 def test_a_tripped_guard_or_a_node_without_fresh_facts_is_never_acted_on():
     assert run(look(600, worker=node(1, state="inactive", tripped={"time": "t"}))) == [TRIPPED]
-    verdict, why = judge(CFG, look(600, worker={"error": "worker1 did not answer within 10 s"}), Memory())
+    verdict, why = judge(CFG, look(600, worker={"error": "worker1 did not answer within 10 s"}), Memory(), RECIPE)
     assert verdict == UNKNOWN and "worker1 did not answer" in why
 
 
 @pytest.mark.parametrize("verdict", [HEALTHY, BUSY, STARTING, STOPPED, SUSPECT, TRIPPED, UNKNOWN])
 def test_only_degraded_dead_and_wedged_call_for_a_recovery(verdict):
-    from dsv41.head.watchdog import ACT_ON
+    from dsv41.head.core.judge import ACT_ON
     assert verdict not in ACT_ON and set(ACT_ON) == {DEGRADED, DEAD, WEDGED}
 
 
@@ -109,7 +113,7 @@ def test_the_watchdog_runs_on_what_launch_resolved(tmp_path, monkeypatch):
     neither its environment nor a changed conf/ changes what it does until `doit launch` rewrites it."""
     from dsv41.head import watchdog
     from dsv41.head.config import load_config
-    from dsv41.head.desired import watchdog_settings
+    from dsv41.head.core.desired import watchdog_settings
     cfg = load_config({"WORKER": "u@10.0.0.2", "PORT": "8123", "WATCHDOG_PROBE_S": "7", "HF_TOKEN": "hf_secret",
                        "STATE_DIR": str(tmp_path)})
     text = watchdog_settings(cfg)

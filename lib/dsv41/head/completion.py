@@ -9,7 +9,7 @@ import sys
 from doit.doit_cmd import DoitMain
 from doit.loader import load_tasks
 
-from dsv41.head import logs, schema
+from dsv41.head.core.cluster import log_targets
 
 SCRIPT = r"""# bash completion for doit in a dsv41 checkout (doit completion)
 _dsv41_doit() {
@@ -40,9 +40,9 @@ def task_options(tasks, cfg):
             words += [f"--{p['long']}"] if p.get("long") else []
             words += [f"-{p['short']}"] if p.get("short") else []
         if t.name == "logs":
-            words += logs.targets(cfg)
+            words += log_targets(cfg)
         if t.name == "config":
-            words += [s.name for s in schema.SETTINGS] + [f"r{s.rank}.{k}" for s in cfg.nodes for k in (
+            words += list(cfg.values) + [f"r{s.rank}.{k}" for s in cfg.nodes for k in (
                 "target", "model_dir", "ip", "ifname", "hcas", "gid_index")]
         if words:
             out[t.name] = words

@@ -1,4 +1,4 @@
-"""One frozen Config: the schema's defaults (head/schema.py), then a profile (DSV41_PROFILE=NAME,
+"""One frozen Config: the schema's defaults (head/core/schema.py), then a profile (DSV41_PROFILE=NAME,
 conf/NAME.toml, over the profiles it is based on), then the environment.
 
 Every value is checked here, once, against the schema: a bad one raises ConfigError with one line
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dsv41 import names
-from dsv41.head import schema
-from dsv41.head.schema import SETTINGS, ConfigError
+from dsv41.head.core import schema
+from dsv41.head.core.schema import SETTINGS, ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 CONF_DIR = ROOT / "conf"

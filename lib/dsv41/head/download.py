@@ -13,7 +13,7 @@ huggingface_hub only through its public, documented API (tests/test_download.py 
   continuing with a Range request from its end after an interruption; the token is not sent to a CDN on
   another host. The temp files a killed hf_hub_download left behind are deleted first (the run lock keeps
   other downloads out).
-- Every transfer feeds one progress bar (dsv41.head.progress); huggingface_hub draws none of its own.
+- Every transfer feeds one progress bar (dsv41.head.core.progress); huggingface_hub draws none of its own.
 """
 import concurrent.futures as cf
 import importlib.util
@@ -25,8 +25,8 @@ import time
 from urllib.parse import urlparse
 
 from dsv41.errors import UserError, one_line
-from dsv41.head import progress
-from dsv41.head.verify import checkpoint, gb, verify
+from dsv41.head.core import progress
+from dsv41.head.core.verify import checkpoint, gb, verify
 from dsv41.node import checkpoint as ck
 
 DOWNLOAD_THREADS = 8

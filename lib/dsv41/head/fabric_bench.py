@@ -5,9 +5,8 @@ import subprocess
 import time
 
 from dsv41.errors import UserError, one_line
-from dsv41.head import preflight
-from dsv41.head.cluster import Cluster
-from dsv41.head.fabric import resolve
+from dsv41.head.core import preflight
+from dsv41.head.core.cluster import Cluster
 
 EXPECTED_WRITE_GBPS = 112.0        # ib_write_bw on one HCA, as reported between two Sparks
 NCCL_FLOOR_GBPS = 175.0            # NCCL bus bandwidth between two Sparks, all HCAs
@@ -44,7 +43,7 @@ def fabric_bench(cfg, seconds=10, progress=None):
             raise UserError(facts[r]["error"])
     if not facts[w.rank].get("tools", {}).get("ib_write_bw"):
         raise UserError(f"ib_write_bw is not installed on {w.name}: sudo apt-get install perftest there")
-    fab = resolve(cfg, gathered.decided)
+    fab = gathered.fabric(cfg)
     h, wk = fab[0], fab[w.rank]
     hca_h, hca_w = h.hcas[0].split(":")[0], wk.hcas[0].split(":")[0]
     base = ["ib_write_bw", "-F", "--report_gbits", "-D", str(seconds)]

@@ -1,33 +1,30 @@
-"""doit launch: preflight, image, then facts -> decide -> apply, then wait until the API generates a
-token. Ranks start workers first and the head last, and stop head first (a stale rendezvous races)."""
+"""doit launch: preflight, image, then each node's state -> decide -> apply, then wait until the API generates a
+token. The engine's units stop and start in the recipe's order (core.ranks)."""
 import os
 import time
 
 from dsv41 import names
-from dsv41.client.api import Client
 from dsv41.errors import UserError
-from dsv41.head import commands, exporter, fabric, image, preflight, progress, units
-from dsv41.head.cluster import Cluster, say
-from dsv41.head.decide import Kind, decide
-from dsv41.head.desired import desired, read_head_plan, read_or_create_key
-from dsv41.node.memguard import describe_trip
+from dsv41.head.core import exporter, image, preflight, units
+from dsv41.head.core.cluster import Cluster, say
+from dsv41.head.core.decide import Kind, decide
+from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
+from dsv41.head.core.ranks import restart_ranks, wait_ready
 
 
 def launch(cfg):
     t0 = time.monotonic()
     cfg.require_workers()
     cl = Cluster(cfg)
-    gathered = preflight.for_launch(cl)
-    fab = fabric.resolve(cfg, gathered.decided)
-    facts = cl.probe_all()
-    refuse_if_tripped(cl, facts)
+    fab = preflight.for_launch(cl)
+    states = cl.probe_all()
+    refuse_if_tripped(cl, states)
     resume_watchdog(cfg)
-    image.ensure(cl, facts)
+    image.ensure(cl, states)
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
-    units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes},
-                         os.path.join(cfg.state_dir, names.UNITS))
-    steps = decide(cfg.nodes, want, facts)
-    paused = pause_watchdog(cl, facts, steps)
+    units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
+    steps = decide(cfg.nodes, want, states, cl.recipe)
+    paused = pause_watchdog(cl, states, steps)
     apply(cl, want, steps)
     wait_ready(cl)
     apply_watchdog(cl, steps, paused)
@@ -44,12 +41,12 @@ def done(steps, took):
     return "nothing changed"
 
 
-def refuse_if_tripped(cl, facts):
-    tripped = [(n, facts[n.name]["tripped"]) for n in cl.nodes if facts[n.name]["tripped"]]
+def refuse_if_tripped(cl, states):
+    tripped = [(n, states[n.name].tripped) for n in cl.nodes if states[n.name].tripped]
     if tripped:
         n, t = tripped[0]
         raise UserError(
-            f"the memory guard on {n.label} {describe_trip(t)}; lower KV_BYTES or GPU_UTIL first (raise "
+            f"the memory guard on {n.label} {t['line']}; lower KV_BYTES or GPU_UTIL first (raise "
             "MEMGUARD_GIB only after that), then run `doit clear-trip` and launch again")
 
 
@@ -70,12 +67,12 @@ def apply(cl, want, steps):
             text, mode = want.files[node.name][s.target]
             node.write_file(f"{state}/{s.target}", text, mode=mode)
             if s.target == names.SECRET_KEY:      # the key's old place (an env file): gone
-                node.run(commands.rm_f(f"{state}/{names.KEY_ENV}"))
+                cl.remove(node, f"{state}/{names.KEY_ENV}")
             say(node, f"wrote {state}/{s.target}" + (f" (mode {mode:o})" if mode != 0o644 else ""))
         elif s.kind is Kind.INSTALL:
             install_unit(cl, node, s.target, want.units[node.name][s.target])
     for name in {s.node for s in steps if s.kind is Kind.INSTALL}:
-        by_name[name].run(cl.priv(by_name[name], commands.systemctl("daemon-reload")))
+        cl.systemctl(by_name[name], "daemon-reload")
     for s in steps:
         if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
             control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
@@ -91,12 +88,12 @@ def apply(cl, want, steps):
 WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
 
 
-def pause_watchdog(cl, facts, steps):
+def pause_watchdog(cl, states, steps):
     """A running watchdog stops while launch restarts the ranks (it would take their start-up for a
     fault); apply_watchdog starts it again once the API is ready, so a failed launch leaves it stopped."""
-    running = facts[cl.head.name]["units"].get(names.WATCHDOG_UNIT, {}).get("ActiveState") == "active"
+    running = states[cl.head.name].unit(names.WATCHDOG_UNIT).active == "active"
     if running and any(s.kind is Kind.RESTART_RANKS for s in steps):
-        cl.head.run(cl.priv(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT)))
+        cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT)
         say(cl.head, "paused the watchdog while the ranks restart")
         return True
     return False
@@ -112,8 +109,8 @@ def apply_watchdog(cl, steps, paused):
 def control(cl, node, kind, unit, what):
     """systemctl start, restart, reload or stop of a service kept enabled (disabled when stopped)."""
     verb = kind.value.split("-")[0]
-    node.run(cl.priv(node, commands.systemctl(verb, unit)))
-    node.run(cl.priv(node, commands.systemctl("disable" if verb == "stop" else "enable", "--quiet", unit)))
+    cl.systemctl(node, verb, unit)
+    cl.systemctl(node, "disable" if verb == "stop" else "enable", "--quiet", unit)
     say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
 
 
@@ -129,68 +126,5 @@ def install_unit(cl, node, name, text):
     say(node, f"installed {path}")
 
 
-def stop_ranks(cl):
-    for node in [cl.head] + cl.workers:
-        node.run(cl.priv(node, commands.systemctl("stop", cl.rank_unit(node))), check=False)
-
-
-def restart_ranks(cl):
-    """Stop every rank (head first), then start the workers' ranks, then the head's."""
-    stop_ranks(cl)
-    for node in cl.workers + [cl.head]:
-        unit = cl.rank_unit(node)
-        node.run(cl.priv(node, commands.systemctl("reset-failed", unit)), check=False)
-        node.run(cl.priv(node, commands.systemctl("start", unit)))
-        say(node, f"started {unit}")
-
-
-def wait_ready(cl):
-    """Ready: /v1/models answers 200 with the key and one token is generated, while every rank
-    unit stays active. A failed rank stops the wait at once with its journal."""
-    cfg = cl.cfg
-    client = Client(cfg.api_url, read_or_create_key(cfg), read_timeout=60)
-    started = last = time.monotonic()
-    with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
-                      cfg.start_timeout_s, unit="s") as wait:
-        while True:
-            problem = ranks_down(cl)
-            if problem:
-                wait.close()
-                show_rank_logs(cl)
-                raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
-            if client.generates(cfg.served_model_name):
-                return
-            now = time.monotonic()
-            wait.update(now - last)
-            last = now
-            if now - started > cfg.start_timeout_s:
-                wait.close()
-                show_rank_logs(cl)
-                raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
-                                "(START_TIMEOUT_MIN); the ranks' journals are above")
-            time.sleep(2)
-
-
 def fmt_elapsed(s):
     return f"{int(s // 60)}m{int(s % 60):02d}s"
-
-
-def ranks_down(cl):
-    """None when every rank unit is active, else a sentence naming the first that is not."""
-    for node in cl.nodes:
-        unit = cl.rank_unit(node)
-        r = node.run(commands.systemctl("show", "-p", "ActiveState,SubState,Result", unit), check=False)
-        props = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
-        if (props.get("ActiveState") not in ("active", "activating", "reloading")
-                or props.get("SubState") == "auto-restart"):  # its container exited
-            return (f"rank {unit} on {node.label} is {props.get('ActiveState', 'unknown')} "
-                    f"({props.get('Result', '?')})")
-    return None
-
-
-def show_rank_logs(cl, lines=40):
-    for node in cl.nodes:
-        unit = cl.rank_unit(node)
-        r = node.run(commands.journalctl(unit, lines=lines), check=False)
-        print(f"---- last {lines} lines of {unit} on {node.label} ----")
-        print(r.stdout.rstrip() or r.stderr.rstrip() or "(empty)")

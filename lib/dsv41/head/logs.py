@@ -1,13 +1,7 @@
 """doit logs r0|r1|...|memguard|watchdog [-f] [-n N] [--node NAME]: a unit's journal on its node."""
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head import commands
-from dsv41.head.cluster import Cluster
-
-
-def targets(cfg):
-    """The words `doit logs` takes: one rank per node, memguard, watchdog."""
-    return [f"r{s.rank}" for s in cfg.nodes] + ["memguard", "watchdog"]
+from dsv41.head.core.cluster import Cluster
 
 
 def _log_args(words, follow, lines, node):
@@ -33,7 +27,7 @@ def _log_args(words, follow, lines, node):
 def logs(cfg, units=(), follow=False, lines=100, node=""):
     cl = Cluster(cfg)
     targets, follow, lines, node = _log_args(units, follow, lines, node)
-    ranks = {f"r{cl.spec(n).rank}": n for n in cl.nodes}
+    ranks = cl.recipe.log_units(cfg.nodes)
     for t in targets or ["r0"]:
         if t == "memguard":
             picks = [n for n in cl.nodes if not node or n.name == node]
@@ -42,12 +36,12 @@ def logs(cfg, units=(), follow=False, lines=100, node=""):
                                 + ", ".join(n.name for n in cl.nodes))
             for n in picks:
                 print(f"---- {names.MEMGUARD_UNIT} on {n.label} ----", flush=True)
-                n.run(commands.journalctl(names.MEMGUARD_UNIT, follow=follow and len(picks) == 1,
-                                          lines=lines), fg=True)
+                cl.journal(n, names.MEMGUARD_UNIT, lines, follow=follow and len(picks) == 1, fg=True)
             continue
         if t not in ranks and t != "watchdog":
             raise UserError(f"no unit {t!r}: choose from {', '.join(ranks)}, memguard or watchdog")
-        n = ranks.get(t, cl.head)
-        unit = cl.rank_unit(n) if t in ranks else names.WATCHDOG_UNIT
-        print(f"---- {unit} on {n.label} ----", flush=True)
-        n.run(commands.journalctl(unit, follow=follow, lines=lines), fg=True)
+        spec, units = ranks.get(t, (cfg.head, [names.WATCHDOG_UNIT]))
+        n = cl.node(spec)
+        for unit in units:
+            print(f"---- {unit} on {n.label} ----", flush=True)
+            cl.journal(n, unit, lines, follow=follow and len(units) == 1, fg=True)

@@ -17,8 +17,8 @@ import requests
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head import commands, units
-from dsv41.head.cluster import Cluster, say
+from dsv41.head.core import commands, units
+from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.config import ROOT
 
 TEMPLATES = ROOT / "conf" / "monitoring"

@@ -1,18 +1,18 @@
-"""doit plan: the dry run. Resolved settings, per-node facts, unit diffs and the steps launch would
+"""doit plan: the dry run. Resolved settings, each node's fabric and state, unit diffs and the steps launch would
 take, each with its reason; nothing on any node changes."""
 import difflib
 
-from dsv41.head import fabric, preflight
-from dsv41.head.cluster import Cluster
-from dsv41.head.decide import changed_units, decide
-from dsv41.head.desired import desired, read_head_plan, read_key
+from dsv41.head.core import preflight
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.decide import changed_units, decide
+from dsv41.head.core.desired import desired, read_head_plan, read_key
 
 
 def plan(cfg):
     cfg.require_workers()
     cl = Cluster(cfg)
-    fab = fabric.resolve(cfg, preflight.gather(cl).decided)
-    facts = cl.probe_all()
+    fab = preflight.resolved_fabric(cl)
+    states = cl.probe_all()
     print("settings:")
     for key in ("image", "model_dir", "state_dir", "kv_bytes", "max_len", "max_seqs", "nspec",
                 "gpu_util", "port", "memguard_gib"):
@@ -23,18 +23,18 @@ def plan(cfg):
             print(f"  {k:<28} {'dropped' if v is None else v}  ({src})")
     print("nodes:")
     for n in cl.nodes:
-        f, fb = facts[n.name], fab[cl.spec(n).rank]
+        f, fb = states[n.name], fab[cl.spec(n).rank]
         print(f"  r{cl.spec(n).rank} {n.label}: fabric {fb.ip} on {fb.ifname}, HCAs "
-              f"{','.join(fb.hcas)}, GID {fb.gid_index}; image {'present' if f['image_id'] else 'missing'}; "
-              f"MemAvailable {f['mem_available_kib'] / 2**20:.1f} GiB"
-              + ("; memory guard TRIPPED" if f["tripped"] else ""))
+              f"{','.join(fb.hcas)}, GID {fb.gid_index}; image {'present' if f.image_id else 'missing'}; "
+              f"MemAvailable {f.mem_available_kib / 2**20:.1f} GiB"
+              + ("; memory guard TRIPPED" if f.tripped else ""))
     want = desired(cl, fab, read_key(cfg), read_head_plan(cfg))
-    for node, name, have, text in changed_units(cfg.nodes, want, facts):
+    for node, name, have, text in changed_units(cfg.nodes, want, states):
         print(f"diff {name} on {cl.specs[node].label}:")
         print("".join(difflib.unified_diff((have or "").splitlines(True), text.splitlines(True),
                                            f"installed/{name}", f"rendered/{name}")), end="")
-    steps = decide(cfg.nodes, want, facts)
-    missing = [n for n in cl.nodes if not facts[n.name]["image_id"]]
+    steps = decide(cfg.nodes, want, states, cl.recipe)
+    missing = [n for n in cl.nodes if not states[n.name].image_id]
     print("launch would:")
     for n in missing:
         print(f"  pull {cfg.image} on {n.label}")

@@ -4,12 +4,10 @@ import json as _json
 import time
 
 from dsv41 import names
-from dsv41.client.api import Client
-from dsv41.head.cluster import Cluster
-from dsv41.head.decide import stale_workers
-from dsv41.head.desired import read_key
-from dsv41.head.nodes import NodeError
-from dsv41.node.memguard import describe_trip
+from dsv41.errors import UserError
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.decide import stale_workers
+from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 
 SCHEMA = "dsv41.status/1"
 # 2 is left to bad input (a config error), as for every dsv41 command
@@ -31,29 +29,24 @@ def _when(stamp):
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(stamp[1:])))
 
 
-def unit_state(u):
-    """A unit's "ActiveState/SubState", or "not installed"."""
-    return f"{u.get('ActiveState', '?')}/{u.get('SubState', '?')}" if u.get("installed") else "not installed"
-
-
-def node_entry(spec, f):
-    """One node's row from its probe facts."""
-    unit = names.rank_unit(spec.rank)
-    g, u = f["units"][names.MEMGUARD_UNIT], f["units"][unit]
-    c = f["containers"].get(names.rank_name(spec.rank)) if isinstance(f["containers"], dict) else None
+def node_entry(recipe, spec, f):
+    """One node's row from its state (its engine unit: the recipe's, the first not active)."""
+    parts = dict(recipe.parts(spec))
+    unit = f.shown_unit(list(parts))
+    g, u = f.unit(names.MEMGUARD_UNIT), f.unit(unit)
+    c = f.container(parts[unit])
     return {
-        "memguard": g.get("ActiveState", "not installed") if g["installed"] else "not installed",
+        "memguard": (g.active or "not installed") if g.installed else "not installed",
         "rank_unit": unit,
-        "rank_state": unit_state(u),
-        "since": _when(u.get("ActiveEnterTimestamp") if u.get("ActiveState") == "active"
-                       else u.get("InactiveEnterTimestamp")),
-        "container": c["state"]["Status"] if c else "none",
-        "mem_available_gib": round(f["mem_available_kib"] / 2**20, 3),
-        "gpu_memory": f["gpu_memory"], "tripped": f["tripped"]}
+        "rank_state": u.state,
+        "since": _when(u.active_enter if u.active == "active" else u.inactive_enter),
+        "container": c.status if c else "none",
+        "mem_available_gib": round(f.mem_available_kib / 2**20, 3),
+        "gpu_memory": f.gpu_memory, "tripped": f.tripped}
 
 
-def api_status(cfg):
-    client = Client(cfg.api_url, read_key(cfg), read_timeout=5)
+def api_status(cl):
+    client = cl.api(read_timeout=5)
     out = {"url": client.base, "health": client.health(), "models": None}
     try:
         out["models"] = client.models()
@@ -99,36 +92,7 @@ class Table:
         print(" ".join(f"{c:<{w}}" for c, (_, w) in zip(cells, self.COLS))
               + f" {e['mem_available_gib']:>6.1f} GiB  {e['gpu_memory'] or '-'}", flush=True)
         if e["tripped"]:
-            print(f"{'':<10} memory guard {describe_trip(e['tripped'])}", flush=True)
-
-
-def watchdog_entry(cfg, head_facts):
-    """The watchdog's unit state and what it last saw (watchdog.status.json on the head)."""
-    unit = (head_facts.get("units") or {}).get(names.WATCHDOG_UNIT, {})
-    entry = {"enabled": cfg.watchdog, "unit": unit.get("ActiveState", "not installed") if unit.get("installed") else "not installed"}
-    try:
-        with open(names.state_path(cfg.state_dir, names.WATCHDOG_STATUS)) as f:
-            entry.update(_json.load(f))
-    except (OSError, ValueError):
-        pass
-    return entry
-
-
-def watchdog_line(w):
-    """What the watchdog is doing, from its unit and its status file (the setting only adds a note)."""
-    running = w["unit"] == "active"
-    if not running and not w["enabled"]:
-        return "watchdog: off (WATCHDOG=0)"
-    seen = (f", saw {w['verdict']} {time.time() - w['time']:.0f} s ago: {w['evidence']}"
-            if running and "verdict" in w else "")
-    line = f"watchdog: {w['unit']}{seen}" + ("" if w["enabled"] else " (WATCHDOG=0: the next launch stops it)")
-    if w.get("gave_up"):
-        line += f"; GAVE UP ({w['gave_up'].get('reason', '?')}): hands off until `doit launch`"
-    last = w.get("last_incident")
-    if last:
-        line += (f"; last incident {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(last['started']))}: "
-                 f"{last['verdict']}, {last['action']}, {last['result']} ({last['took_s']:.0f} s)")
-    return line
+            print(f"{'':<10} memory guard {e['tripped']['line']}", flush=True)
 
 
 def status(cfg, json=False):
@@ -139,14 +103,14 @@ def status(cfg, json=False):
         if i == 1:
             cl.connect()                 # the workers at once, after the head's row is out
         try:
-            entries[node.name] = node_entry(cl.spec(node), cl.probe(node))
-        except NodeError as err:
+            entries[node.name] = node_entry(cl.recipe, cl.spec(node), cl.probe(node))
+        except UserError as err:             # the node did not answer
             entries[node.name] = {"error": str(err)}
         table.row(node.name, entries[node.name])
-    api = api_status(cfg)
-    stale = stale_workers(cfg.nodes, cl.facts)
+    api = api_status(cl)
+    stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
     state = verdict(entries, api, stale)
-    wd = watchdog_entry(cfg, cl.facts.get(cl.head.name, {}))
+    wd = watchdog_entry(cfg, cl.states.get(cl.head.name))
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": state, "exit_code": EXIT_CODES[state], "nodes": entries,
                            "api": api, "stale": stale, "watchdog": wd}, indent=2))

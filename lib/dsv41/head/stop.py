@@ -1,12 +1,11 @@
-"""doit stop (the watchdog first, so it never fights the stop; then the head's rank, the workers' and
-the memory guards) and doit clear-trip.
+"""doit stop (the watchdog first, so it never fights the stop; then the engine's units in the recipe's
+stop order, then the memory guards) and doit clear-trip.
 Stop is what people reach for when things are broken: it stops everything on every node it can reach,
 then fails naming each node it could not reach and what may still run there."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands, runlock
-from dsv41.head.cluster import Cluster, say
-from dsv41.head.nodes import NodeError
+from dsv41.head.core import runlock
+from dsv41.head.core.cluster import Cluster, say
 
 
 def stop(cfg):
@@ -14,26 +13,26 @@ def stop(cfg):
     cl.connect()
     missed = {}
 
-    def on(node, argv, done):
+    def on(node, unit, done):
         if node.unreachable:
             missed.setdefault(node, node.unreachable)
             return
         try:
-            node.run(cl.priv(node, argv), check=False)
+            cl.systemctl(node, "stop", unit, check=False)
             say(node, done)
-        except NodeError as err:
+        except UserError as err:                    # the node stopped answering
             missed.setdefault(node, err)
 
     # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
-    on(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT), "stopped the watchdog")
+    on(cl.head, names.WATCHDOG_UNIT, "stopped the watchdog")
     runlock.take(cfg.state_dir)
-    for node in [cl.head] + cl.workers:
-        on(node, commands.systemctl("stop", cl.rank_unit(node)), f"stopped {cl.rank_unit(node)}")
+    for spec, unit in cl.recipe.stop_order(cfg.nodes):
+        on(cl.node(spec), unit, f"stopped {unit}")
     for node in cl.nodes:
-        on(node, commands.systemctl("stop", names.MEMGUARD_UNIT), "stopped the memory guard")
+        on(node, names.MEMGUARD_UNIT, "stopped the memory guard")
     if missed:
         raise UserError("not stopped: " + "; ".join(
-            f"{n.label} did not answer ({one_line(err, 160)}), so {cl.rank_unit(n)} and "
+            f"{n.label} did not answer ({one_line(err, 160)}), so {', '.join(cl.engine_units(n))} and "
             f"{names.MEMGUARD_UNIT} may still run there" for n, err in missed.items())
             + "; run `doit stop` again once it answers")
 
@@ -43,10 +42,10 @@ def clear_trip(cfg):
     would otherwise restart the ranks with the settings that tripped the guard."""
     cl = Cluster(cfg)
     cl.connect()
-    cl.head.run(cl.priv(cl.head, commands.systemctl("stop", names.WATCHDOG_UNIT)), check=False)
+    cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT, check=False)
     for n in cl.nodes:
-        marker = commands.tripped_marker(cl.paths(n).state_dir)
-        r = n.run(commands.rm_f("--", marker), check=False)
+        marker = names.state_path(cl.paths(n).state_dir, names.TRIP_MARKER)
+        r = cl.remove(n, marker)
         if not r.ok:
             raise UserError(f"{n.label}: could not remove {marker}: {one_line(r.stderr) or f'exit {r.code}'}")
         say(n, f"cleared {marker}")

@@ -44,13 +44,10 @@ from rich.text import Text
 from dsv41 import names
 from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands
-from dsv41.head.cluster import Cluster
+from dsv41.head.core.cluster import Cluster, ship_code
 from dsv41.head.config import LIB_DIR
-from dsv41.head.decide import unit_age
-from dsv41.head.nodes import ship_code
-from dsv41.head.status import unit_state, watchdog_entry, watchdog_line
-from dsv41.node.memguard import describe_trip
+from dsv41.head.core.state import NodeState, parse
+from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 
 SCHEMA = "dsv41.top/1"
 GIB, MIB = 1 << 30, 1 << 20
@@ -73,15 +70,15 @@ def memory_state(avail, floor):
     return "near floor" if avail < NEAR_FACTOR * floor or avail - floor < NEAR_GIB * GIB else "ok"
 
 
-def guard_state(facts, mode):
+def guard_state(node, mode):
     """TRIPPED while the trip marker exists; else "active" (enforcing) or "observe" for a running
-    guard, or its unit's state."""
-    if facts.get("tripped"):
+    guard, or its unit's state (node: a NodeState)."""
+    if node.tripped:
         return "TRIPPED"
-    unit = (facts.get("units") or {}).get(names.MEMGUARD_UNIT, {})
-    if not unit.get("installed"):
+    unit = node.unit(names.MEMGUARD_UNIT)
+    if not unit.installed:
         return "not installed"
-    state = unit.get("ActiveState", "?")
+    state = unit.active or "?"
     return ("observe" if mode == "observe" else "active") if state == "active" else state
 
 
@@ -100,29 +97,30 @@ def gpu_figures(text):
     return (int(used), int(total)) if found else (None, None)
 
 
-def node_figures(facts, rank_unit):
-    """A node's row from its probe facts (dsv41.node.probe, shipped by this run; figures it could not
-    read, and the guard's without a memguard.json, are None)."""
-    mem = facts.get("memory") or {}
+def node_figures(node, engine_units):
+    """A node's row from its state (a NodeState from dsv41.node.probe, shipped by this run; figures it
+    could not read, and the guard's without a memguard.json, are None); engine_units: the recipe's."""
+    rank_unit = node.shown_unit(engine_units)
+    mem = node.memory
     avail = mem.get("available_bytes")
-    settings = facts.get("guard_settings") or {}
+    settings = node.guard_settings or {}
     floor_gib = settings.get("floor_gib")
     floor = int(floor_gib * GIB) if isinstance(floor_gib, (int, float)) and not isinstance(floor_gib, bool) else None
     mode = settings.get("mode", "enforce") if settings else None
     swap_total, swap_free = mem.get("swap_total_bytes"), mem.get("swap_free_bytes")
-    age = unit_age(facts, rank_unit)                                        # the node's own clock
-    gpu_used, gpu_total = gpu_figures(facts.get("gpu_memory"))
+    age = node.age(rank_unit)                                               # the node's own clock
+    gpu_used, gpu_total = gpu_figures(node.gpu_memory)
     return {
         "mem_total_bytes": mem.get("total_bytes"), "mem_available_bytes": avail, "floor_bytes": floor,
         "above_floor_bytes": avail - floor if avail is not None and floor else None,
         "memory": memory_state(avail, floor),
         "swap_total_bytes": swap_total,
         "swap_used_bytes": swap_total - swap_free if swap_total is not None and swap_free is not None else None,
-        "guard": guard_state(facts, mode), "guard_mode": mode, "tripped": facts.get("tripped"),
+        "guard": guard_state(node, mode), "guard_mode": mode, "tripped": node.tripped,
         "rank_unit": rank_unit,
-        "rank_state": unit_state((facts.get("units") or {}).get(rank_unit, {})),
+        "rank_state": node.unit(rank_unit).state,
         "rank_uptime_s": None if age is None else max(0.0, round(age, 1)),
-        "gpu_memory": facts.get("gpu_memory"), "gpu_used_bytes": gpu_used, "gpu_total_bytes": gpu_total,
+        "gpu_memory": node.gpu_memory, "gpu_used_bytes": gpu_used, "gpu_total_bytes": gpu_total,
     }
 
 
@@ -189,24 +187,24 @@ def prepare_child():
 
 
 class Watch:
-    """What top knows about one node: its last facts and when they came, why the last try failed,
+    """What top knows about one node: its last state (seen) and when it came, why the last try failed,
     the child in flight."""
 
-    def __init__(self, node, rank_unit):
-        self.node, self.rank_unit = node, rank_unit
-        self.facts = self.at = self.error = self.job = self.kind = None
+    def __init__(self, node, engine_units):
+        self.node, self.engine_units = node, engine_units
+        self.seen = self.at = self.error = self.job = self.kind = None
         self.ready = False               # home known and node code shipped in this run
 
     @property
     def state(self):
         if self.error:
             return "stale"
-        return "ok" if self.facts is not None else "connecting"
+        return "ok" if self.seen is not None else "connecting"
 
     def view(self, now):
         v = {"state": self.state, "seen_s_ago": round(now - self.at, 1) if self.at else None, "error": self.error}
-        v.update(node_figures(self.facts, self.rank_unit) if self.facts is not None
-                 else dict.fromkeys(node_figures({}, self.rank_unit)))               # every figure None
+        v.update(node_figures(self.seen, self.engine_units) if self.seen is not None
+                 else dict.fromkeys(node_figures(NodeState(), self.engine_units)))               # every figure None
         return v
 
 
@@ -232,8 +230,8 @@ class Top:
     def __init__(self, cfg, interval):
         self.cfg, self.interval = cfg, interval
         self.cl = Cluster(cfg)
-        self.watches = {n.name: Watch(n, self.cl.rank_unit(n)) for n in self.cl.nodes}
-        self.url = metrics.metrics_url(cfg.api_url)
+        self.watches = {n.name: Watch(n, self.cl.engine_units(n)) for n in self.cl.nodes}
+        self.url = self.cl.recipe.metrics_url()
         self.scrape = None
         self.prev = self.snap = None     # the last two snapshots that came back
         self.engine_error = None
@@ -266,8 +264,7 @@ class Top:
                                 pickle.dumps((self.cfg, node.name)), env), "prepare"
             return
         state_dir = self.cl.paths(node).state_dir
-        req = {"state_dir": state_dir, "units": self.cl.unit_names(node), "containers": []}
-        argv = commands.node_python(state_dir) + ["dsv41.node.probe", _json.dumps(req)]
+        argv = self.cl.probe_argv(node, state_dir)
         w.job, w.kind = Job(node.argv_for(argv), node.timeout_s + 1), "probe"
 
     # -- collecting ----------------------------------------------------------------------------
@@ -310,9 +307,9 @@ class Top:
             w.error = node.silent(f"within {node.timeout_s} s (SSH_TIMEOUT_S)")
         elif code == 0:
             try:
-                w.facts, w.at, w.error = _json.loads(out), time.time(), None
-            except ValueError:
-                w.error = f"{node.label}: the probe printed no JSON: {one_line(out[-200:]) or 'nothing'}"
+                w.seen, w.at, w.error = parse(out, node.label), time.time(), None
+            except UserError as err:                    # no JSON, or not the probe's shape
+                w.error = one_line(err, 300)
         elif code == 255 and not node.is_local:
             w.error = f"cannot reach {node.label}: {_tail(err) or 'ssh failed'}; check that {node.host} is up"
         else:
@@ -337,7 +334,7 @@ class Top:
                   "seen_s_ago": round(now - self.snap.time, 1) if self.snap else None}
         figures = metrics.engine(self.prev, self.snap) if self.snap is not None and not self.engine_error else None
         engine.update(figures or dict.fromkeys(metrics.engine(None, metrics.Snapshot(now))))
-        head = self.watches[self.cl.head.name].facts or {}
+        head = self.watches[self.cl.head.name].seen
         return {"schema": SCHEMA, "time": now, "interval_s": self.interval,
                 "nodes": {name: w.view(now) for name, w in self.watches.items()},
                 "engine": engine, "watchdog": watchdog_entry(self.cfg, head)}
@@ -427,7 +424,7 @@ def node_notes(view):
         if n["error"]:
             lines.append(Text(f"{name}: {n['error']}", style="red"))
         if n["tripped"]:
-            lines.append(Text(f"{name}: memory guard {describe_trip(n['tripped'])}", style="bold red"))
+            lines.append(Text(f"{name}: memory guard {n['tripped']['line']}", style="bold red"))
     return lines
 
 

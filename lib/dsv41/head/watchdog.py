@@ -14,7 +14,6 @@ holds the settings launch gave it, watchdog.status.json what it last saw (for st
     python -m dsv41.head.watchdog --state-dir DIR
 """
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -23,119 +22,31 @@ import threading
 import time
 
 from dsv41 import names
-from dsv41.client import metrics
-from dsv41.client.api import Client
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic
-from dsv41.head import launch, nodes, runlock
-from dsv41.head.cluster import Cluster
 from dsv41.head.config import from_resolved
-from dsv41.head.decide import since, stale_workers
-from dsv41.head.desired import read_key
+from dsv41.head.core import ranks, runlock
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.judge import ACT_ON, NO_TOKEN, TOKEN, VERDICTS, Memory, Observation, judge
 
 SCHEMA = "dsv41.watchdog/1"
-HEALTHY, BUSY, STARTING, STOPPED, SUSPECT = "HEALTHY", "BUSY", "STARTING", "STOPPED", "SUSPECT"
-DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN = "DEGRADED", "DEAD", "WEDGED", "TRIPPED", "UNKNOWN"
-VERDICTS = (HEALTHY, BUSY, STARTING, STOPPED, SUSPECT, DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN)
-ACT_ON = (DEGRADED, DEAD, WEDGED)
-TOKEN, NO_TOKEN = "token", "no token"
-
-
-@dataclasses.dataclass
-class Observation:
-    time: float
-    nodes: dict                      # node name -> probe facts, or {"error": why}
-    health: int | None               # /health status, None: no answer
-    metrics: metrics.Snapshot | None
-    probe: str | None                # None (not sent), TOKEN, NO_TOKEN, or "error ..." (5xx, no answer)
-
-
-@dataclasses.dataclass
-class Memory:
-    """What judge() remembers between intervals."""
-    dead_streak: int = 0             # intervals in a row the API did not answer or answered 5xx
-    counters: tuple | None = None    # (prompt tokens, generation tokens) last seen
-    moved_at: float | None = None    # when the counters last moved while work was running
-    ready_start: float | None = None  # rank 0's start (its node's clock) for which a token came back
-
-
-def judge(cfg, obs, mem):
-    """(verdict, evidence) from one observation and the memory, which it updates. Pure: no I/O."""
-    lost = [f"{n}: {one_line(f['error'], 160)}" for n, f in obs.nodes.items() if "error" in f]
-    if lost:
-        return UNKNOWN, "no fresh facts from " + "; ".join(lost)
-    tripped = [n for n, f in obs.nodes.items() if f.get("tripped")]
-    if tripped:
-        return TRIPPED, f"the memory guard is tripped on {', '.join(tripped)}"
-    units = {s.name: obs.nodes[s.name]["units"].get(names.rank_unit(s.rank), {}) for s in cfg.nodes}
-    states = {n: u.get("ActiveState", "not installed") for n, u in units.items()}
-    if all(st == "inactive" and units[n].get("Result") == "success" for n, st in states.items()):
-        return STOPPED, "every rank is stopped; `doit launch` starts them"
-    head = cfg.nodes[0].name
-    r0_start = since(units[head])
-    r0_age = obs.nodes[head]["time"] - r0_start
-    starting = states[head] == "active" and mem.ready_start != r0_start and r0_age < cfg.start_timeout_s
-    down = [f"{names.rank_unit(s.rank)} on {s.name} is {states[s.name]}" for s in cfg.nodes
-            if states[s.name] != "active"]
-    stale = stale_workers(cfg.nodes, obs.nodes)
-    if down or stale:
-        return DEGRADED, "; ".join(down + stale)
-    broken = (f"/health {obs.health or 'does not answer'}" if obs.health is None or obs.health >= 500
-              else f"the probe got {obs.probe}" if (obs.probe or "").startswith("error") else None)
-    if broken:
-        if starting:
-            return STARTING, f"ranks started {r0_age:.0f} s ago; {broken}"
-        mem.dead_streak += 1
-        return (DEAD if mem.dead_streak >= 2 else SUSPECT), f"{broken} ({mem.dead_streak} interval(s) in a row)"
-    mem.dead_streak = 0
-    if obs.metrics is not None:
-        m = obs.metrics
-        work = (m.value(metrics.RUNNING, 0), m.value(metrics.WAITING, 0))
-        counters = (m.value(metrics.PROMPT_TOKENS, 0), m.value(metrics.GENERATION_TOKENS, 0))
-        if counters != mem.counters or not any(work):
-            mem.counters, mem.moved_at = counters, obs.time
-        if any(work):
-            stalled = obs.time - mem.moved_at
-            if stalled >= cfg.watchdog_stall_s:
-                return WEDGED, (f"{work[0]:.0f} running, {work[1]:.0f} waiting, and no token counted for "
-                                f"{stalled:.0f} s (WATCHDOG_STALL_S {cfg.watchdog_stall_s})")
-            if counters != (0, 0):
-                mem.ready_start = r0_start
-            return BUSY, f"{work[0]:.0f} running, {work[1]:.0f} waiting, tokens counted {stalled:.0f} s ago"
-    if obs.probe == NO_TOKEN:
-        if starting:
-            return STARTING, f"ranks started {r0_age:.0f} s ago; no token yet"
-        return WEDGED, f"the idle probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"
-    if obs.probe == TOKEN:
-        mem.ready_start = r0_start
-    elif starting:
-        return STARTING, f"ranks started {r0_age:.0f} s ago; not ready yet"
-    return HEALTHY, "every rank is up and a token came back" if obs.probe == TOKEN else "every rank is up"
 
 
 # ---- observing ------------------------------------------------------------------------------------
 
 def observe(cl, cfg):
     """One look at everything judge() needs; never raises for a node or the API being down."""
-    nodes.forget_unreachable()                 # each interval asks every node afresh
-    cl.facts.clear()
-    cl.connect()
-    facts = {}
-    for n in cl.nodes:
-        try:
-            facts[n.name] = cl.probe(n)
-        except UserError as err:
-            facts[n.name] = {"error": str(err)}
-    client = Client(cfg.api_url, read_key(cfg), read_timeout=cfg.watchdog_probe_s)
+    states = cl.observe()                      # each interval asks every node afresh
+    client = cl.api(read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
     try:
-        snap = metrics.scrape(metrics.metrics_url(cfg.api_url), timeout=10)
+        snap = cl.recipe.scrape(timeout=10)
     except UserError:
         pass
-    idle = snap is None or not (snap.value(metrics.RUNNING, 0) or snap.value(metrics.WAITING, 0))
+    idle = snap is None or not any(cl.recipe.work(snap))
     if health == 200 and idle:
         probe = token_probe(client, cfg.served_model_name)
-    return Observation(time.time(), facts, health, snap, probe)
+    return Observation(time.time(), states, health, snap, probe)
 
 
 def token_probe(client, model):
@@ -191,7 +102,7 @@ class Watchdog:
     def step(self):
         """One interval: observe, judge, act when the verdict asks for it and nothing forbids it."""
         obs = observe(self.cl, self.cfg)
-        verdict, evidence = judge(self.cfg, obs, self.mem)
+        verdict, evidence = judge(self.cfg, obs, self.mem, self.cl.recipe)
         if (verdict, evidence.split(" (")[0]) != self.last:
             self.log(f"{verdict}: {evidence}")
             self.last = (verdict, evidence.split(" (")[0])
@@ -225,8 +136,8 @@ class Watchdog:
             return
         result = "interrupted: the watchdog was stopped"
         try:
-            launch.restart_ranks(self.cl)
-            launch.wait_ready(self.cl)
+            ranks.restart_ranks(self.cl)
+            ranks.wait_ready(self.cl)
             result = "READY"
         except UserError as err:
             result = f"failed: {one_line(err, 300)}"

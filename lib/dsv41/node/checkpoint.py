@@ -220,7 +220,7 @@ def write_json_atomic(path, data):
 
 # ---- progress ----------------------------------------------------------------------------------------
 # Checkpoint takes a progress factory: factory(label, total) -> an object with update(n) and close(). On the
-# head that is dsv41.head.progress.bar (tqdm); here, standard library only, Progress when the verifier runs
+# head that is dsv41.head.core.progress.bar (tqdm); here, standard library only, Progress when the verifier runs
 # alone on a node and MachineProgress when the head runs it and draws the bar itself (--machine-progress).
 
 class _NoProgress:

@@ -3,7 +3,7 @@
 Runs on a node with the standard library only (`python3 -m dsv41.node.fabric detect`). `scan()` reads the
 raw facts (sysfs RDMA devices, `ip -j -4 addr`); `choose()` is the pure decision over them, so the head
 can re-decide from a node's facts once the peer's address is known. Overrides win over detection on
-the head (dsv41.head.fabric).
+the head (dsv41.head.core.fabric).
 """
 import argparse
 import ipaddress

@@ -14,11 +14,16 @@ import time
 
 from dsv41.names import GUARD_SETTINGS, UNIT_DIR
 from dsv41.node.facts import MEMINFO, memory_facts, run_quiet
-from dsv41.node.memguard import read_trip
+from dsv41.node.memguard import describe_trip, read_trip
 
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState", "UnitFileState",
         "ActiveEnterTimestamp", "InactiveEnterTimestamp", "ConditionResult")
 
+
+
+def described(trip):
+    """The trip marker with its one-line description ("line"), as launch, status and top print it."""
+    return {**trip, "line": describe_trip(trip)} if trip else trip
 
 def _sha(path):
     try:
@@ -130,7 +135,7 @@ def main():
         "units": units(req.get("units", [])),
         "containers": containers(req.get("containers", [])),
         "image_id": image_id(req["image"]) if req.get("image") else None,
-        "tripped": read_trip(state),
+        "tripped": described(read_trip(state)),
         "model_dir": req.get("model_dir"),
         "model_changed_at": newest_change(req["model_dir"]) if req.get("model_dir") else None,
         "mem_available_kib": memory["available_bytes"] // 1024,

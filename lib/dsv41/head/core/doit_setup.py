@@ -9,7 +9,7 @@ from doit.exceptions import TaskFailed
 from doit.reporter import ConsoleReporter
 
 from dsv41.errors import QuietPipe, UserError, one_line
-from dsv41.head import runlock
+from dsv41.head.core import runlock
 
 
 class SizeMtimeChecker(FileChangedChecker):

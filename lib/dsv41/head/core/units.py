@@ -16,11 +16,10 @@ import jinja2
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head import commands as c
+from dsv41.head.core import commands as c
 from dsv41.head.config import LIB_DIR, ROOT
 
 UNITS_DIR = ROOT / "units"
-RANK_TEMPLATE = "dsv41-rank.service.j2"
 MEMGUARD_TEMPLATE = "dsv41-memguard.service.j2"
 WATCHDOG_TEMPLATE = "dsv41-watchdog.service.j2"
 _QUOTE_IF = re.compile(r"""[\s"'\\;#\x00-\x1f\x7f]""")
@@ -77,20 +76,6 @@ def environment(templates_dir=None):
     return env
 
 
-def rank_vars(cfg, spec, fabric, paths, master_addr=None):
-    state, rank = c.fact(paths, "state_dir"), spec.rank
-    name = names.rank_name(rank)
-    return {
-        "rank": rank, "role": "head" if rank == 0 else "worker", "nnodes": cfg.nnodes, "name": name,
-        "memguard": names.MEMGUARD_UNIT, "tripped": c.tripped_marker(state),
-        "guard_active": c.systemctl("is-active", "--quiet", names.MEMGUARD_UNIT),
-        "docker_rm": c.docker_rm(name), "rm_cidfile": c.rm_f(c.cidfile(state, rank)),
-        "mkdir_state": c.mkdir(*(names.state_path(state, d) for d in c.RANK_DIRS)),
-        "docker_run": c.docker_run_groups(cfg, spec, fabric, paths, master_addr),
-        "docker_stop": c.docker_stop(name), "stop_timeout_s": c.STOP_GRACE_S + 30,
-    }
-
-
 def memguard_vars(cfg, paths):
     return {"memguard": c.memguard_argv(c.fact(paths, "state_dir"))}
 
@@ -110,29 +95,31 @@ def _render(env, name, values):
         raise UserError(f"units/{name}: {err} (a template variable that is not provided)") from None
 
 
-def render_units(cfg, spec, fabric, paths, master_addr=None, templates_dir=None):
-    """{filename: text} for one node: its memory guard and its rank unit (and on the head the watchdog,
-    unless WATCHDOG=0).
+def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_dir=None):
+    """{filename: text} for one node: its memory guard, the recipe's engine units (core.recipe) and on
+    the head the watchdog, unless WATCHDOG=0.
 
     fabric: this node's resolved fabric facts (ip, ifname, hcas, gid_index), or {rank: facts} with
     the head's; the rendezvous address is the head's ip (master_addr, else cfg's R0_IP for a worker).
     paths: this node's model_dir and state_dir."""
     env = environment(templates_dir)
-    out = {
-        names.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths)),
-        names.rank_unit(spec.rank): _render(env, RANK_TEMPLATE,
-                                        rank_vars(cfg, spec, fabric, paths, master_addr)),
-    }
+    out = {names.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths))}
+    out.update(recipe.render(lambda name, values: _render(env, name, values), spec, fabric, paths, master_addr))
     if spec.rank == 0 and cfg.watchdog:
         out[names.WATCHDOG_UNIT] = _render(env, WATCHDOG_TEMPLATE, watchdog_vars(paths))
     return out
+
+
+def rendered_dir(cfg):
+    """Where rendered units are kept on the head: $STATE_DIR/units."""
+    return names.state_path(cfg.state_dir, names.UNITS)
 
 
 def write_rendered(cfg, rendered_by_rank, out_dir=None):
     """Write {rank: {filename: text}} to <out_dir>/r<N>/ (default $STATE_DIR/units on the head).
     Unchanged files are left alone (their mtime too); files of ranks or units no longer rendered
     are removed. Returns the paths written."""
-    out_dir = out_dir or os.path.join(cfg.state_dir, "units")
+    out_dir = out_dir or rendered_dir(cfg)
     written = []
     for rank, files in sorted(rendered_by_rank.items()):
         d = os.path.join(out_dir, f"r{rank}")

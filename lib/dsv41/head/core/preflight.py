@@ -8,11 +8,12 @@ import time
 from typing import NamedTuple
 
 from dsv41.errors import UserError, one_line
-from dsv41.head import fabric
-from dsv41.head.cluster import Cluster
-from dsv41.head.nodes import FACTS_TIMEOUT_S
+from dsv41.head.core import fabric
+from dsv41.head.core.cluster import Cluster
 from dsv41.names import RANK_PREFIX, rank_name
 from dsv41.node.fabric import ROCE_V2, explain, summary
+
+FACTS_TIMEOUT_S = 180          # bound on one node's facts call
 
 GIB = 1024 ** 3
 MIN_SPEED_MBPS = 200_000
@@ -41,6 +42,10 @@ class Gathered(NamedTuple):
     """What one preflight run learned: {rank: facts} and the fabric decision made from them."""
     facts: dict
     decided: dict
+
+    def fabric(self, cfg):
+        """{rank: Fabric} resolved from the decision and the overrides (core.fabric.resolve)."""
+        return fabric.resolve(cfg, self.decided)
 
 
 CHECKS = {}   # name -> (function, per_node), in the order they print
@@ -518,10 +523,19 @@ def task(cfg, json=False):
 
 
 def for_launch(cl):
-    """The first step of `doit launch`: print the problems, stop on any FAIL, return what was gathered."""
+    """The first step of `doit launch`: print the problems, stop on any FAIL, return the fabric
+    resolved from what was gathered (core.fabric.resolve)."""
     skip_set(cl.cfg)
     gathered = gather(cl)
     if report(cl.cfg, gathered, brief=True):
         raise UserError("preflight failed: fix the FAIL lines above, then launch again "
                         "(SKIP_CHECKS=name,... turns a check that cannot pass into a warning)")
-    return gathered
+    return gathered.fabric(cl.cfg)
+
+
+def resolved_fabric(cl, offline=False):
+    """Every node's fabric, from its facts and the overrides (plan, render), without the report.
+    offline: from the overrides alone when they give every value (None when they do not)."""
+    if offline:
+        return fabric.from_overrides(cl.cfg)
+    return gather(cl).fabric(cl.cfg)

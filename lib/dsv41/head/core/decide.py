@@ -1,5 +1,5 @@
-"""The decision: from every node's facts (dsv41.node.probe) and the desired state (dsv41.head.desired)
-to the steps that bring one to the other. Pure: no I/O, so `doit plan` and `doit launch` take the
+"""The decision: from every node's state (core.state, from dsv41.node.probe) and the desired state
+(core.desired) to the steps that bring one to the other. Pure: no I/O, so `doit plan` and `doit launch` take the
 same decision, and tests can state it as tables."""
 import enum
 import hashlib
@@ -16,7 +16,7 @@ class Kind(enum.Enum):
     START_GUARD = "start-guard"
     RESTART_GUARD = "restart-guard"
     RELOAD_GUARD = "reload-guard"
-    RESTART_RANKS = "restart-ranks"  # head rank stopped first, workers started before the head
+    RESTART_RANKS = "restart-ranks"  # every engine unit, in the recipe's stop and start order
     START_WATCHDOG = "start-watchdog"
     RESTART_WATCHDOG = "restart-watchdog"
     STOP_WATCHDOG = "stop-watchdog"  # WATCHDOG=0: stopped and disabled
@@ -37,58 +37,47 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def since(unit_facts):
-    """When the unit became active (unix seconds on its node's clock), 0 when unknown."""
-    stamp = unit_facts.get("ActiveEnterTimestamp", "")
-    return float(stamp[1:]) if stamp.startswith("@") else 0.0
-
-
-def unit_age(facts, unit):
-    """Seconds the unit has been active by its node's own clock, or None when it is not active."""
-    u = facts.get("units", {}).get(unit, {})
-    if u.get("ActiveState") != "active" or not since(u) or "time" not in facts:
-        return None
-    return facts["time"] - since(u)
-
-
-def stale_workers(specs, facts):
-    """A worker rank that (re)started after the head's rank cannot rejoin its rendezvous: the ranks
-    must restart together. One line per such worker. Ages are measured on each node's own clock, so
-    clock skew between nodes cannot fake a restart. specs: the NodeSpecs, head first."""
+def stale_workers(specs, states, recipe):
+    """A worker's engine unit that (re)started after the head's cannot rejoin its rendezvous: the ranks
+    must restart together (when the recipe says so). One line per such unit. Ages are measured on each
+    node's own clock, so clock skew between nodes cannot fake a restart. specs: the NodeSpecs, head first."""
+    if not recipe.restart_together:
+        return []
     head = specs[0]
-    head_age = unit_age(facts.get(head.name, {}), names.rank_unit(0))
+    ages = [states[head.name].age(u) if head.name in states else None for u in recipe.units(head)]
+    head_age = None if None in ages or not ages else min(ages)        # the head's latest start
     out = []
     for s in specs[1:]:
-        f = facts.get(s.name, {})
-        age = unit_age(f, names.rank_unit(s.rank))
-        if head_age is not None and age is not None and age < head_age - STALE_MARGIN_S:
-            u = f["units"][names.rank_unit(s.rank)]
-            out.append(f"{names.rank_unit(s.rank)} on {s.label} restarted after the head's rank "
-                       f"(NRestarts={u.get('NRestarts', '?')}): the ranks must restart together")
+        f = states.get(s.name)
+        for unit in recipe.units(s) if f else ():
+            age = f.age(unit)
+            if head_age is not None and age is not None and age < head_age - STALE_MARGIN_S:
+                out.append(f"{unit} on {s.label} restarted after the head's rank "
+                           f"(NRestarts={f.unit(unit).restarts or '?'}): the ranks must restart together")
     return out
 
 
-def changed_units(specs, desired, facts):
+def changed_units(specs, desired, states):
     """[(node name, unit, installed text or None, desired text)] for units whose content differs."""
     out = []
     for s in specs:
         for name, text in desired.units[s.name].items():
-            have = facts[s.name]["units"].get(name, {})
-            if have.get("text") != text:
-                out.append((s.name, name, have.get("text"), text))
+            have = states[s.name].unit(name).text
+            if have != text:
+                out.append((s.name, name, have, text))
     return out
 
 
-def decide(specs, desired, facts):
-    """The steps, in the order launch applies them."""
+def decide(specs, desired, states, recipe):
+    """The steps, in the order launch applies them; the recipe names each node's engine units."""
     steps = []
-    rank_reasons = list(stale_workers(specs, facts))
-    changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, facts)}
+    rank_reasons = list(stale_workers(specs, states, recipe))
+    changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, states)}
     written = set()                                     # (node, state file)
     for s in specs:
-        f = facts[s.name]
+        f = states[s.name]
         for rel, (text, _) in desired.files[s.name].items():
-            if text is None or f["files"].get(rel) != sha(text):
+            if text is None or f.files.get(rel) != sha(text):
                 steps.append(Step(Kind.WRITE, s.name, rel, f"{rel} differs"))
                 written.add((s.name, rel))
                 if rel not in (names.GUARD_SETTINGS, names.WATCHDOG_SETTINGS):   # read by the ranks at start
@@ -96,55 +85,60 @@ def decide(specs, desired, facts):
     for node, unit in sorted(changed):
         steps.append(Step(Kind.INSTALL, node, unit, f"{unit} differs from the rendered unit"))
     for s in specs:
-        f = facts[s.name]
-        guard = f["units"].get(names.MEMGUARD_UNIT, {})
+        f = states[s.name]
+        guard = f.unit(names.MEMGUARD_UNIT)
         guard_changed = (s.name, names.MEMGUARD_UNIT) in changed
-        if guard_changed and guard.get("ActiveState") == "active":
+        if guard_changed and guard.active == "active":
             steps.append(Step(Kind.RESTART_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard unit changed"))
-        elif guard.get("ActiveState") != "active" or guard_changed:
+        elif guard.active != "active" or guard_changed:
             steps.append(Step(Kind.START_GUARD, s.name, names.MEMGUARD_UNIT, "memory guard not running"))
         elif (s.name, names.GUARD_SETTINGS) in written:
             steps.append(Step(Kind.RELOAD_GUARD, s.name, names.MEMGUARD_UNIT,
                               "MEMGUARD_GIB, MEMGUARD_MODE or METRICS_DIR changed"))
-        unit = names.rank_unit(s.rank)
-        u = f["units"].get(unit, {})
-        container = f["containers"].get(names.rank_name(s.rank))
-        if (s.name, unit) in changed:
-            rank_reasons.append(f"{unit} changed")
-        elif u.get("ActiveState") != "active":
-            rank_reasons.append(f"{unit} on {s.name} is {u.get('ActiveState', 'not installed')}")
-        elif container and f["image_id"] and container["image"] != f["image_id"]:
-            rank_reasons.append(f"{unit} runs an older image")
-        elif (f.get("model_changed_at") or 0) > since(u):
-            rank_reasons.append(f"model files in {f['model_dir']} on {s.name} changed after {unit} started")
+        for unit, name in recipe.parts(s):
+            rank_reasons += unit_reasons(s, f, unit, f.container(name), (s.name, unit) in changed)
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
-    return (steps + exporter_steps(specs, desired, facts, changed)
-            + watchdog_steps(specs[0].name, desired, facts[specs[0].name], changed, written))
+    return (steps + exporter_steps(specs, desired, states, changed)
+            + watchdog_steps(specs[0].name, desired, states[specs[0].name], changed, written))
 
 
-def exporter_steps(specs, desired, facts, changed):
+def exporter_steps(specs, desired, states, changed):
     """With METRICS_DIR set (its drop-in desired): (re)start a node's exporter when the drop-in changed
     or it is not running; a node without the package is told once, when the drop-in goes in."""
     steps = []
     for s in specs:
         if names.EXPORTER_DROPIN not in desired.units[s.name]:
             continue
-        u = facts[s.name]["units"].get(names.EXPORTER_UNIT, {})
+        u = states[s.name].unit(names.EXPORTER_UNIT)
         if (s.name, names.EXPORTER_DROPIN) in changed:
             steps.append(Step(Kind.START_EXPORTER, s.name, names.EXPORTER_UNIT, "its dsv41 drop-in changed"))
-        elif u.get("ActiveState") != "active" and u.get("LoadState") != "not-found":
+        elif u.active != "active" and u.load != "not-found":
             steps.append(Step(Kind.START_EXPORTER, s.name, names.EXPORTER_UNIT, "node exporter not running"))
     return steps
+
+
+def unit_reasons(s, f, unit, container, changed):
+    """Why one engine unit must restart ([] when it need not)."""
+    u = f.unit(unit)
+    if changed:
+        return [f"{unit} changed"]
+    if u.active != "active":
+        return [f"{unit} on {s.name} is {u.active or 'not installed'}"]
+    if container and f.image_id and container.image != f.image_id:
+        return [f"{unit} runs an older image"]
+    if (f.model_changed_at or 0) > u.since:
+        return [f"model files in {f.model_dir} on {s.name} changed after {unit} started"]
+    return []
 
 
 def watchdog_steps(head, desired, f, changed, written):
     """Start, restart (its unit or settings changed) or, with WATCHDOG=0, stop the head's watchdog."""
     w = names.WATCHDOG_UNIT
-    u = f["units"].get(w, {})
-    active = u.get("ActiveState") == "active"
+    u = f.unit(w)
+    active = u.active == "active"
     if w not in desired.units[head]:
-        on = active or u.get("UnitFileState") == "enabled"
+        on = active or u.enabled == "enabled"
         return [Step(Kind.STOP_WATCHDOG, head, w, "WATCHDOG=0")] if on else []
     if not active:
         return [Step(Kind.START_WATCHDOG, head, w, "the watchdog is not running")]

@@ -1,17 +1,15 @@
 """The desired state of every node, computed on the head: rendered units and the state files (the
 guard's settings, the EXL3 plan copy, on the head the API key file rank 0 mounts and the watchdog's
-settings). Also the API key itself and `doit render`."""
+settings). Also the API key itself."""
 import json
 import os
-import secrets
 from typing import NamedTuple
 
 from dsv41 import names
-from dsv41.client.api import read_key_file
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
-from dsv41.head import exporter, fabric, preflight, units
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import exporter, units
+from dsv41.head.core.apikey import read_key, read_or_create_key  # noqa: F401 (the verbs' way to the key)
 from dsv41.head.config import resolved
 
 
@@ -28,20 +26,6 @@ def guard_settings(cfg):
     if cfg.metrics_dir:
         settings["metrics_dir"] = cfg.metrics_dir
     return json.dumps(settings) + "\n"
-
-
-def read_key(cfg):
-    return read_key_file(cfg.api_key_file)
-
-
-def read_or_create_key(cfg):
-    key = read_key(cfg)
-    if key:
-        return key
-    key = secrets.token_urlsafe(32)
-    write_atomic(cfg.api_key_file, (key + "\n").encode(), 0o600)
-    print(f"[head] created the API key in {cfg.api_key_file} (mode 0600)")
-    return key
 
 
 def read_head_plan(cfg):
@@ -74,26 +58,6 @@ def state_files(cfg, is_head, key, plan_text):
 def desired(cl, fab, key, plan_text):
     """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)."""
     return Desired(
-        units={n.name: {**units.render_units(cl.cfg, cl.spec(n), fab, cl.paths(n)),
+        units={n.name: {**units.render_units(cl.cfg, cl.recipe, cl.spec(n), fab, cl.paths(n)),
                         **exporter.dropin(cl.cfg)} for n in cl.nodes},   # the drop-in: with METRICS_DIR
         files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text) for n in cl.nodes})
-
-
-def render(cfg):
-    """doit render: write every node's units under $STATE_DIR/units/r<N>/ (changed files only).
-    With every per-node fabric value given by override no node is contacted; a worker's home is
-    then assumed from its ssh user (/root or /home/<user>)."""
-    cl = Cluster(cfg)
-    fab = fabric.from_overrides(cfg)
-    offline = fab is not None
-    if not offline:
-        fab = fabric.resolve(cfg, preflight.gather(cl).decided)
-    else:
-        for n in cl.workers:
-            user = n.target.split("@")[0] if "@" in n.target else os.environ.get("USER", "root")
-            n.assume_home("/root" if user == "root" else f"/home/{user}")
-    rendered = {cl.spec(n).rank: units.render_units(cfg, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes}
-    out = os.path.join(cfg.state_dir, names.UNITS)
-    units.write_rendered(cfg, rendered, out)
-    note = " (no node contacted; workers' homes assumed from their ssh users)" if offline else ""
-    print(f"rendered units for {len(rendered)} nodes in {out}{note}")

@@ -3,8 +3,8 @@ when METRICS_DIR is set: a systemd drop-in giving it the textfile collector on M
 systemd collector for dsv41's units, then enabled and (re)started. Serving needs none of it: a node
 without the package only gets a note."""
 from dsv41 import names
-from dsv41.head import commands, units
-from dsv41.head.cluster import say
+from dsv41.head.core import commands, units
+from dsv41.head.core.nodes import say
 
 BINARY = "/usr/bin/prometheus-node-exporter"
 USER = "prometheus"                  # the package's user: it must read METRICS_DIR

@@ -1,7 +1,7 @@
 """doit verify: reassemble and verify the checkpoint on the machine running doit (dsv41.node.checkpoint
 does the work, shown with the head's progress bar); the receipt tells later runs what is already verified."""
 from dsv41 import names
-from dsv41.head import progress
+from dsv41.head.core import progress
 from dsv41.node import checkpoint as ck
 
 

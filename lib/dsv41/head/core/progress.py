@@ -2,7 +2,7 @@
 a tqdm bar updated in place when stderr is a terminal, one plain line every INTERVAL_S seconds when it is
 not (journald, CI, a pipe), never both.
 
-    from dsv41.head import progress
+    from dsv41.head.core import progress
 
     with progress.bar("download 0xSero/DeepSeek-V4.1-Flash-Spark", total_bytes) as b:
         b.update(len(chunk))                 # thread-safe; n may be negative (a transfer that restarted)
@@ -27,7 +27,7 @@ Plain-line mode prints nothing for a step shorter than the interval, and a closi
 stay quiet in logs and long ones end with their total. Lines never contain a carriage return.
 
 Node code cannot import tqdm: a node's verifier prints `progress <done> <total>` lines with
---machine-progress, and the head feeds them to a bar (see dsv41.head.copy).
+--machine-progress, and the head feeds them to a bar (see dsv41.head.copy_checkpoint).
 """
 import sys
 import threading

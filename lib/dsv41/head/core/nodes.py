@@ -1,7 +1,7 @@
 """Node: run an argv on the head (locally) or on a worker over ssh, read and write files there, and ship
 the node code. Commands on nodes go through Node.run; what must run beside it (copy's rsyncs and
 verifiers, fabric-bench's server, top's background probes) starts from Node.argv_for or
-Node.ssh_command, with spawn() where it must end with doit. ssh is always BatchMode with one
+Node.ssh_command, with spawn() where it must end with doit (core.cluster ships the node code). ssh is always BatchMode with one
 multiplexed master per node (ControlMaster/ControlPersist, socket under the state dir); remote commands
 are one shlex.join'ed string after `--` and the target, so spaces, quotes, `$` and backticks arrive
 literally and nothing becomes an option.
@@ -21,16 +21,13 @@ import time
 
 import sh
 
-from dsv41 import names
-from dsv41.head import commands, runlock, schema
-from dsv41.head.config import LIB_DIR
+from dsv41.head.core import runlock, schema
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
 SSH_TIMEOUT_S = schema.BY_NAME["SSH_TIMEOUT_S"].default   # the setting's default, declared once
 COMMAND_TIMEOUT_S = 120      # default bound on one remote command; longer ones pass their own
 PERSIST_S = 120
-FACTS_TIMEOUT_S = 180
 _UNREACHABLE = {}            # (ssh target, ssh options) -> NodeError: who did not answer in this run
 
 # Atomic write on a node: temp file in the same dir, fsync, chmod, rename. Data comes on stdin.
@@ -64,8 +61,8 @@ class Result:
 
 
 class Node:
-    def __init__(self, name, target=None, ssh_opts=(), control_dir=None, rank=None, timeout_s=SSH_TIMEOUT_S):
-        self.name, self.target, self.rank = name, target, rank
+    def __init__(self, name, target=None, ssh_opts=(), control_dir=None, timeout_s=SSH_TIMEOUT_S):
+        self.name, self.target = name, target
         self.ssh_opts = tuple(ssh_opts)
         self.timeout_s = timeout_s
         self.control_dir = _socket_dir(control_dir or os.path.join(tempfile.gettempdir(), "dsv41-ssh"))
@@ -73,8 +70,7 @@ class Node:
 
     @classmethod
     def from_spec(cls, spec, cfg):
-        return cls(spec.name, spec.target, cfg.ssh_opts, control_dir(cfg.state_dir), rank=spec.rank,
-                   timeout_s=cfg.ssh_timeout_s)
+        return cls(spec.name, spec.target, cfg.ssh_opts, control_dir(cfg.state_dir), timeout_s=cfg.ssh_timeout_s)
 
     def __repr__(self):
         return f"Node({self.label})"
@@ -291,18 +287,6 @@ def _short(argv, limit=120):
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-# What a node gets: the node package and the shared standard-library modules it imports.
-SHIPPED = ("dsv41/__init__.py", "dsv41/errors.py", "dsv41/files.py", "dsv41/names.py", "dsv41/node/")
-
-
-def ship_code(node, state_dir):
-    """Copy the node code to <state_dir>/lib on a node, the head included (services run it from there:
-    workers may have no internet or venv, and the checkout may move); returns node_python's prefix."""
-    dest = f"{state_dir}/{names.LIB}/"
-    node.run(["mkdir", "-p", dest])
-    ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
-    includes = [f"--include={p}" if not p.endswith("/") else f"--include={p}***" for p in SHIPPED]
-    Node("head").run(["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/",
-                      "--include=dsv41/", *includes, "--exclude=*", *ssh, "--", f"{LIB_DIR}/dsv41",
-                      node.rsync_target(dest)])
-    return commands.node_python(state_dir)
+def say(node, text):
+    """One line of what was done on a node, as `[node] text`."""
+    print(f"[{node.name}] {text}", flush=True)

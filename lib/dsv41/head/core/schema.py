@@ -7,7 +7,7 @@ value and what is accepted.
 Per-node values follow one scheme for any number of nodes: R<N>_IP, R<N>_IFNAME, R<N>_HCAS,
 R<N>_GID_INDEX, R<N>_MODEL_DIR for rank N, where HEAD_* is R0_* and WORKER_* is R1_*.
 
-    python -m dsv41.head.schema          # prints README's settings table
+    python -m dsv41.head.core.schema          # prints README's settings table
 """
 import difflib
 import ipaddress

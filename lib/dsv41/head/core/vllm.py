@@ -1,66 +1,69 @@
-"""Pure argv builders: every command the units and the launcher run, as a list of strings.
-Nothing here executes anything; nodes.Node.run() does.
+"""The vLLM recipe: one rank container per node under one systemd unit (dsv41-r<N>), workers started
+before the head and stopped after it, vLLM's argv and environment as measured on two Sparks
+(serving-config.md) with an engine profile's [args]/[env] changes, ready when a token comes back, and
+the /metrics names the watchdog and top read. Only the probes (ready, scrape) reach the engine.
 
-`fabric` is one node's resolved fabric facts and `paths` one node's paths: objects or dicts with
-ip, ifname, hcas, gid_index / model_dir, state_dir."""
+`fabric` is one node's resolved fabric facts: an object or dict with ip, ifname, hcas, gid_index."""
 import json
 from collections.abc import Mapping
 
 from dsv41 import names
+from dsv41.client import metrics
 from dsv41.errors import UserError
+from dsv41.head.core.commands import (DOCKER, STOP_GRACE_S, cidfile, docker_rm, docker_stop, fact, mkdir, mount, rm_f,
+                                      secret_key_file, systemctl, tripped_marker)
+from dsv41.head.core.recipe import Part, Recipe
 
-DOCKER = "docker"
-SYSTEMCTL = "systemctl"
-JOURNALCTL = "journalctl"
+RANK_TEMPLATE = "dsv41-rank.service.j2"
 # rank 0's entrypoint: read the key from the mounted secret, then exec the server (ENGINE_CMD and its
 # arguments follow as "$@"); a missing key file stops the container before the server starts
 KEY_WRAPPER = f'VLLM_API_KEY=$(cat {names.CONTAINER_SECRET}) && export VLLM_API_KEY && exec "$@"'
 RANK_DIRS = (names.RUN, f"{names.CACHE}/b12x", f"{names.CACHE}/b12x-roce")   # made before a rank starts
-STOP_GRACE_S = 30                  # docker stop -t; the unit's TimeoutStopSec is above it
 DEFAULT_GID_INDEX = 3              # the measured value, used only when neither detected nor set
 LIMIT_MM = '{"image":1}'
 ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": False,
           "disk_prefetch_max_tokens": 0, "projection_tp": False}
 
 
-def fact(obj, name, default=None):
-    """A field of a fabric/paths object or dict."""
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
+class Vllm(Recipe):
+    name = "vllm"
+    work_metrics = (metrics.RUNNING, metrics.WAITING)
+    work_words = ("running", "waiting")
+    progress_metrics = (metrics.PROMPT_TOKENS, metrics.GENERATION_TOKENS)
+
+    def parts(self, spec):
+        return (Part(names.rank_unit(spec.rank), names.rank_name(spec.rank)),)
+
+    def render(self, render, spec, fabric, paths, master_addr=None):
+        return {names.rank_unit(spec.rank): render(RANK_TEMPLATE, rank_vars(self.cfg, spec, fabric, paths, master_addr))}
+
+    def metrics_url(self):
+        return metrics.metrics_url(self.cfg.api_url)
+
+    def scrape(self, timeout):
+        return metrics.scrape(self.metrics_url(), timeout=timeout)
+
+    def ready(self, client):
+        """/v1/models answers with the key and one token is generated."""
+        return client.generates(self.cfg.served_model_name)
 
 
-# ---- per-node state paths --------------------------------------------------------------------------
-
-def cidfile(state_dir, rank):
-    return names.state_path(state_dir, names.cidfile(rank))
-
-
-def secret_key_file(state_dir):
-    """Root-only (0600) file holding the API key, mounted read-only into rank 0's container."""
-    return names.state_path(state_dir, names.SECRET_KEY)
-
-
-def tripped_marker(state_dir):
-    return names.state_path(state_dir, names.TRIP_MARKER)
-
-
-def node_python(state_dir):
-    """argv prefix running a module of the code shipped into a node's state dir with its python3."""
-    return ["/usr/bin/env", f"PYTHONPATH={names.state_path(state_dir, names.LIB)}", "python3", "-m"]
+def rank_vars(cfg, spec, fabric, paths, master_addr=None):
+    """The rank unit template's values."""
+    state, rank = fact(paths, "state_dir"), spec.rank
+    name = names.rank_name(rank)
+    return {
+        "rank": rank, "role": "head" if rank == 0 else "worker", "nnodes": cfg.nnodes, "name": name,
+        "memguard": names.MEMGUARD_UNIT, "tripped": tripped_marker(state),
+        "guard_active": systemctl("is-active", "--quiet", names.MEMGUARD_UNIT),
+        "docker_rm": docker_rm(name), "rm_cidfile": rm_f(cidfile(state, rank)),
+        "mkdir_state": mkdir(*(names.state_path(state, d) for d in RANK_DIRS)),
+        "docker_run": docker_run_groups(cfg, spec, fabric, paths, master_addr),
+        "docker_stop": docker_stop(name), "stop_timeout_s": STOP_GRACE_S + 30,
+    }
 
 
-def watchdog_argv(state_dir, python, lib_dir):
-    """The head's watchdog, run by the python and from the checkout that ran `doit launch`."""
-    return ["/usr/bin/env", f"PYTHONPATH={lib_dir}", python, "-m", "dsv41.head.watchdog", "--state-dir", state_dir]
-
-
-def memguard_argv(state_dir):
-    return node_python(state_dir) + ["dsv41.node.memguard", "--settings",
-                                     names.state_path(state_dir, names.GUARD_SETTINGS), "--state-dir", state_dir]
-
-
-# ---- the container ---------------------------------------------------------------------------------
+# ---- the container: argv and environment ---------------------------------------------------------------------------------
 
 def compilation_config(cfg):
     return json.dumps({"cudagraph_mode": cfg.graph_mode, "custom_ops": ["all"],
@@ -176,19 +179,6 @@ def measured_args(cfg, rank, fabric_by_rank):
                    "--enable-force-include-usage", *cfg.extra]
 
 
-def _csv_field(s):
-    """One field of docker's --mount value (Go encoding/csv): quoted when it holds , " or newlines."""
-    if any(c in s for c in ',"\r\n') or s[:1].isspace():
-        return '"' + s.replace('"', '""') + '"'
-    return s
-
-
-def mount(source, target, readonly=False):
-    """--mount value; unlike -v it takes any path (colons, commas, quotes, spaces)."""
-    fields = ["type=bind", f"source={source}", f"target={target}"] + (["readonly"] if readonly else [])
-    return ",".join(_csv_field(f) for f in fields)
-
-
 def fabric_for(cfg, spec, fabric, master_addr=None):
     """(this node's fabric, {0: head fabric}) from one node's fabric or a {rank: fabric} mapping."""
     if isinstance(fabric, Mapping) and all(isinstance(k, int) for k in fabric):
@@ -238,41 +228,3 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
 def docker_run_argv(cfg, spec, fabric, paths, master_addr=None):
     """The full foreground container command: docker options, the image, then vLLM's arguments."""
     return [w for g in docker_run_groups(cfg, spec, fabric, paths, master_addr) for w in g]
-
-
-# ---- docker, systemctl, journalctl ---------------------------------------------------------------
-
-def docker_rm(name):
-    return [DOCKER, "rm", "-f", name]
-
-
-def docker_stop(name, grace_s=STOP_GRACE_S):
-    return [DOCKER, "stop", "-t", str(grace_s), name]
-
-
-def docker_pull(image):
-    return [DOCKER, "pull", image]
-
-
-def docker_image_id(image):
-    """Prints the local image ID (sha256:...); non-zero exit when the image is not there."""
-    return [DOCKER, "image", "inspect", "--format", "{{.Id}}", image]
-
-
-def systemctl(*args):
-    return [SYSTEMCTL, *map(str, args)]
-
-
-def journalctl(unit, follow=False, lines=None):
-    argv = [JOURNALCTL, "-u", unit, "--no-pager", "-o", "cat"]
-    if lines is not None:
-        argv += ["-n", str(lines)]
-    return argv + (["-f"] if follow else [])
-
-
-def mkdir(*paths, mode=None):
-    return ["mkdir", "-p", *(["-m", mode] if mode else []), *paths]
-
-
-def rm_f(*paths):
-    return ["rm", "-f", *paths]

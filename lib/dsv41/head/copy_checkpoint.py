@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head import commands, progress
-from dsv41.head.nodes import Node, end, ship_code, spawn
-from dsv41.head.verify import checkpoint, gb, verify
+from dsv41.head.core import commands, progress
+from dsv41.head.core.cluster import ship_code
+from dsv41.head.core.nodes import Node, end, spawn
+from dsv41.head.core.verify import checkpoint, gb, verify
 from dsv41.node import checkpoint as ck
 
 COPY_STREAMS = 4

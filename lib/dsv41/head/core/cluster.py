@@ -1,0 +1,164 @@
+"""Cluster: the configured nodes and what this run learned about them (homes, paths, probes, uids).
+Every command module works through one Cluster per run."""
+import json
+import shlex
+from typing import NamedTuple
+
+from dsv41 import names
+from dsv41.client.api import Client
+from dsv41.head.config import LIB_DIR
+from dsv41.head.core import commands, engine, state
+from dsv41.head.core.apikey import read_key, read_or_create_key
+from dsv41.head.core.nodes import Node, NodeError, connect, forget_unreachable, say  # noqa: F401 (say: for the verbs)
+
+
+class Paths(NamedTuple):
+    model_dir: str
+    state_dir: str
+
+
+# What a node gets: the node package and the shared standard-library modules it imports.
+SHIPPED = ("dsv41/__init__.py", "dsv41/errors.py", "dsv41/files.py", "dsv41/names.py", "dsv41/node/")
+
+
+def ship_code(node, state_dir):
+    """Copy the node code to <state_dir>/lib on a node, the head included (services run it from there:
+    workers may have no internet or venv, and the checkout may move); returns node_python's prefix."""
+    dest = f"{state_dir}/{names.LIB}/"
+    node.run(["mkdir", "-p", dest])
+    ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
+    includes = [f"--include={p}" if not p.endswith("/") else f"--include={p}***" for p in SHIPPED]
+    Node("head").run(["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/",
+                      "--include=dsv41/", *includes, "--exclude=*", *ssh, "--", f"{LIB_DIR}/dsv41",
+                      node.rsync_target(dest)])
+    return commands.node_python(state_dir)
+
+
+class Cluster:
+    def __init__(self, cfg, recipe=None):
+        self.cfg = cfg
+        self.recipe = recipe or engine.for_config(cfg)
+        self.nodes = [Node.from_spec(s, cfg) for s in cfg.nodes]       # in cfg.nodes' order
+        self._by_name = {n.name: n for n in self.nodes}
+        self.specs = {s.name: s for s in cfg.nodes}
+        self.states = {}                # node name -> state.NodeState from this run's probe
+        self._prefix = {}
+        self._uid = {}
+
+    @property
+    def head(self):
+        """The head's Node (which node is the head: the configuration's head)."""
+        return self.node(self.cfg.head)
+
+    @property
+    def workers(self):
+        return [self.node(s) for s in self.cfg.workers]
+
+    def spec(self, node):
+        return self.specs[node.name]
+
+    def engine_units(self, node):
+        """The recipe's units on this node, in their start order there."""
+        return list(self.recipe.units(self.spec(node)))
+
+    def node(self, spec):
+        """The Node of a NodeSpec."""
+        return self._by_name[spec.name]
+
+    def unit_names(self, node):
+        exporter = [names.EXPORTER_UNIT, names.EXPORTER_DROPIN] if self.cfg.metrics_dir else []  # monitoring
+        return ([names.MEMGUARD_UNIT, *self.engine_units(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])
+                + exporter)
+
+    def paths(self, node):
+        home = node.home()
+        return Paths(self.cfg.model_dir_on(self.spec(node), home), self.cfg.state_dir_on(self.spec(node), home))
+
+    def module(self, node, name, *args):
+        """argv running dsv41.node.<name> on the node from the code shipped to its state dir."""
+        if node.name not in self._prefix:
+            self._prefix[node.name] = ship_code(node, self.paths(node).state_dir)
+        return self._prefix[node.name] + [f"dsv41.node.{name}", *args]
+
+    def probe(self, node):
+        """One call on the node: installed units and their states, containers, image, trip marker,
+        memory, state file hashes (dsv41.node.probe), as a state.NodeState."""
+        p = self.paths(node)
+        req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
+               "image": self.cfg.image, "containers": list(self.recipe.containers(self.spec(node))),
+               "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
+                         names.WATCHDOG_SETTINGS]}
+        out = node.run(self.module(node, "probe", json.dumps(req))).stdout
+        self.states[node.name] = state.parse(out, node.label)
+        self._uid[node.name] = self.states[node.name].uid
+        return self.states[node.name]
+
+    def refresh(self):
+        """Ask every node afresh (a long-running process: the watchdog): forget who did not answer
+        and what the probes said, then contact every node again."""
+        forget_unreachable()
+        self.states.clear()
+        return self.connect()
+
+    def api(self, read_timeout, create_key=False):
+        """A client of the cluster's API with its key (created first when create_key and missing)."""
+        key = read_or_create_key(self.cfg) if create_key else read_key(self.cfg)
+        return Client(self.cfg.api_url, key, read_timeout=read_timeout)
+
+    def probe_argv(self, node, state_dir):
+        """The probe's argv without its containers (top, run from code it shipped itself)."""
+        req = {"state_dir": state_dir, "units": self.unit_names(node), "containers": []}
+        return commands.node_python(state_dir) + ["dsv41.node.probe", json.dumps(req)]
+
+    def connect(self):
+        """First contact with every node at once; returns those that did not answer (their errors
+        are in .unreachable; every later command to them fails at once)."""
+        return connect(self.nodes)
+
+    def observe(self):
+        """{node name: NodeState} of every node asked afresh; a node that did not answer has its
+        error in its state (the watchdog looks at every node every interval)."""
+        self.refresh()
+        out = {}
+        for n in self.nodes:
+            try:
+                out[n.name] = self.probe(n)
+            except (NodeError, state.ProbeError) as err:
+                out[n.name] = state.unreachable(err)
+        return out
+
+    def probe_all(self):
+        self.connect()
+        return {n.name: self.probe(n) for n in self.nodes}
+
+    def uid(self, node):
+        """The node user's uid: from its probe, else asked (never assumed)."""
+        if node.name not in self._uid:
+            self._uid[node.name] = int(node.run(["id", "-u"]).stdout.strip())
+        return self._uid[node.name]
+
+    def priv(self, node, argv):
+        """argv as root: through sudo -n when the node's user is not root."""
+        return list(argv) if self.uid(node) == 0 else ["sudo", "-n", *argv]
+
+    def systemctl(self, node, *args, check=True):
+        """systemctl as root on the node."""
+        return node.run(self.priv(node, commands.systemctl(*args)), check=check)
+
+    def unit_props(self, node, unit, *props):
+        """{property: value} of a unit, read without privileges."""
+        r = node.run(commands.systemctl("show", "-p", ",".join(props), unit), check=False)
+        return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+
+    def journal(self, node, unit, lines=None, follow=False, fg=False, check=True):
+        """A unit's journal on the node (fg: straight to the terminal)."""
+        return node.run(commands.journalctl(unit, follow=follow, lines=lines), check=check, fg=fg)
+
+    def remove(self, node, *paths):
+        """rm -f on the node (as the node's user)."""
+        return node.run(commands.rm_f("--", *paths), check=False)
+
+
+def log_targets(cfg):
+    """The words `doit logs` takes: each node's engine units (r<N>), memguard, watchdog."""
+    return list(engine.for_config(cfg).log_units(cfg.nodes)) + ["memguard", "watchdog"]

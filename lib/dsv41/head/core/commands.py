@@ -1,0 +1,103 @@
+"""Pure argv builders for the commands dsv41 runs on nodes (docker, systemctl, journalctl, its own
+services), as lists of strings. Nothing here executes anything; nodes.Node.run() does. The engine's
+container command is the recipe's (core.vllm).
+
+`paths` is one node's paths: an object or dict with model_dir, state_dir."""
+from collections.abc import Mapping
+
+from dsv41 import names
+
+DOCKER = "docker"
+SYSTEMCTL = "systemctl"
+JOURNALCTL = "journalctl"
+STOP_GRACE_S = 30                  # docker stop -t; the unit's TimeoutStopSec is above it
+
+
+def fact(obj, name, default=None):
+    """A field of a fabric/paths object or dict."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+# ---- per-node state paths --------------------------------------------------------------------------
+
+def cidfile(state_dir, rank):
+    return names.state_path(state_dir, names.cidfile(rank))
+
+
+def secret_key_file(state_dir):
+    """Root-only (0600) file holding the API key, mounted read-only into rank 0's container."""
+    return names.state_path(state_dir, names.SECRET_KEY)
+
+
+def tripped_marker(state_dir):
+    return names.state_path(state_dir, names.TRIP_MARKER)
+
+
+def node_python(state_dir):
+    """argv prefix running a module of the code shipped into a node's state dir with its python3."""
+    return ["/usr/bin/env", f"PYTHONPATH={names.state_path(state_dir, names.LIB)}", "python3", "-m"]
+
+
+def watchdog_argv(state_dir, python, lib_dir):
+    """The head's watchdog, run by the python and from the checkout that ran `doit launch`."""
+    return ["/usr/bin/env", f"PYTHONPATH={lib_dir}", python, "-m", "dsv41.head.watchdog", "--state-dir", state_dir]
+
+
+def memguard_argv(state_dir):
+    return node_python(state_dir) + ["dsv41.node.memguard", "--settings",
+                                     names.state_path(state_dir, names.GUARD_SETTINGS), "--state-dir", state_dir]
+
+
+# ---- docker's --mount ------------------------------------------------------------------------------
+
+def _csv_field(s):
+    """One field of docker's --mount value (Go encoding/csv): quoted when it holds , " or newlines."""
+    if any(c in s for c in ',"\r\n') or s[:1].isspace():
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def mount(source, target, readonly=False):
+    """--mount value; unlike -v it takes any path (colons, commas, quotes, spaces)."""
+    fields = ["type=bind", f"source={source}", f"target={target}"] + (["readonly"] if readonly else [])
+    return ",".join(_csv_field(f) for f in fields)
+
+
+# ---- docker, systemctl, journalctl ---------------------------------------------------------------
+
+def docker_rm(name):
+    return [DOCKER, "rm", "-f", name]
+
+
+def docker_stop(name, grace_s=STOP_GRACE_S):
+    return [DOCKER, "stop", "-t", str(grace_s), name]
+
+
+def docker_pull(image):
+    return [DOCKER, "pull", image]
+
+
+def docker_image_id(image):
+    """Prints the local image ID (sha256:...); non-zero exit when the image is not there."""
+    return [DOCKER, "image", "inspect", "--format", "{{.Id}}", image]
+
+
+def systemctl(*args):
+    return [SYSTEMCTL, *map(str, args)]
+
+
+def journalctl(unit, follow=False, lines=None):
+    argv = [JOURNALCTL, "-u", unit, "--no-pager", "-o", "cat"]
+    if lines is not None:
+        argv += ["-n", str(lines)]
+    return argv + (["-f"] if follow else [])
+
+
+def mkdir(*paths, mode=None):
+    return ["mkdir", "-p", *(["-m", mode] if mode else []), *paths]
+
+
+def rm_f(*paths):
+    return ["rm", "-f", *paths]

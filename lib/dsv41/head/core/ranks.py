@@ -1,0 +1,71 @@
+"""The engine's units across the cluster, in the recipe's order: the ordered restart launch and the
+watchdog both perform (every unit stopped in the stop order, then started in the start order), the
+readiness wait, and which unit is down."""
+import time
+
+from dsv41.errors import UserError
+from dsv41.head.core import progress
+from dsv41.head.core.cluster import say
+
+
+def stop_ranks(cl):
+    for spec, unit in cl.recipe.stop_order(cl.cfg.nodes):
+        cl.systemctl(cl.node(spec), "stop", unit, check=False)
+
+
+def restart_ranks(cl):
+    """Stop every engine unit in the recipe's stop order, then start them in its start order."""
+    stop_ranks(cl)
+    for spec, unit in cl.recipe.start_order(cl.cfg.nodes):
+        node = cl.node(spec)
+        cl.systemctl(node, "reset-failed", unit, check=False)
+        cl.systemctl(node, "start", unit)
+        say(node, f"started {unit}")
+
+
+def wait_ready(cl):
+    """Ready: the recipe's readiness probe passes (for vLLM: /v1/models answers with the key and one
+    token is generated), while every engine unit stays active. A failed unit stops the wait at once
+    with its journal."""
+    cfg = cl.cfg
+    client = cl.api(read_timeout=60, create_key=True)
+    started = last = time.monotonic()
+    with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
+                      cfg.start_timeout_s, unit="s") as wait:
+        while True:
+            problem = ranks_down(cl)
+            if problem:
+                wait.close()
+                show_rank_logs(cl)
+                raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
+            if cl.recipe.ready(client):
+                return
+            now = time.monotonic()
+            wait.update(now - last)
+            last = now
+            if now - started > cfg.start_timeout_s:
+                wait.close()
+                show_rank_logs(cl)
+                raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
+                                "(START_TIMEOUT_MIN); the ranks' journals are above")
+            time.sleep(2)
+
+
+def ranks_down(cl):
+    """None when every engine unit is active, else a sentence naming the first that is not."""
+    for node in cl.nodes:
+        for unit in cl.engine_units(node):
+            props = cl.unit_props(node, unit, "ActiveState", "SubState", "Result")
+            if (props.get("ActiveState") not in ("active", "activating", "reloading")
+                    or props.get("SubState") == "auto-restart"):  # its container exited
+                return (f"rank {unit} on {node.label} is {props.get('ActiveState', 'unknown')} "
+                        f"({props.get('Result', '?')})")
+    return None
+
+
+def show_rank_logs(cl, lines=40):
+    for node in cl.nodes:
+        for unit in cl.engine_units(node):
+            r = cl.journal(node, unit, lines=lines, check=False)
+            print(f"---- last {lines} lines of {unit} on {node.label} ----")
+            print(r.stdout.rstrip() or r.stderr.rstrip() or "(empty)")

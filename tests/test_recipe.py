@@ -1,0 +1,185 @@
+"""The serving recipe is one seam: a recipe that differs from vLLM's in shape (two units per node, the
+head started first and stopped last, another progress metric) drives launch's apply and readiness
+wait, doit stop, the decision and the watchdog's judgement without any of them changing.
+
+FakeRecipe is a stand-in engine for this test only; the node commands are recorded instead of run (no
+systemd here; the lab tests run the vLLM recipe against real systemd, Docker and the stand-in engine)."""
+import pytest
+
+from dsv41.client import metrics
+from dsv41.head import launch, stop
+from dsv41.head.core import cluster as cluster_mod, engine, ranks
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.decide import Kind, decide
+from dsv41.head.core.judge import BUSY, DEGRADED, HEALTHY, TOKEN, WEDGED, Memory, Observation, judge
+from dsv41.head.core.nodes import Node, Result
+from dsv41.head.core.recipe import Part, Recipe
+from dsv41.head.core.state import parse
+from dsv41.head.config import load_config
+from test_decide import KEY, OVERRIDES, PLAN, states, want
+
+STEPS = "fake:engine_steps_total"
+QUEUE = "fake:queue_depth"
+
+
+class FakeRecipe(Recipe):
+    """Two units per node: a store (no container) and a server; the head first, workers after it."""
+    name = "fake"
+    work_metrics = (QUEUE,)
+    work_words = ("queued",)
+    progress_metrics = (STEPS,)
+    restart_together = False
+    ready_after = 2                      # readiness probes that fail before one passes
+
+    def parts(self, spec):
+        return (Part(f"fake-store-{spec.rank}.service", ""),
+                Part(f"fake-serve-{spec.rank}.service", f"fake-serve-{spec.rank}"))
+
+    def start_order(self, specs):
+        return [(s, u) for s in specs for u in self.units(s)]
+
+    def stop_order(self, specs):
+        return [(s, u) for s in reversed(specs) for u in reversed(self.units(s))]
+
+    def render(self, render, spec, fabric, paths, master_addr=None):
+        return {u: f"[Service]\nExecStart=/usr/bin/fake --rank {spec.rank} --part {u}\n" for u in self.units(spec)}
+
+    def metrics_url(self):
+        return "http://127.0.0.1:1/fake-metrics"
+
+    def ready(self, client):
+        self.ready_after -= 1
+        return self.ready_after < 0
+
+
+def config(tmp_path, **env):
+    return load_config({**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "model"),
+                        "API_KEY_FILE": str(tmp_path / "key"), **env})
+
+
+def fake_cluster(tmp_path, **env):
+    cfg = config(tmp_path, **env)
+    cl = Cluster(cfg, recipe=FakeRecipe(cfg))
+    cl.env = {**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "model"),
+              "API_KEY_FILE": str(tmp_path / "key"), **env}
+    for n in cl.nodes:
+        n.assume_home("/home/bob")
+    return cl
+
+
+def facts_of(cl, w):
+    """Probe facts of nodes where the desired state is installed and every unit active."""
+    return {n.name: {
+        "uid": 0, "image_id": "sha256:abc", "time": 5000.0, "tripped": None, "mem_available_kib": 1 << 20,
+        "units": {u: {"installed": True, "text": text, "ActiveState": "active", "SubState": "running",
+                      "Result": "success", "ActiveEnterTimestamp": "@1000", "NRestarts": "0"}
+                  for u, text in w.units[n.name].items()},
+        "containers": {f"fake-serve-{cl.spec(n).rank}": {"state": {"Status": "running"}, "image": "sha256:abc"}},
+        "files": {rel: __import__("hashlib").sha256(text.encode()).hexdigest()
+                  for rel, (text, _) in w.files[n.name].items()}} for n in cl.nodes}
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Every command a Node would run, recorded as (node, argv) and answered as a healthy node would."""
+    calls = []
+
+    def run(self, argv, check=True, **kw):
+        argv = [str(a) for a in argv]
+        calls.append((self.name, argv))
+        out = "0\n" if argv == ["id", "-u"] else "ActiveState=active\nSubState=running\nResult=success\n"
+        return Result(0, out, "")
+    monkeypatch.setattr(Node, "run", run)
+    monkeypatch.setattr(cluster_mod, "connect", lambda nodes: [])
+    return calls
+
+
+def systemctl(calls, verb):
+    return [(node, argv[-1]) for node, argv in calls if argv[:2] == ["systemctl", verb]]
+
+
+def test_the_decision_follows_the_recipes_units(tmp_path):
+    cl = fake_cluster(tmp_path)
+    w = want(cl, KEY, PLAN)
+    assert list(w.units["worker1"]) == ["dsv41-memguard.service", "fake-store-1.service", "fake-serve-1.service"]
+    facts = facts_of(cl, w)
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe) == []
+    facts["worker1"]["units"]["fake-store-1.service"]["ActiveState"] = "failed"
+    [step] = decide(cl.cfg.nodes, w, states(facts), cl.recipe)
+    assert step.kind is Kind.RESTART_RANKS and step.reason == "fake-store-1.service on worker1 is failed"
+    facts["worker1"]["units"]["fake-store-1.service"]["ActiveState"] = "active"
+    facts["head"]["containers"]["fake-serve-0"]["image"] = "sha256:old"
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe)[0].reason == "fake-serve-0.service runs an older image"
+    # a worker unit younger than the head's is no restart for a recipe whose ranks need not restart together
+    facts["head"]["containers"]["fake-serve-0"]["image"] = "sha256:abc"
+    facts["worker1"]["units"]["fake-serve-1.service"]["ActiveEnterTimestamp"] = "@4000"
+    assert decide(cl.cfg.nodes, w, states(facts), cl.recipe) == []
+    # a changed unit text of the recipe is installed and restarts the engine
+    cl2 = fake_cluster(tmp_path)
+    cl2.recipe.render = lambda render, spec, *a, **k: {u: "[Service]\nExecStart=/usr/bin/fake2\n"
+                                                       for u in cl2.recipe.units(spec)}
+    steps = decide(cl2.cfg.nodes, want(cl2, KEY, PLAN), states(facts_of(cl, w)), cl2.recipe)
+    assert [(s.kind, s.node, s.target) for s in steps if s.kind is Kind.INSTALL] == [
+        (Kind.INSTALL, "head", "fake-serve-0.service"), (Kind.INSTALL, "head", "fake-store-0.service"),
+        (Kind.INSTALL, "worker1", "fake-serve-1.service"), (Kind.INSTALL, "worker1", "fake-store-1.service")]
+    [restart] = [s for s in steps if s.kind is Kind.RESTART_RANKS]
+    assert restart.reason == ("fake-store-0.service changed; fake-serve-0.service changed; "
+                              "fake-store-1.service changed; fake-serve-1.service changed")
+
+
+def test_launch_restarts_in_the_recipes_order_and_waits_on_its_readiness_probe(tmp_path, recorded, monkeypatch):
+    monkeypatch.setattr(ranks.time, "sleep", lambda s: None)
+    cl = fake_cluster(tmp_path)
+    w = want(cl, KEY, PLAN)
+    step = decide(cl.cfg.nodes, w, states({**facts_of(cl, w), "worker1": {**facts_of(cl, w)["worker1"], "units": {}}}),
+                  cl.recipe)
+    launch.apply(cl, w, [s for s in step if s.kind is Kind.RESTART_RANKS])
+    assert systemctl(recorded, "stop") == [("worker1", "fake-serve-1.service"), ("worker1", "fake-store-1.service"),
+                                           ("head", "fake-serve-0.service"), ("head", "fake-store-0.service")]
+    assert systemctl(recorded, "start") == [("head", "fake-store-0.service"), ("head", "fake-serve-0.service"),
+                                            ("worker1", "fake-store-1.service"), ("worker1", "fake-serve-1.service")]
+    assert not [a for _, a in recorded if "dsv41-r0.service" in a or "dsv41-r1.service" in a]
+    recorded.clear()
+    ranks.wait_ready(cl)
+    assert cl.recipe.ready_after < 0                        # returned once the recipe's probe passed
+    shown = {a[-1] for _, a in recorded if a[:2] == ["systemctl", "show"]}
+    assert shown == {"fake-store-0.service", "fake-serve-0.service", "fake-store-1.service", "fake-serve-1.service"}
+
+
+def test_doit_stop_stops_the_recipes_units_in_its_order(tmp_path, recorded, monkeypatch):
+    cfg = config(tmp_path)
+    monkeypatch.setattr(engine, "for_config", lambda c: FakeRecipe(c))
+    for n in Cluster(cfg).nodes:
+        n.assume_home("/home/bob")
+    monkeypatch.setattr(Node, "home", lambda self: "/home/bob")
+    stop.stop(cfg)
+    assert systemctl(recorded, "stop") == [
+        ("head", "dsv41-watchdog.service"),
+        ("worker1", "fake-serve-1.service"), ("worker1", "fake-store-1.service"),
+        ("head", "fake-serve-0.service"), ("head", "fake-store-0.service"),
+        ("head", "dsv41-memguard.service"), ("worker1", "dsv41-memguard.service")]
+
+
+def look(cl, t, steps=100.0, queue=0.0, worker_store="active", probe=TOKEN):
+    units = {n.name: {u: {"installed": True, "ActiveState": "active", "SubState": "running", "Result": "success",
+                          "ActiveEnterTimestamp": "@1000", "NRestarts": "0"} for u in cl.engine_units(n)}
+             for n in cl.nodes}
+    units["worker1"]["fake-store-1.service"]["ActiveState"] = worker_store
+    nodes = {name: parse({"units": u, "tripped": None, "time": 1000.0 + t}) for name, u in units.items()}
+    # vLLM's token counters move in every look: the fake recipe must not read them
+    snap = metrics.parse(f"{STEPS} {steps}\n{QUEUE} {queue}\n"
+                         f"vllm:prompt_tokens_total {t}\nvllm:num_requests_running 0\n")
+    return Observation(1000.0 + t, nodes, 200, snap, probe)
+
+
+def test_the_watchdog_judges_by_the_recipes_units_and_progress_metric(tmp_path):
+    cl = fake_cluster(tmp_path, WATCHDOG_STALL_S="60")
+    mem = Memory()
+    assert judge(cl.cfg, look(cl, 600), mem, cl.recipe)[0] == HEALTHY
+    verdict, why = judge(cl.cfg, look(cl, 615, steps=150, queue=3, probe=None), mem, cl.recipe)
+    assert (verdict, why.split(",")[0]) == (BUSY, "3 queued")
+    verdicts = [judge(cl.cfg, look(cl, 615 + 15 * i, steps=150, queue=3, probe=None), mem, cl.recipe)[0]
+                for i in range(1, 6)]
+    assert verdicts == [BUSY, BUSY, BUSY, WEDGED, WEDGED]        # steps flat for 60 s with work queued
+    verdict, why = judge(cl.cfg, look(cl, 700, worker_store="failed"), Memory(), cl.recipe)
+    assert verdict == DEGRADED and why == "fake-store-1.service on worker1 is failed"
