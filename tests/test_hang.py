@@ -39,8 +39,8 @@ def test_every_series_it_watches_is_in_real_vllm_metrics():
 CASES = {
     "idle for long is never flat": ([dict(running=0)] * 5, [0, 0, 0, 0, 0]),
     "decoding": ([dict(gen=g) for g in (0, 10, 20, 30)], [0, 0, 0, 0]),
-    "a chunked prefill moves only the step count": ([dict(steps=s) for s in (0, 4, 8, 12)], [0, 0, 0, 0]),
-    "a prefill seen only in KV-cache use": ([dict(kv=k) for k in (0.0, 0.1, 0.2)], [0, 0, 0]),
+    "steps with output move the step count": ([dict(steps=s) for s in (0, 4, 8, 12)], [0, 0, 0, 0]),
+    "a chunked prefill moves only KV-cache use": ([dict(kv=k) for k in (0.0, 0.1, 0.2)], [0, 0, 0]),
     "stuck with a request running": ([dict(gen=5)] * 4 + [dict(gen=6), dict(gen=6)], [0, 15, 30, 45, 0, 15]),
     "stuck with requests only waiting": ([dict(running=0, waiting=2)] * 3, [0, 15, 30]),
     "work that arrives is timed from the last idle look": ([dict(running=0), dict(running=1), dict(running=1)],
@@ -60,9 +60,9 @@ def test_progress_tracker(case):
 def test_progress_names_what_moved_and_when_progress_was_last_seen():
     p = hang.Progress()
     p.update(snap(0, steps=3, kv=0.1))
-    p.update(snap(15, steps=9, kv=0.1))
-    assert p.moved == ("vllm:iteration_tokens_total_count",) and p.last_progress == 15
-    assert p.update(snap(30, steps=9, kv=0.1)) == 15 and p.moved == () and p.last_progress == 15
+    p.update(snap(15, steps=3, kv=0.2))
+    assert p.moved == ("vllm:kv_cache_usage_perc",) and p.last_progress == 15
+    assert p.update(snap(30, steps=3, kv=0.2)) == 15 and p.moved == () and p.last_progress == 15
 
 
 def test_a_second_engine_moving_is_progress():

@@ -10,10 +10,11 @@ I/O here; the caller passes /metrics snapshots, times, readings and, for the wai
 """
 from dataclasses import dataclass, field
 
-# What moves while the engine works (vLLM 0.32's names). The step counter (the _count of the tokens-per-
-# step histogram) moves with every step that returns output, KV-cache use while a prompt is prefilled
-# chunk by chunk, the token totals when a prefill ends and with every token, the others on admission,
-# preemption and completion.
+# What moves while the engine works (vLLM 0.32's names). Measured (README, "Hangs: what moves during a
+# long prefill"): vLLM records iteration stats only for steps with output, so while a long prompt is
+# prefilled chunk by chunk alone, the token totals and the step count (the _count of the tokens-per-step
+# histogram) stand still and only the KV-cache use grows, block by block; with output, the step count
+# and the token totals move at every step; the others move on admission, preemption and completion.
 PROGRESS_SERIES = (
     "vllm:iteration_tokens_total_count",
     "vllm:prompt_tokens_total",

@@ -60,12 +60,14 @@ A wedged engine takes no step, so it notices a lost rank only once unwedged.
 Chunked prefill: each step has a token budget, --max-num-batched-tokens (default 2048). Running
 requests take it first (one token each in decode, the next chunk of a prompt still in prefill), then
 waiting requests are admitted with what is left, so a prompt longer than the budget is prefilled over
-several steps. Each step is one observation of vllm:iteration_tokens_total (its _count counts steps,
-its _sum the tokens computed) and the KV-cache usage grows chunk by chunk, while the prompt is counted
-in vllm:prompt_tokens_total only when its prefill is done and its first token comes out (vLLM counts
-prompt tokens from a request's first output). Prompt tokens are counted as words and punctuation: a
-prompt of a few thousand words with --max-num-batched-tokens 64 and LAB_ENGINE_TOKEN_S=0.1 is a slow
-prefill that keeps the engine stepping and moves no token total for seconds.
+several steps. As measured on vLLM 0.32 (README, "Hangs: what moves during a long prefill"), only the
+KV-cache usage moves while a prompt is prefilled: vLLM records iteration stats from a step's outputs,
+so vllm:prompt_tokens_total, vllm:generation_tokens_total and vllm:iteration_tokens_total (its _count)
+move only when the prefill is done and the first token comes out (one observation: the whole prompt
+plus that token). The KV-cache usage counts blocks of --block-size computed so far. Prompt tokens
+are counted as words and punctuation: a prompt of a few thousand words with --max-num-batched-tokens 64
+and LAB_ENGINE_TOKEN_S=0.1 is a slow prefill that keeps the engine stepping and moves no token total
+and no step count for seconds.
 
 Stopped worker: every step is a collective over all ranks (tensor parallel all-reduces in every step):
 rank 0 waits for each headless rank's part of it. A headless rank stopped with SIGSTOP does nothing,
@@ -919,8 +921,11 @@ class Engine:
 
     def step_done(self, plan):
         """The step's outputs: prefill chunks computed; a request whose prefill completed counts its
-        prompt tokens now (as vLLM: from its first output, not chunk by chunk) and, like every
-        request in decode, gets its next token."""
+        prompt tokens now and, like every request in decode, gets its next token. Stand-in behaviour
+        (measured, vLLM 0.32 CPU): iteration stats come only from a step's outputs, so a step that only
+        computed a prefill chunk records nothing: the token totals and vllm:iteration_tokens_total stay
+        as they were (its one observation comes with the first token: the whole prompt plus that
+        token); only the KV-cache use grows."""
         m, lv = self.m, self.m.lv
         now, generated, prefill = time.time(), 0, 0
         for r in list(self.running):
@@ -931,9 +936,9 @@ class Engine:
                 continue
             if r.computed < r.prompt_tokens:
                 r.computed += plan[r]
-                prefill += plan[r]
                 if r.computed < r.prompt_tokens:
                     continue
+                prefill += r.prompt_tokens
                 m.prompt_tokens.labels(*lv).inc(r.prompt_tokens)
                 m.prompt_by_source.labels(*lv, "local_compute").inc(r.prompt_tokens)
                 m.h_max_gen.observe(r.max_tokens, *lv)
@@ -952,7 +957,8 @@ class Engine:
             if r.done >= len(r.out):
                 self.finished(r, r.finish, now)
         m.gen_tokens.labels(*lv).inc(generated)
-        m.h_iter.observe(prefill + generated, *lv)
+        if generated:
+            m.h_iter.observe(prefill + generated, *lv)
         self.publish()
 
     # -- the collective every step is (stand-in behaviour: tensor parallel all-reduces in each step)
