@@ -242,8 +242,8 @@ def rank_uids(containers):
 
 def ipc_facts(containers, root="/"):
     value, source = remove_ipc(root)
-    return {"remove_ipc": value, "source": source, "system_uid_max": system_uid_max(os.path.join(root, "etc/login.defs")),
-            "rank_uids": rank_uids(containers)}
+    return {"remove_ipc": value, "source": source, "rank_uids": rank_uids(containers),
+            "system_uid_max": system_uid_max(os.path.join(root, "etc/login.defs"))}
 
 
 # ---- all of it ---------------------------------------------------------------------------------
