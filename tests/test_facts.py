@@ -96,3 +96,46 @@ def test_ping_over_the_fabric_and_mtu_mismatch(pair, tmp_path):
     worker.ip("link", "set", "fab0p", "mtu", "9000")
     w = run_facts("--ping-only", "--ifname", "fab0p", "--ping", "198.51.100.11", ns=worker)
     assert w["pings"][0]["size"] == 8972 and w["pings"][0]["ok"]
+
+
+# ---- systemd-logind's RemoveIPC, from fake conf trees ------------------------------------------------
+
+def conf(root, rel, text):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.mark.parametrize("files,want", [
+    ({}, (True, "default")),
+    ({"etc/systemd/logind.conf": "[Login]\n#RemoveIPC=no\nKillUserProcesses=no\n"}, (True, "default")),
+    ({"etc/systemd/logind.conf": "[Login]\nRemoveIPC = no\n"}, (False, "etc/systemd/logind.conf")),
+    ({"usr/lib/systemd/logind.conf": "[Login]\nRemoveIPC=no\n",
+      "etc/systemd/logind.conf": "[Login]\n"}, (True, "default")),          # only the first main file counts
+    ({"etc/systemd/logind.conf": "[Login]\nRemoveIPC=no\n",
+      "usr/lib/systemd/logind.conf.d/10-x.conf": "[Login]\nRemoveIPC=yes\n"},
+     (True, "usr/lib/systemd/logind.conf.d/10-x.conf")),                    # drop-ins come after the main file
+    ({"usr/lib/systemd/logind.conf.d/50-a.conf": "[Login]\nRemoveIPC=yes\n",
+      "etc/systemd/logind.conf.d/50-a.conf": "[Login]\nRemoveIPC=no\n"},
+     (False, "etc/systemd/logind.conf.d/50-a.conf")),                       # /etc hides the same name
+    ({"etc/systemd/logind.conf.d/10-a.conf": "[Login]\nRemoveIPC=no\n",
+      "usr/lib/systemd/logind.conf.d/90-b.conf": "[Login]\nRemoveIPC=yes\n"},
+     (True, "usr/lib/systemd/logind.conf.d/90-b.conf")),                    # file-name order across dirs
+    ({"etc/systemd/logind.conf": "[Other]\nRemoveIPC=no\n"}, (True, "default")),
+    ({"etc/systemd/logind.conf.d/x.conf.disabled": "[Login]\nRemoveIPC=no\n"}, (True, "default")),
+])
+def test_remove_ipc_from_conf_trees(tmp_path, files, want):
+    from dsv41.node import facts
+    for rel, text in files.items():
+        conf(tmp_path, rel, text)
+    value, source = facts.remove_ipc(str(tmp_path))
+    assert (value, source if source == "default" else os.path.relpath(source, tmp_path)) == want
+
+
+def test_system_uid_max_and_ipc_facts_of_this_machine(tmp_path):
+    from dsv41.node import facts
+    conf(tmp_path, "etc/login.defs", "# comment\nSYS_UID_MAX\t\t500\n")
+    assert facts.system_uid_max(str(tmp_path / "etc/login.defs")) == 500
+    assert facts.system_uid_max(str(tmp_path / "missing")) == 999
+    ipc = run_facts()["ipc"]
+    assert isinstance(ipc["remove_ipc"], bool) and ipc["rank_uids"] == {}

@@ -35,6 +35,7 @@ def node_facts(ip, gids=None, mtu=9000):
         "kernel": {"release": "6.11.0-1016-nvidia", "cmdline": "ro quiet"},
         "tools": {t: True for t in ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi")},
         "units": {"files": [], "active": {}},
+        "ipc": {"remove_ipc": True, "source": "default", "system_uid_max": 999, "rank_uids": {}},
         "pings": [], "time": now, "_t0": now - 0.5, "_t1": now + 0.5})
     return f
 
@@ -226,6 +227,24 @@ def test_tools(cfg):
     f[1]["tools"]["rsync"] = False
     [c] = get(run(cfg, f), "tools", "worker1")
     assert c.status == "FAIL" and c.fix == "sudo apt-get install rsync"
+
+
+@pytest.mark.parametrize("ipc,status,says", [
+    ({"remove_ipc": False, "source": "/etc/systemd/logind.conf"}, "PASS", "RemoveIPC=no"),
+    ({"remove_ipc": True, "source": "default"}, "PASS", "the rank units run as root"),
+    ({"remove_ipc": True, "source": "default", "rank_uids": {"dsv41-r1": 0}}, "PASS", "dsv41-r1 as uid 0"),
+    ({"remove_ipc": True, "source": "default", "rank_uids": {"dsv41-r1": 998}}, "PASS", "spares root and system"),
+    ({"remove_ipc": True, "source": "default", "rank_uids": {"dsv41-r1": 1000}}, "WARN", "dsv41-r1 as uid 1000"),
+    ({"error": "permission denied"}, "WARN", "RemoveIPC unknown"),
+])
+def test_remove_ipc(cfg, ipc, status, says):
+    facts = good()
+    facts[1]["ipc"] = dict({"system_uid_max": 999, "rank_uids": {}}, **ipc) if "error" not in ipc else ipc
+    c = get(run(cfg, facts), "remove-ipc", "worker1")[0]
+    assert c.status == status and says in c.detail, c
+    assert get(run(cfg, facts), "remove-ipc", "head")[0].status == "PASS"
+    if status == "WARN" and "error" not in ipc:
+        assert "RemoveIPC=no" in c.fix and "systemctl restart systemd-logind" in c.fix
 
 
 def test_skip_setting(cfg):

@@ -1,5 +1,6 @@
 """The lab's stand-in engine (tests/lab/engine/engine.py) run as local processes on 127.0.0.1, no docker:
-what it copies from real vLLM 0.32 (rank loss, head loss, wedge, /metrics) behaves as its docstring says."""
+what it copies from real vLLM 0.32 (rank loss, head loss, wedge, chunked prefill, a stopped worker, /metrics)
+behaves as its docstring says."""
 import http.client
 import json
 import os
@@ -299,6 +300,57 @@ def test_long_request_streams_steadily_on_demand(ranks):
     assert 0.01 < gaps[len(gaps) // 2] < 0.06 and gaps[-1] < 0.5   # steady: median near 0.02 s, no stall
     code, body = r.chat("hello", max_tokens=77, ignore_eos=True)
     assert json.loads(body)["usage"]["completion_tokens"] == 77
+
+
+def test_long_prompt_is_prefilled_in_chunks_and_only_kv_use_moves_until_its_first_token(ranks):
+    r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.05"}, args=["--max-num-batched-tokens", "100"]).up()
+    done = {}
+    t = threading.Thread(target=lambda: done.update(answer=r.request(
+        "POST", "/v1/completions", {"model": NAME, "prompt": "hello " * 2000, "max_tokens": 3})))
+    t0 = time.monotonic()
+    t.start()
+    during = []   # samples while the prompt is prefilled: no token counted yet
+    while t.is_alive():
+        m = r.metrics()
+        if val(m, "vllm:num_requests_running") == 1 and val(m, "vllm:prompt_tokens_total") == 0:
+            during.append(m)
+        time.sleep(0.1)
+    code, body = done["answer"]
+    assert code == 200 and json.loads(body)["usage"] == {"prompt_tokens": 2000, "completion_tokens": 3,
+                                                          "total_tokens": 2003, "prompt_tokens_details": {
+                                                              "cached_tokens": 0}}
+    assert time.monotonic() - t0 >= 20 * 0.05   # 20 chunks of 100 tokens, one step each
+    kv = [val(m, "vllm:kv_cache_usage_perc") for m in during]
+    assert len(during) >= 5 and kv[-1] > kv[0] > 0 and sorted(kv) == kv   # KV use grows chunk by chunk
+    for name in ("vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"):
+        assert {val(m, name) for m in during} == {0}, name   # as vLLM: no output, no iteration stats
+    after = r.metrics()
+    assert val(after, "vllm:prompt_tokens_total") == 2000 and val(after, "vllm:generation_tokens_total") == 3
+    assert val(after, "vllm:iteration_tokens_total_count") == 3   # the first token's step, then two more
+    assert val(after, "vllm:iteration_tokens_total_sum") == 2003
+    assert val(after, "vllm:iteration_tokens_total_bucket", le="2048.0") - val(
+        after, "vllm:iteration_tokens_total_bucket", le="1024.0") == 1   # the whole prompt and its first token
+
+
+def test_stopped_worker_freezes_progress_while_health_and_metrics_answer(ranks):
+    r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.02"}).up()
+    resp = r.stream("count to 300")
+    reader = Reader(resp)
+    got = [token_text(reader.next_token(5))]
+    r.kill(1, signal.SIGSTOP)
+    time.sleep(0.3)   # the step in progress may still finish
+    while not reader.q.empty():
+        got.append(token_text(reader.q.get()))
+    frozen = r.metrics()
+    with pytest.raises(queue.Empty):
+        reader.next_token(6)
+    assert r.procs[0].poll() is None and r.get("/health")[0] == 200
+    assert r.get("/v1/models", key=KEY)[0] == 200 and engine_series(r.metrics()) == engine_series(frozen)
+    assert 0 < len(got) < 300 and "waits for rank(s) 1" in r.log(0)
+    r.kill(1, signal.SIGCONT)
+    got += [token_text(e) for e in reader.rest(20)]
+    resp.close()
+    assert "".join(got).split() == [str(i) for i in range(1, 301)]
 
 
 def test_lost_worker_is_seen_only_by_the_next_request_then_rank0_exits_0(ranks):

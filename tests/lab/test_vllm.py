@@ -14,6 +14,9 @@ import pytest
 from conftest import lab_up
 from labctl import CACHE, LAB_DIR
 
+from dsv41.client import metrics
+from dsv41.head import hang
+
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
 MODEL = "/root/lab-model-vllm/DeepSeek-V4.1-Flash-Spark"
@@ -91,6 +94,45 @@ def test_the_real_api_answers_with_the_key_only(lab, vllm):
     chunks = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
     assert code == 200 and len(chunks) > 3 and body.rstrip().endswith("data: [DONE]")
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]).strip()
+
+
+def test_evidence_holds_the_stopped_engine_cores_stack_and_no_key(lab, vllm):
+    """node/evidence.py on the head while rank 0's EngineCore is stopped (SIGSTOP: the API answers, nothing
+    progresses): py-spy, installed on the lab's nodes from PyPI, dumps every Python process of the rank
+    container, the stopped EngineCore with vLLM's frames among them; the API key is nowhere in it."""
+    pid = lab.on("head", "pgrep -f '^VLLM::EngineCore'").stdout.split()[0]
+    lab.on("head", f"kill -STOP {pid}")
+    try:
+        req = json.dumps({"containers": ["dsv41-r0"], "units": ["dsv41-r0.service"]})
+        r = lab.on("head", f"cd {lab.repo}/lib && python3 -m dsv41.node.evidence '{req}'", timeout=300)
+    finally:
+        lab.on("head", f"kill -CONT {pid}", check=False)
+    ev = json.loads(r.stdout)
+    assert int(pid) in ev["dumped_pids"] and len(ev["dumped_pids"]) >= 2, ev["notes"]
+    assert re.search(r"vllm/v1/engine/core\.py:\d+", ev["files"][f"pyspy-{pid}.txt"])
+    assert "dsv41-r0" in ev["files"]["containers.txt"] and vllm.key not in r.stdout
+    assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
+                                                  "max_tokens": 2})[0] == 200
+
+
+def test_a_long_chunked_prefill_is_progress_though_no_token_total_moves(lab, vllm):
+    """A prompt of about 7400 tokens prefilled alone in chunks of BATCH (2048), /metrics scraped every second
+    on the head: the token totals and the step count stand still until the first token (vLLM records a
+    step only with output) while the KV-cache use grows chunk by chunk, so head/hang.Progress never sees
+    the engine flat for more than about one chunk (measured: 13 s to the first token, 11 samples with none
+    counted, flat at most 3 s)."""
+    r = lab.on("head", f"/opt/dsv41-venv/bin/python {lab.repo}/bench/prefill_signals.py --words 7000 "
+               f"--raw /tmp/prefill-raw.jsonl", timeout=900)
+    found = json.loads(r.stdout.splitlines()[-1])
+    scrapes = [json.loads(line) for line in lab.on("head", "cat /tmp/prefill-raw.jsonl").stdout.splitlines()]
+    progress = hang.Progress()
+    flats = [progress.update(metrics.parse(s["text"], at=s["t"])) for s in scrapes]
+    print(f"real engine: {found['prompt_tokens']} prompt tokens in {found['took_s']} s, {found['prefill_samples']} s "
+          f"with no token counted; longest flat stretch {max(flats):.1f} s; moved: {found['moved']}")
+    assert found["prefill_samples"] >= 8
+    assert not any("iteration_tokens_total_count" in k or "tokens_total{" in k for k in found["moved"])
+    assert any(k.startswith("vllm:kv_cache_usage_perc") for k in found["moved"])
+    assert max(flats) < found["prefill_samples"] / 2
 
 
 def test_smoke_and_bench_report_against_the_real_engine(lab, vllm):

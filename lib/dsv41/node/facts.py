@@ -173,6 +173,79 @@ def ping(peer, ifname, mtu):
             "error": None if code == 0 else one_line("; ".join(lines[-2:])) or f"exit {code}"}
 
 
+# systemd-logind's RemoveIPC: with yes, logind deletes a user's shared memory and semaphores when that
+# user's last session ends (root and system users are spared). The main file is the first found in
+# LOGIND_DIRS, then every logind.conf.d/*.conf drop-in in file-name order, a name in an earlier dir hiding
+# the same name in a later one; the last setting wins; compiled-in default yes.
+LOGIND_DIRS = ("etc/systemd", "run/systemd", "usr/local/lib/systemd", "usr/lib/systemd")
+TRUE, FALSE = ("1", "yes", "true", "on"), ("0", "no", "false", "off")
+
+
+def remove_ipc(root="/"):
+    """(RemoveIPC as a bool, the file that set it or "default")."""
+    files = [os.path.join(root, d, "logind.conf") for d in LOGIND_DIRS]
+    main = next((f for f in files if os.path.isfile(f)), None)
+    drop = {}
+    for d in reversed(LOGIND_DIRS):
+        conf_d = os.path.join(root, d, "logind.conf.d")
+        if os.path.isdir(conf_d):
+            drop.update({n: os.path.join(conf_d, n) for n in os.listdir(conf_d) if n.endswith(".conf")})
+    value, source = True, "default"
+    for path in ([main] if main else []) + [drop[n] for n in sorted(drop)]:
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        section = None
+        for line in lines:
+            line = line.strip()
+            if line.startswith("[") and line.endswith("]"):
+                section = line[1:-1].strip()
+            elif section == "Login" and "=" in line and not line.startswith(("#", ";")):
+                key, _, val = line.partition("=")
+                if key.strip() == "RemoveIPC" and val.strip().lower() in TRUE + FALSE:
+                    value, source = val.strip().lower() in TRUE, path
+    return value, source
+
+
+def system_uid_max(login_defs="/etc/login.defs"):
+    """The highest system uid (SYS_UID_MAX in login.defs; 999 as systemd's compiled default)."""
+    try:
+        with open(login_defs) as f:
+            for line in f:
+                words = line.split()
+                if len(words) == 2 and words[0] == "SYS_UID_MAX" and words[1].isdigit():
+                    return int(words[1])
+    except OSError:
+        pass
+    return 999
+
+
+def rank_uids(containers):
+    """{container: uid its main process runs as} for the running rank containers (None: unknown)."""
+    out = {}
+    for c in containers:
+        if c.get("state") != "running":
+            continue
+        code, pid, _ = run_quiet(["docker", "inspect", "--format", "{{.State.Pid}}", c["name"]], timeout=10)
+        uid = None
+        if code == 0 and pid.strip().isdigit():
+            try:
+                with open(f"/proc/{pid.strip()}/status") as f:
+                    uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+            except (OSError, StopIteration, ValueError):
+                pass
+        out[c["name"]] = uid
+    return out
+
+
+def ipc_facts(containers, root="/"):
+    value, source = remove_ipc(root)
+    return {"remove_ipc": value, "source": source, "rank_uids": rank_uids(containers),
+            "system_uid_max": system_uid_max(os.path.join(root, "etc/login.defs"))}
+
+
 # ---- all of it ---------------------------------------------------------------------------------
 
 def gather(sysfs="/sys", model_dir=None, peer=None, ports=(), pings=(), ifname=None, ip=None,
@@ -205,6 +278,7 @@ def gather(sysfs="/sys", model_dir=None, peer=None, ports=(), pings=(), ifname=N
         out["tools"] = {t: shutil.which(t) is not None for t in TOOLS}
         names = [c["name"] for c in out["docker"].get("containers", [])] if "containers" in out["docker"] else []
         out["units"] = _safe(unit_facts, unit_dir, names)
+        out["ipc"] = _safe(ipc_facts, out["docker"].get("containers", []))
     out["pings"] = [ping(p, fab_if, mtu_of(fab_if, addrs) if fab_if else None) for p in pings]
     out["time"] = time.time()
     return out

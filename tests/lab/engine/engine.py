@@ -57,6 +57,26 @@ LAB_ENGINE_TOKEN_S=0.1, "count to 600" streams steadily for a minute:
     -d '{"model": "<served name>", "stream": true, "messages": [{"role": "user", "content": "count to 600"}]}'
 A wedged engine takes no step, so it notices a lost rank only once unwedged.
 
+Chunked prefill: each step has a token budget, --max-num-batched-tokens (default 2048). Running
+requests take it first (one token each in decode, the next chunk of a prompt still in prefill), then
+waiting requests are admitted with what is left, so a prompt longer than the budget is prefilled over
+several steps. As measured on vLLM 0.32 (README, "Hangs: what moves during a long prefill"), only the
+KV-cache usage moves while a prompt is prefilled: vLLM records iteration stats from a step's outputs,
+so vllm:prompt_tokens_total, vllm:generation_tokens_total and vllm:iteration_tokens_total (its _count)
+move only when the prefill is done and the first token comes out (one observation: the whole prompt
+plus that token). The KV-cache usage counts blocks of --block-size computed so far. Prompt tokens
+are counted as words and punctuation: a prompt of a few thousand words with --max-num-batched-tokens 64
+and LAB_ENGINE_TOKEN_S=0.1 is a slow prefill that keeps the engine stepping and moves no token total
+and no step count for seconds.
+
+Stopped worker: every step is a collective over all ranks (tensor parallel all-reduces in every step):
+rank 0 waits for each headless rank's part of it. A headless rank stopped with SIGSTOP does nothing,
+so rank 0's step never ends: no token comes out, the engine's metrics keep their values, /health and
+/metrics keep answering, and after 5 s rank 0 logs "step N waits for rank(s) 1"; SIGCONT lets the step
+finish. An idle engine takes no step, so a stopped worker is noticed at the next request. (This is a
+collective stuck in NCCL; the lab's real engine over gloo instead exits rank 0 about 30 s after its
+worker's Worker_TP1 was stopped.)
+
 Env: VLLM_API_KEY (bearer key for /v1), LAB_ENGINE_DELAY_S (start-up delay, default 2),
 LAB_ENGINE_TOKEN_S (seconds per engine step = per token, default 0.01),
 LAB_ENGINE_WORKER_ON_HEAD_LOSS (hang|exit, default hang), VLLM_KEEP_ALIVE_ON_ENGINE_DEATH (0|1),
@@ -151,6 +171,9 @@ def check_inputs(model):
 # ---- rank contract -------------------------------------------------------------------------------
 # The wire between ranks is the stand-in's own: a headless rank connects to rank 0 and says
 # "rank N\n"; later lines "wedge 1"/"wedge 0" carry its SIGUSR1 switch; EOF means the peer is gone.
+# Every engine step is a collective (stand-in behaviour: tensor parallel all-reduces in every step):
+# rank 0 sends "step N", each headless rank answers "ok N"; a stopped rank answers nothing, so rank 0's
+# step waits for it.
 
 def run_headless(rank, addr, port, on_head_loss):
     """Join rank 0, then wait until it goes away; then hang (stand-in behaviour, as measured with real
@@ -179,6 +202,7 @@ def run_headless(rank, addr, port, on_head_loss):
     s.sendall(f"rank {rank}\n".encode() + (b"wedge 1\n" if wedge["on"] else b""))
     wedge["sock"] = s
     log(f"rank {rank}: joined rank 0 at {addr}:{port}; headless, no API")
+    buf = b""
     while True:
         try:
             data = s.recv(4096)
@@ -188,6 +212,14 @@ def run_headless(rank, addr, port, on_head_loss):
             data = b""
         if not data:
             break
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.startswith(b"step "):   # this rank's part of the step's collective
+                try:
+                    s.sendall(b"ok " + line[5:] + b"\n")
+                except OSError:
+                    pass
     if on_head_loss == "exit":
         log(f"rank {rank}: rank 0 went away; exiting 0 (LAB_ENGINE_WORKER_ON_HEAD_LOSS=exit)")
         sys.exit(0)
@@ -245,6 +277,8 @@ def watch_rank(rank, conn, engine, buf=b""):
             line, buf = buf.split(b"\n", 1)
             if line.startswith(b"wedge "):
                 engine.set_wedge(f"rank {rank}", line.endswith(b"1"))
+            elif line.startswith(b"ok ") and line[3:].isdigit():
+                engine.ack(rank, int(line[3:]))
         try:
             data = conn.recv(4096)
         except OSError:
@@ -773,19 +807,20 @@ class Request:
         self.max_tokens, self.images = max_tokens, images
         self.events = queue.Queue()
         self.arrival, self.scheduled, self.first, self.last = time.time(), None, None, None
-        self.done, self.aborted = 0, False
+        self.done, self.aborted, self.computed = 0, False, 0   # computed: prompt tokens prefilled so far
 
 
 class Engine:
     """Stand-in behaviour: like vLLM's EngineCore, it does nothing while idle, so a lost rank is only
     noticed at the next step; a wedge stops the steps and with them every engine metric."""
 
-    def __init__(self, name, token_s, max_seqs, block_size, kv_blocks, metrics):
-        self.name, self.token_s, self.max_seqs = name, token_s, max_seqs
+    def __init__(self, name, token_s, max_seqs, batch, block_size, kv_blocks, metrics):
+        self.name, self.token_s, self.max_seqs, self.batch = name, token_s, max_seqs, batch
         self.block_size, self.kv_blocks, self.m = block_size, kv_blocks, metrics
         self.cv = threading.Condition()
         self.waiting, self.running = deque(), []
         self.lost, self.wedges, self.dead = set(), set(), False
+        self.peers, self.acks, self.step_no = {}, {}, 0   # headless ranks' sockets; the last step each acked
         self.publish()
 
     # -- switches, from signal handlers and rank watchers
@@ -846,50 +881,110 @@ class Engine:
                     return
                 if self.lost:
                     return self.die()
-                prefill = 0
-                while self.waiting and len(self.running) < self.max_seqs:
-                    r = self.waiting.popleft()
-                    if r.aborted:   # given up while the engine was wedged
-                        self.finished(r, "abort", time.time())
-                        continue
-                    r.scheduled = time.time()
-                    self.running.append(r)
-                    prefill += r.prompt_tokens
-                    self.m.prompt_tokens.labels(*self.m.lv).inc(r.prompt_tokens)
-                    self.m.prompt_by_source.labels(*self.m.lv, "local_compute").inc(r.prompt_tokens)
-                    self.m.pc_queries.labels(*self.m.lv).inc(r.prompt_tokens)
-                    self.m.h_max_gen.observe(r.max_tokens, *self.m.lv)   # vLLM: from the prefill's output
-                    self.m.h_n.observe(1, *self.m.lv)
-                    if r.images:
-                        self.m.mm_queries.labels(*self.m.lv).inc(r.images)
-                step_start = time.monotonic()
+                plan = self.schedule()
+                self.step_no += 1
+                step, step_start = self.step_no, time.monotonic()
+            self.collective_start(step)
             time.sleep(max(0.0, self.token_s - (time.monotonic() - step_start)))   # the step's compute
             with self.cv:
+                self.collective_wait(step)
                 if self.wedges:   # stuck inside the step: nothing comes out until unwedged
                     continue
                 if self.lost:
                     return self.die()
-                now, generated = time.time(), 0
-                for r in list(self.running):
-                    if r.aborted:
-                        self.finished(r, "abort", now)
-                        continue
-                    if r.done < len(r.out):
-                        kind, text = r.out[r.done]
-                        r.done += 1
-                        generated += 1
-                        if r.first is None:
-                            r.first = now
-                            self.m.h_ttft.observe(now - r.arrival, *self.m.lv)
-                        else:
-                            self.m.h_itl.observe(now - r.last, *self.m.lv)
-                        r.last = now
-                        r.events.put(("token", kind, text))
-                    if r.done >= len(r.out):
-                        self.finished(r, r.finish, now)
-                self.m.gen_tokens.labels(*self.m.lv).inc(generated)
-                self.m.h_iter.observe(prefill + generated, *self.m.lv)
-                self.publish()
+                self.step_done(plan)
+
+    def schedule(self):
+        """vLLM's scheduler, reduced: the step's token budget (--max-num-batched-tokens) goes to the
+        running requests first (one token for each in decode, the next chunk of a prompt still in
+        prefill), then to waiting requests admitted while --max-num-seqs allows; a prompt longer than
+        the budget left is prefilled in chunks, one per step. -> {request: tokens this step}."""
+        budget, plan = self.batch, {}
+        for r in self.running:
+            if budget <= 0:
+                break
+            plan[r] = min(budget, r.prompt_tokens - r.computed) if r.computed < r.prompt_tokens else 1
+            budget -= plan[r]
+        while self.waiting and len(self.running) < self.max_seqs and budget > 0:
+            r = self.waiting.popleft()
+            if r.aborted:   # given up while the engine was wedged
+                self.finished(r, "abort", time.time())
+                continue
+            r.scheduled = time.time()
+            self.running.append(r)
+            self.m.pc_queries.labels(*self.m.lv).inc(r.prompt_tokens)   # vLLM: counted at scheduling
+            if r.images:
+                self.m.mm_queries.labels(*self.m.lv).inc(r.images)
+            plan[r] = min(budget, r.prompt_tokens)
+            budget -= plan[r]
+        return plan
+
+    def step_done(self, plan):
+        """The step's outputs: prefill chunks computed; a request whose prefill completed counts its
+        prompt tokens now and, like every request in decode, gets its next token. Stand-in behaviour
+        (measured, vLLM 0.32 CPU): iteration stats come only from a step's outputs, so a step that only
+        computed a prefill chunk records nothing: the token totals and vllm:iteration_tokens_total stay
+        as they were (its one observation comes with the first token: the whole prompt plus that
+        token); only the KV-cache use grows."""
+        m, lv = self.m, self.m.lv
+        now, generated, prefill = time.time(), 0, 0
+        for r in list(self.running):
+            if r.aborted:
+                self.finished(r, "abort", now)
+                continue
+            if r not in plan:
+                continue
+            if r.computed < r.prompt_tokens:
+                r.computed += plan[r]
+                if r.computed < r.prompt_tokens:
+                    continue
+                prefill += r.prompt_tokens
+                m.prompt_tokens.labels(*lv).inc(r.prompt_tokens)
+                m.prompt_by_source.labels(*lv, "local_compute").inc(r.prompt_tokens)
+                m.h_max_gen.observe(r.max_tokens, *lv)
+                m.h_n.observe(1, *lv)
+            if r.done < len(r.out):
+                kind, text = r.out[r.done]
+                r.done += 1
+                generated += 1
+                if r.first is None:
+                    r.first = now
+                    m.h_ttft.observe(now - r.arrival, *lv)
+                else:
+                    m.h_itl.observe(now - r.last, *lv)
+                r.last = now
+                r.events.put(("token", kind, text))
+            if r.done >= len(r.out):
+                self.finished(r, r.finish, now)
+        m.gen_tokens.labels(*lv).inc(generated)
+        if generated:
+            m.h_iter.observe(prefill + generated, *lv)
+        self.publish()
+
+    # -- the collective every step is (stand-in behaviour: tensor parallel all-reduces in each step)
+    def collective_start(self, step):
+        for rank, conn in list(self.peers.items()):
+            try:
+                conn.sendall(f"step {step}\n".encode())
+            except OSError:
+                pass   # its watcher sees the socket close and marks the rank lost
+
+    def ack(self, rank, step):
+        with self.cv:
+            self.acks[rank] = step
+            self.cv.notify_all()
+
+    def collective_wait(self, step):
+        """Wait (the lock released) until every headless rank did its part of the step. A stopped rank
+        (SIGSTOP) never does: the step never ends, no token comes out, the engine's metrics stay as
+        they were, and /health and /metrics keep answering, as with a collective stuck in NCCL."""
+        def done():
+            return self.dead or self.lost or all(self.acks.get(k, 0) >= step for k in self.peers)
+        if not self.cv.wait_for(done, timeout=5):
+            late = sorted(k for k in self.peers if self.acks.get(k, 0) < step)
+            log(f"rank 0: step {step} waits for rank(s) {', '.join(map(str, late))} (5 s and counting)")
+            self.cv.wait_for(done)
+            log(f"rank 0: step {step} ended after the late rank(s) answered")
 
     def finished(self, r, reason, now):
         if r in self.running:
@@ -918,7 +1013,7 @@ class Engine:
         m.waiting.labels(*lv).set(len(self.waiting))
         m.waiting_by.labels(*lv, "capacity").set(len(self.waiting))
         m.waiting_by.labels(*lv, "deferred").set(0)
-        used = sum(-(-(r.prompt_tokens + r.done) // self.block_size) for r in self.running)
+        used = sum(-(-(r.computed + r.done) // self.block_size) for r in self.running)
         m.kv.labels(*lv).set(min(1.0, used / self.kv_blocks) if self.kv_blocks else 0.0)
 
     def die(self):
@@ -1284,10 +1379,11 @@ def main():
     kv_blocks = max(1, int(kv_bytes / KV_BYTES_PER_TOKEN) // block_size)
     metrics = Metrics(name, max_len, block_size, kv_blocks, kv_bytes if "kv-cache-memory-bytes" in o else "None", o)
     engine = Engine(name, float(os.environ.get("LAB_ENGINE_TOKEN_S", "0.01")), int(o.get("max-num-seqs", 256)),
-                    block_size, kv_blocks, metrics)
+                    int(o.get("max-num-batched-tokens", 2048)), block_size, kv_blocks, metrics)
     signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(
         target=engine.toggle_wedge, args=("SIGUSR1 on rank 0",), daemon=True).start())
     ranks = gather_ranks(addr, mport, nnodes, engine) if nnodes > 1 else {}
+    engine.peers = ranks
     try:
         mm = json.loads(o.get("limit-mm-per-prompt", "{}")).get("image", 1)
     except (ValueError, AttributeError):

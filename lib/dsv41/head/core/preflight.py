@@ -436,6 +436,32 @@ def tools(ctx, s, f):
         yield PASS, "python3, rsync, curl present"
 
 
+@check("remove-ipc", per_node=True)
+def remove_ipc(ctx, s, f):
+    """systemd-logind's RemoveIPC=yes deletes a user's shared memory when their last session ends; ranks
+    of that user then block forever in a collective. Root and system users are spared."""
+    ipc = f.get("ipc") or {"error": "no facts"}
+    if "error" in ipc:
+        yield WARN, f"RemoveIPC unknown ({ipc['error']})", "check RemoveIPC in /etc/systemd/logind.conf"
+        return
+    if not ipc["remove_ipc"]:
+        yield PASS, f"RemoveIPC=no ({ipc['source']})"
+        return
+    users = {name: uid for name, uid in ipc["rank_uids"].items() if uid is not None}
+    exposed = {name: uid for name, uid in users.items() if uid > ipc["system_uid_max"]}
+    if exposed:
+        who = ", ".join(f"{name} as uid {uid}" for name, uid in sorted(exposed.items()))
+        yield (WARN, f"RemoveIPC=yes ({ipc['source']}) and {who}: logind deletes that user's shared memory "
+               "when their last session ends, and the head then blocks forever in a collective",
+               "sudo mkdir -p /etc/systemd/logind.conf.d && printf '[Login]\\nRemoveIPC=no\\n' | sudo tee "
+               "/etc/systemd/logind.conf.d/dsv41.conf && sudo systemctl restart systemd-logind (or run the ranks "
+               "as root or a system user)")
+    else:
+        as_ = (", ".join(f"{name} as uid {uid}" for name, uid in sorted(users.items())) if users
+               else "the rank units run as root")
+        yield PASS, f"RemoveIPC=yes ({ipc['source']}), but {as_}: logind spares root and system users"
+
+
 # ---- gathering (one facts call per node) ----------------------------------------------------------
 
 def _facts_call(cl, node, args):

@@ -1,0 +1,225 @@
+"""Incident folders: what a failure looked like, saved on the head before anything is restarted.
+
+    $STATE_DIR/incidents/<UTC time>-<verdict>/
+        summary.json          schema dsv41.incident/1: time, verdict, evidence, fault_at (when the fault
+                              began: the last progress seen, or the first failed look), ended, outage_s
+                              (ended - fault_at), result, and per node what was gathered or why not
+        metrics.txt           the engine's /metrics at the time
+        <node>/...            that node's evidence (dsv41.node.evidence: rank journals, container state,
+                              meminfo, biggest processes, kernel tail, py-spy stacks), <node>/evidence.json
+                              its notes
+
+Every node is asked at once, each within a deadline; a node that does not answer is named in the
+summary. Nothing secret is written: the evidence never holds environments, and every file is also
+scrubbed of the API key and HF_TOKEN values given to save(). The newest `keep` folders are kept.
+list_lines() and show() print them for `doit incidents` and `doit incidents show [N]`.
+"""
+import json
+import os
+import re
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+
+from dsv41 import names
+from dsv41.errors import UserError, one_line
+from dsv41.files import write_atomic
+
+SCHEMA = "dsv41.incident/1"
+DIR = "incidents"
+FOLDER_RE = re.compile(r"^\d{8}T\d{6}Z-[A-Z_]+(-\d+)?$")
+REDACTED = "<redacted>"
+
+
+def root(state_dir):
+    return os.path.join(state_dir, DIR)
+
+
+# ---- gathering --------------------------------------------------------------------------------------
+
+def evidence_request(cl, node, pids=()):
+    """What dsv41.node.evidence looks at on a node: its rank's container and unit (and pids given)."""
+    rank = cl.spec(node).rank
+    return {"containers": [names.rank_name(rank)], "units": [names.rank_unit(rank)], "pids": list(pids)}
+
+
+def gather_nodes(cl, deadline_s, pids=None):
+    """{node name: evidence dict, or {"error": why}} from every node at once, each within deadline_s."""
+    pids = pids or {}
+
+    def one(node):
+        req = evidence_request(cl, node, pids.get(node.name, ()))
+        req["deadline_s"] = max(1, deadline_s - 5)
+        argv = cl.module(node, "evidence", json.dumps(req))
+        return json.loads(node.run(argv, timeout=deadline_s).stdout)
+
+    pool = ThreadPoolExecutor(max_workers=max(1, len(cl.nodes)))
+    futures = {n.name: pool.submit(one, n) for n in cl.nodes}
+    wait(futures.values(), timeout=deadline_s + 2)
+    out = {}
+    for name, fut in futures.items():
+        if not fut.done():
+            out[name] = {"error": f"did not answer within {deadline_s} s: the node is frozen or its link is down"}
+            continue
+        try:
+            out[name] = fut.result()
+        except (UserError, ValueError, OSError) as err:
+            out[name] = {"error": one_line(err, 300)}
+    pool.shutdown(wait=False, cancel_futures=True)
+    return out
+
+
+def fetch_metrics(url, timeout_s=10.0):
+    """The engine's /metrics text, or a line saying why there is none."""
+    import requests
+    try:
+        r = requests.get(url, timeout=(min(2.0, timeout_s), timeout_s))
+        return r.text if r.status_code == 200 else f"# {url} answered HTTP {r.status_code}\n"
+    except requests.exceptions.RequestException as err:
+        return f"# no answer from {url}: {one_line(err, 200)}\n"
+
+
+def capture(cl, state_dir, verdict, evidence, *, fault_at, metrics_url, secrets, keep, node_deadline_s=30,
+            pids=None, now=None):
+    """Gather every node's evidence and the engine's /metrics at once, then save(); -> the folder."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        text = pool.submit(fetch_metrics, metrics_url)
+        nodes = gather_nodes(cl, node_deadline_s, pids)
+        metrics_text = text.result()
+    return save(state_dir, verdict, evidence, nodes=nodes, metrics_text=metrics_text, fault_at=fault_at,
+                secrets=secrets, keep=keep, now=now)
+
+
+# ---- writing ------------------------------------------------------------------------------------------
+
+def scrub(text, secrets):
+    for s in secrets:
+        if s and len(s) >= 4:
+            text = text.replace(s, REDACTED)
+    return text
+
+
+def _safe_name(name):
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+
+
+def save(state_dir, verdict, evidence, *, nodes, metrics_text, fault_at, secrets, keep, now=None):
+    """Write one incident folder (0700, files 0600) and drop the oldest beyond `keep`; -> its path."""
+    now = time.time() if now is None else now
+    base = os.path.join(root(state_dir), time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + verdict)
+    folder, n = base, 1
+    while os.path.exists(folder):
+        n += 1
+        folder = f"{base}-{n}"
+    os.makedirs(root(state_dir), mode=0o700, exist_ok=True)
+    os.makedirs(folder, mode=0o700)
+
+    def put(rel, text):
+        write_atomic(os.path.join(folder, rel), scrub(text, secrets), mode=0o600)
+
+    gathered = {}
+    for node, ev in nodes.items():
+        if "error" in ev:
+            gathered[node] = {"error": ev["error"]}
+            continue
+        for fname, text in ev.get("files", {}).items():
+            put(os.path.join(_safe_name(node), _safe_name(fname)), text)
+        meta = {k: v for k, v in ev.items() if k != "files"}
+        put(os.path.join(_safe_name(node), "evidence.json"), json.dumps(meta, indent=1) + "\n")
+        gathered[node] = {"files": sorted(ev.get("files", {})), "notes": meta.get("notes", []),
+                          "took_s": meta.get("took_s"), "capped": meta.get("capped", False)}
+    put("metrics.txt", metrics_text or "")
+    summary = {"schema": SCHEMA, "time": now, "verdict": verdict, "evidence": evidence, "fault_at": fault_at,
+               "ended": None, "outage_s": None, "result": "pending", "nodes": gathered}
+    put("summary.json", json.dumps(summary, indent=1) + "\n")
+    prune(state_dir, keep)
+    return folder
+
+
+def record_result(folder, result, ended=None):
+    """The recovery's end: result, when the API served again (ended) and the outage since fault_at."""
+    path = os.path.join(folder, "summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    ended = time.time() if ended is None else ended
+    start = summary.get("fault_at") or summary["time"]
+    summary.update(result=result, ended=ended, outage_s=round(ended - start, 1))
+    write_atomic(path, json.dumps(summary, indent=1) + "\n", mode=0o600)
+    return summary
+
+
+def folders(state_dir):
+    """Incident folders, newest first."""
+    try:
+        found = [d for d in os.listdir(root(state_dir)) if FOLDER_RE.match(d)]
+    except FileNotFoundError:
+        return []
+    return [os.path.join(root(state_dir), d) for d in sorted(found, reverse=True)]
+
+
+def prune(state_dir, keep):
+    for old in folders(state_dir)[max(1, keep):]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- reading ------------------------------------------------------------------------------------------
+
+def summaries(state_dir):
+    """[(folder, summary)] newest first (a folder without a readable summary is shown as such)."""
+    out = []
+    for folder in folders(state_dir):
+        try:
+            with open(os.path.join(folder, "summary.json")) as f:
+                out.append((folder, json.load(f)))
+        except (OSError, ValueError):
+            out.append((folder, {"verdict": os.path.basename(folder).split("-", 1)[-1], "result": "unreadable"}))
+    return out
+
+
+def _when(t):
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z" if t else "-"
+
+
+def _secs(s):
+    return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def list_lines(state_dir):
+    """`doit incidents`: one line per incident, newest first (N: what `show N` takes)."""
+    rows = summaries(state_dir)
+    if not rows:
+        return [f"no incidents in {root(state_dir)}"]
+    lines = [f"{'N':>3}  {'time (UTC)':<20}  {'verdict':<12}  {'outage':>8}  {'result':<24}  evidence"]
+    for i, (_, s) in enumerate(rows, 1):
+        lines.append(f"{i:>3}  {_when(s.get('time')):<20}  {s.get('verdict', '?'):<12}  {_secs(s.get('outage_s')):>8}  "
+                     f"{one_line(s.get('result') or '-', 24):<24}  {one_line(s.get('evidence') or '', 100)}")
+    return lines
+
+
+def show(state_dir, n=1):
+    """`doit incidents show [N]`: the N-th newest incident (1: the last) with its stacks; UserError when
+    there is no such incident."""
+    rows = summaries(state_dir)
+    if not 1 <= n <= len(rows):
+        raise UserError(f"no incident {n}: {len(rows)} saved in {root(state_dir)} (`doit incidents` lists them)")
+    folder, s = rows[n - 1]
+    out = [f"incident {n}: {folder}",
+           f"  verdict   {s.get('verdict')}: {s.get('evidence')}",
+           f"  seen      {_when(s.get('time'))}   fault began {_when(s.get('fault_at'))}",
+           f"  result    {s.get('result')}   served again {_when(s.get('ended'))}   outage {_secs(s.get('outage_s'))}"]
+    for node, g in (s.get("nodes") or {}).items():
+        if "error" in g:
+            out.append(f"  {node}: no evidence: {g['error']}")
+            continue
+        out.append(f"  {node}: {len(g.get('files', []))} files in {g.get('took_s')} s"
+                   + (" (size cap reached)" if g.get("capped") else ""))
+        out += [f"    note: {note}" for note in g.get("notes", [])]
+    for dirpath, _, files in sorted(os.walk(folder)):
+        for fname in sorted(files):
+            path = os.path.join(dirpath, fname)
+            out.append(f"    {os.path.relpath(path, folder):<40} {os.path.getsize(path):>9} bytes")
+    for dirpath, _, files in sorted(os.walk(folder)):
+        for fname in sorted(f for f in files if f.startswith("pyspy-")):
+            with open(os.path.join(dirpath, fname)) as f:
+                out += ["", f"== {os.path.relpath(os.path.join(dirpath, fname), folder)}", f.read().rstrip()]
+    return "\n".join(out)
