@@ -1,4 +1,4 @@
-"""head/hang.py: the progress tracker over /metrics snapshots (tables, the recorded real /metrics, and the
+"""head/core/hang.py: the progress tracker over /metrics snapshots (tables, the recorded real /metrics, and the
 stand-in engine during a chunked prefill and with its worker stopped), the recovery backoff under a fake
 clock, and the memory-return rule."""
 import signal
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dsv41.client import metrics
-from dsv41.head import hang
+from dsv41.head.core import hang
 from test_standin_engine import KEY, NAME, REAL_METRICS, Reader, ranks, token_text  # noqa: F401 (fixture)
 
 GIB = 1 << 30

@@ -1,4 +1,4 @@
-"""head/incidents.py against real nodes: this machine as the head and worker1 behind a loopback sshd, the
+"""head/core/incidents.py against real nodes: this machine as the head and worker1 behind a loopback sshd, the
 stand-in engine as rank 0 (its environment holds the API key), a stopped Python process holding
 HF_TOKEN. Every saved folder is grepped for both secrets; a frozen worker costs its deadline only; the
 newest INCIDENTS_KEEP folders are kept; the listing and show print what was saved."""
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from dsv41.errors import UserError
-from dsv41.head import incidents
-from dsv41.head.cluster import Cluster
+from dsv41.head.core import incidents
+from dsv41.head.core.cluster import Cluster
 from dsv41.head.config import load_config
 from sshd import need_sshd, start_sshd, stop_sshd
 from test_standin_engine import KEY, Ranks

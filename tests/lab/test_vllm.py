@@ -15,7 +15,7 @@ from conftest import lab_up
 from labctl import CACHE, LAB_DIR
 
 from dsv41.client import metrics
-from dsv41.head import hang
+from dsv41.head.core import hang
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
@@ -118,7 +118,7 @@ def test_evidence_holds_the_stopped_engine_cores_stack_and_no_key(lab, vllm):
 def test_a_long_chunked_prefill_is_progress_though_no_token_total_moves(lab, vllm):
     """A prompt of about 7400 tokens prefilled alone in chunks of BATCH (2048), /metrics scraped every second
     on the head: the token totals and the step count stand still until the first token (vLLM records a
-    step only with output) while the KV-cache use grows chunk by chunk, so head/hang.Progress never sees
+    step only with output) while the KV-cache use grows chunk by chunk, so head/core/hang.Progress never sees
     the engine flat for more than about one chunk (measured: 13 s to the first token, 11 samples with none
     counted, flat at most 3 s)."""
     r = lab.on("head", f"/opt/dsv41-venv/bin/python {lab.repo}/bench/prefill_signals.py --words 7000 "

@@ -24,7 +24,7 @@ MAX_TARGET_LEN = 255
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 # preflight's checks (head/preflight.py registers them; a test keeps the two lists equal)
 CHECK_NAMES = ("reachable", "fabric", "rdma", "subnet", "gid-type", "mtu", "ping", "link-speed", "docker",
-               "nvidia-runtime", "disk", "memory", "ports", "stale-containers", "kernel", "clock", "tools")
+               "nvidia-runtime", "disk", "memory", "ports", "stale-containers", "kernel", "clock", "tools", "remove-ipc")
 # flags and variables that would put a secret into a unit file or an argument list
 SECRET_FLAGS = ("--api-key", "--hf-token")
 SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DSV41_API_KEY")
