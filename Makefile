@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 PYTEST  := .venv/bin/pytest
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install test bench lab-up lab-down demo
+.PHONY: install test bench lab-up lab-down demo chaos
 
 install: .venv/.installed
 
@@ -32,3 +32,6 @@ lab-down:
 
 demo: install
 	bash tests/lab/demo.sh
+
+chaos: install         # the chaos soak (bench/bench_chaos.py --help); CHAOS_ARGS="--once --every 15-30 --watchdog fast"
+	$(PY) bench/bench_chaos.py $(CHAOS_ARGS)

@@ -1,0 +1,54 @@
+"""The chaos soak (bench/bench_chaos.py) in the two-node lab with the stand-in engine: the whole fault
+catalogue once, a fault every 15-30 s, the lab tests' fast watchdog, a fixed seed; every fault must heal
+and every check hold. Then the same soak with no recovery allowed must fail, naming the fault it left
+unhealed. The cluster is launched again afterwards with the watchdog off, as the other lab tests expect."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+SHORT = ["--once", "--every", "15-30", "--watchdog", "fast", "--seed", "24", "--deadline-s", "15"]
+STATE = "/root/.dsv41-two-sparks"
+
+
+def soak(tmp_path, *args):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_chaos.py"), *SHORT, *args,
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800)
+    print(r.stdout[-6000:], r.stderr[-3000:])
+    path = tmp_path / "chaos.json"
+    return r, json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.fixture
+def put_back(lab, launched):
+    yield
+    lab.doit("clear-trip", check=False)
+    lab.on("head", f"rm -f {STATE}/watchdog.gaveup")
+    lab.doit("launch")
+
+
+def test_short_soak_every_fault_heals_and_every_check_holds(lab, put_back, tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    from chaos.faults import CATALOGUE
+    r, rep = soak(tmp_path)
+    assert rep is not None, r.stderr
+    assert r.returncode == 0, "\n".join(rep["problems"])
+    assert sorted(f["kind"] for f in rep["faults"]) == sorted(CATALOGUE)
+    assert all(f["healed_at"] and not f["proof"].startswith("NO EFFECT") for f in rep["faults"])
+    assert rep["requests"]["hung"] == 0 and rep["requests"]["ok"] > 100 and rep["restarts"] >= 1
+    assert 0 < rep["availability"] < 1 and (tmp_path / "chaos.png").exists() and (tmp_path / "chaos.md").exists()
+
+
+def test_soak_with_no_recovery_allowed_fails_naming_the_fault_left_unhealed(lab, put_back, tmp_path):
+    r, rep = soak(tmp_path, "--max-recoveries", "0")
+    assert r.returncode == 1 and rep is not None and not rep["ok"]
+    [unhealed] = [f for f in rep["faults"] if f["healed_at"] is None]
+    assert rep["stopped"].startswith(f"{unhealed['kind']} on {unhealed['node']} at +")
+    assert "GAVE UP" in unhealed["left"]
+    assert any(line.startswith(f"chaos: FAILED: {unhealed['kind']} on {unhealed['node']}") and "never healed" in line
+               for line in r.stderr.splitlines()), r.stderr
