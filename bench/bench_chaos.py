@@ -60,22 +60,27 @@ def positive(text):
 def parse(argv):
     p = argparse.ArgumentParser(prog="bench/bench_chaos.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="chaos-report", help="directory for chaos.json, chaos.md, chaos.png (default: %(default)s)")
+    p.add_argument("--out", default="chaos-report",
+                   help="directory for chaos.json, chaos.md, chaos.png (default: %(default)s)")
     p.add_argument("--minutes", type=positive, default=30, help="how long to inject faults (default: %(default)s)")
     p.add_argument("--once", action="store_true", help="inject the whole catalogue once (a seeded order), then stop")
     p.add_argument("--seed", type=int, default=None, help="the fault schedule's seed (default: random, printed)")
     p.add_argument("--every", type=every_range, default=(60.0, 180.0), metavar="MIN-MAX",
                    help="seconds between faults, drawn uniformly (default: 60-180)")
     p.add_argument("--slo-s", type=positive, default=None,
-                   help="seconds a fault may take to heal (default: the watchdog's detection bound + one measured start-up)")
+                   help="seconds a fault may take to heal (default: the watchdog's detection bound + one "
+                        "measured start-up)")
     p.add_argument("--max-recoveries", type=int, default=None,
-                   help="WATCHDOG_MAX_RECOVERIES for the soak (default: enough for every fault in a window); 0 must fail")
+                   help="WATCHDOG_MAX_RECOVERIES for the soak (default: enough for every fault in a window); "
+                        "0 must fail")
     p.add_argument("--budget-test", action="store_true",
                    help="a budget of one recovery: show the watchdog giving up and the `doit launch` that resumes it")
     p.add_argument("--watchdog", choices=("default", "fast"), default="default",
                    help="the watchdog's timings: its defaults, or the lab tests' fast ones (default: %(default)s)")
-    p.add_argument("--backoff-s", type=positive, default=2, help="WATCHDOG_BACKOFF_S, the backoff base (default: %(default)s)")
-    p.add_argument("--hold-s", type=positive, default=20, help="how long sshd stays stopped or the link down (default: %(default)s)")
+    p.add_argument("--backoff-s", type=positive, default=2,
+                   help="WATCHDOG_BACKOFF_S, the backoff base (default: %(default)s)")
+    p.add_argument("--hold-s", type=positive, default=20,
+                   help="how long sshd stays stopped or the link down (default: %(default)s)")
     p.add_argument("--streams", type=int, default=3, help="concurrent request streams (default: %(default)s)")
     p.add_argument("--deadline-s", type=positive, default=30, help="each request's deadline (default: %(default)s)")
     p.add_argument("--faults", default=",".join(faults.CATALOGUE),
@@ -205,6 +210,7 @@ class Soak:
         except Exception as err:  # noqa: BLE001  a fault that broke while injecting is a finding
             f["proof"] = f"NO EFFECT: {type(err).__name__}: {err}"
         f["proved_at"] = time.time()
+        f["fault_s"] = round(f["proved_at"] - t, 1)     # how long the fault itself took (a hold, a reboot)
         if f["proof"].startswith("NO EFFECT"):
             self.problems.append(f"fault {n} ({kind} at +{f['at']:.0f} s): {f['proof']}")
             f["healed_at"] = f["proved_at"]
@@ -225,11 +231,14 @@ class Soak:
             self.lab_checks(self.faults[-1])
         for f, deadline in zip(self.faults, checks.heal_deadlines(self.faults, self.slo_s)):
             if f["healed_at"] is None and now > deadline and not self.stopped:
-                f["left"] = self.what_is_left()
+                left = self.what_is_left()
+                for g in self.faults:
+                    g["left"] = left if g["healed_at"] is None else None
                 self.stopped = f"{f['kind']} on {f['node']} at +{f['at']:.0f} s left unhealed"
-                say(f"STOP: {self.stopped}: {f['left']}")
-                f["checked"] = True
-                self.lab_checks(f)
+                say(f"STOP: {self.stopped}: {left}")
+                self.lab_checks(f)            # what was left on the nodes
+                for g in self.faults:
+                    g["checked"] = True
 
     def lab_checks(self, f):
         """Orphans and memory, retried while they settle (memory within MEM_RETURN_S)."""

@@ -70,9 +70,10 @@ def test_requests_per_fault_count_failed_and_timed_out_separately():
 def test_heal_deadlines_extend_over_a_burst_of_faults():
     fs = [fault("kill-rank", 0, healed_after=50), fault("reboot", 20, healed_after=40), fault("kill-guard", 100, 2)]
     # the first healed after the second came: the burst shares the second's deadline
-    assert checks.heal_deadlines(fs, 45) == [1000 + 20 + 45, 1000 + 20 + 45, 1000 + 100 + 45]
+    assert checks.heal_deadlines(fs, 45) == [1000 + 21 + 45, 1000 + 21 + 45, 1000 + 101 + 45]
     assert checks.check_healed(fs, 45) == []
-    assert checks.check_healed(fs, 30) == ["reboot on worker1 at +20 s: healed after 40 s, past its SLO (30 s)"]
+    assert checks.check_healed(fs, 30) == [
+        "reboot on worker1 at +20 s: healed 39 s after the fault was done, past its SLO (30 s)"]
 
 
 def test_a_fault_left_unhealed_is_named_with_what_was_left():

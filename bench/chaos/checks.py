@@ -140,11 +140,12 @@ def check_recoveries(faults, incidents):
 
 
 def heal_deadlines(faults, slo_s):
-    """The time by which each fault must be healed: its injection + slo_s, or, when the next fault came
+    """The time by which each fault must be healed: slo_s after the fault was done (proved_at: after the
+    hold of a fault that lasts a while, the node back after a reboot), or, when the next fault came
     before it healed, the next fault's deadline (a burst heals as one). Pure."""
     out = [None] * len(faults)
     for i in reversed(range(len(faults))):
-        f, own = faults[i], faults[i]["injected_at"] + slo_s
+        f, own = faults[i], faults[i]["proved_at"] + slo_s
         nxt = faults[i + 1] if i + 1 < len(faults) else None
         healed = f.get("healed_at")
         overlapped = nxt is not None and (healed is None or healed > nxt["injected_at"])
@@ -160,8 +161,8 @@ def check_healed(faults, slo_s):
         if f.get("healed_at") is None:
             problems.append(f"{where}: never healed (SLO {slo_s:.0f} s); left: {f.get('left') or 'unknown'}")
         elif f["healed_at"] > deadline:
-            problems.append(f"{where}: healed after {f['healed_at'] - f['injected_at']:.0f} s, "
-                            f"past its SLO ({deadline - f['injected_at']:.0f} s)")
+            problems.append(f"{where}: healed {f['healed_at'] - f['proved_at']:.0f} s after the fault was done, "
+                            f"past its SLO ({deadline - f['proved_at']:.0f} s)")
     return problems
 
 
