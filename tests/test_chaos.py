@@ -166,6 +166,10 @@ def test_report_shape(tmp_path):
     assert (out / "chaos.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rep = report.build(run, records, fs, incs, ["kill-rank on worker1 at +10 s: never healed"])
     assert not rep["ok"] and "## Failed checks" in report.markdown(rep)
+    run["budget_test"] = [{"gave_up_at": 1030, "reason": "DEGRADED again after 1 recoveries", "launch_rc": 0,
+                           "launch_s": 8.2, "launch_said": ["watchdog: cleared its give-up; the watchdog acts again"]}]
+    assert ("- the watchdog gave up (DEGRADED again after 1 recoveries); `doit launch` exited 0 after 8 s: "
+            "watchdog: cleared its give-up; the watchdog acts again") in report.markdown(report.build(run, records, fs, incs, []))
 
 
 @pytest.mark.parametrize("args, said", [

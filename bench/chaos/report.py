@@ -94,6 +94,8 @@ def markdown(rep):
              f"within the {rep['deadline_s']:.0f} s deadline)",
              "- requests: " + ", ".join(f"{v} {k}" for k, v in rep["requests"].items()),
              f"- restarts: {rep['restarts']}; incidents: {len(rep['incidents'])}",
+             *[f"- the watchdog gave up ({b['reason'][:120]}); `doit launch` exited {b['launch_rc']} after "
+               f"{b['launch_s']:.0f} s: {' / '.join(b['launch_said']) or '-'}" for b in rep.get("budget_test") or []],
              f"- result: {'PASS' if rep['ok'] else 'FAIL'}", "",
              "| # | at | kind | node | proof | detected | healed | failed | timed out | incidents |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
