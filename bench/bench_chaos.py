@@ -74,7 +74,8 @@ def parse(argv):
                    help="WATCHDOG_MAX_RECOVERIES for the soak (default: enough for every fault in a window); "
                         "0 must fail")
     p.add_argument("--budget-test", action="store_true",
-                   help="a budget of one recovery: show the watchdog giving up and the `doit launch` that resumes it")
+                   help="a budget of one recovery: show the watchdog giving up and the `doit launch` that resumes "
+                        "it (each time it gives up)")
     p.add_argument("--watchdog", choices=("default", "fast"), default="default",
                    help="the watchdog's timings: its defaults, or the lab tests' fast ones (default: %(default)s)")
     p.add_argument("--backoff-s", type=positive, default=2,
@@ -83,9 +84,12 @@ def parse(argv):
                    help="how long sshd stays stopped or the link down (default: %(default)s)")
     p.add_argument("--streams", type=int, default=3, help="concurrent request streams (default: %(default)s)")
     p.add_argument("--deadline-s", type=positive, default=30, help="each request's deadline (default: %(default)s)")
-    p.add_argument("--faults", default=",".join(faults.CATALOGUE),
-                   help="fault kinds to draw from, comma list (default: all: %(default)s)")
+    p.add_argument("--faults", default=None,
+                   help=f"fault kinds to draw from, comma list (default: all: {','.join(faults.CATALOGUE)}; "
+                        "with --budget-test: kill-rank, which `doit launch` repairs)")
     a = p.parse_args(argv)
+    if a.faults is None:
+        a.faults = "kill-rank" if a.budget_test else ",".join(faults.CATALOGUE)
     kinds = [k for k in a.faults.split(",") if k]
     unknown = [k for k in kinds if k not in faults.CATALOGUE]
     if unknown or not kinds:

@@ -192,5 +192,7 @@ def test_watchdog_settings_for_the_soak():
     assert env["WATCHDOG"] == "1" and env["WATCHDOG_WINDOW_MIN"] == "1" and int(env["WATCHDOG_MAX_RECOVERIES"]) >= 5
     assert bench_chaos.detection_bound(env) == 12 + 4 + 2                  # stall + probe + one interval
     assert bench_chaos.watchdog_env(bench_chaos.parse(["--max-recoveries", "0"]))["WATCHDOG_MAX_RECOVERIES"] == "0"
-    assert bench_chaos.watchdog_env(bench_chaos.parse(["--budget-test"]))["WATCHDOG_MAX_RECOVERIES"] == "1"
+    budget = bench_chaos.parse(["--budget-test"])
+    assert bench_chaos.watchdog_env(budget)["WATCHDOG_MAX_RECOVERIES"] == "1" and budget.kinds == ["kill-rank"]
+    assert bench_chaos.parse([]).kinds == KINDS
     assert bench_chaos.detection_bound({}) == 600 + 60 + 15                 # the defaults today
