@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "tests" / "lab"))
 
 from chaos import checks, faults, report  # noqa: E402
 from chaos.load import Load, served_model  # noqa: E402
-from labctl import LAB_DIR, MODEL, STATE, Lab, missing  # noqa: E402
+from labctl import LAB_DIR, MODEL, STATE, Lab, LabRefused, missing, up  # noqa: E402
 
 # the lab tests' fast watchdog (tests/lab/test_self_healing.py)
 FAST = {"WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12", "SSH_TIMEOUT_S": "5"}
@@ -332,13 +332,16 @@ def main(argv=None):
         print(f"chaos: cannot run here: {why}", file=sys.stderr)
         return 2
     engine = os.environ.get("LAB_ENGINE", "standin")
-    brought_up = not ((STATE / "engine.ref").exists() and Lab().is_up())
+    try:                     # a lab of this checkout's, for benchmarks (LAB_FOR=tests: the lab tests' own)
+        brought_up = up(os.environ.get("LAB_FOR", "bench"), LAB_ENGINE=engine)
+    except LabRefused as err:
+        print(f"chaos: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(f"chaos: {err}", file=sys.stderr)
+        return 1
     if brought_up:
-        say("bringing the lab up (it is taken down at the end)")
-        r = subprocess.run(["bash", str(LAB_DIR / "up.sh")], capture_output=True, text=True, timeout=3600)
-        if r.returncode != 0:
-            print(f"chaos: lab-up failed: {r.stderr.strip()[-1000:]}", file=sys.stderr)
-            return 1
+        say("brought the lab up (it is taken down at the end)")
     soak = Soak(a, Lab(), engine)
     result = None
     try:

@@ -5,6 +5,7 @@ below), which must fail the soak naming them. Then the same soak with no recover
 naming the first fault it left unhealed. The cluster is launched again afterwards with the watchdog off,
 as the other lab tests expect."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ STATE = "/root/.dsv41-two-sparks"
 
 def soak(tmp_path, *args):
     r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_chaos.py"), *SHORT, *args,
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800)
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800,
+                       env={**os.environ, "LAB_FOR": "tests"})          # the lab the tests brought up
     print(r.stdout[-6000:], r.stderr[-3000:])
     path = tmp_path / "chaos.json"
     return r, json.loads(path.read_text()) if path.exists() else None
