@@ -33,6 +33,9 @@ def put_back(lab, launched):
     yield
     lab.doit("clear-trip", check=False)
     lab.on("head", f"rm -f {STATE}/watchdog.gaveup")
+    # stop first: after a soak that left rank 0 restarted by systemd beside a worker rank that hangs on its
+    # loss, `doit launch` alone sees nothing to change and waits for a token that never comes
+    lab.doit("stop", check=False)
     lab.doit("launch")
 
 
