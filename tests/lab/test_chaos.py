@@ -1,0 +1,75 @@
+"""The chaos soak (bench/bench_chaos.py) in the two-node lab with the stand-in engine: the whole fault
+catalogue once, a fault every 15-30 s, the lab tests' fast watchdog, a fixed seed; every fault heals
+within the SLO and every check holds, except the kinds the watchdog cannot heal today (KNOWN_UNHEALED,
+below), which must fail the soak naming them. Then the same soak with no recovery allowed must fail,
+naming the first fault it left unhealed. The cluster is launched again afterwards with the watchdog off,
+as the other lab tests expect."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+SHORT = ["--once", "--every", "15-30", "--watchdog", "fast", "--seed", "24", "--deadline-s", "15"]
+STATE = "/root/.dsv41-two-sparks"
+
+
+def soak(tmp_path, *args):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_chaos.py"), *SHORT, *args,
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=1800,
+                       env={**os.environ, "LAB_FOR": "tests"})          # the lab the tests brought up
+    print(r.stdout[-6000:], r.stderr[-3000:])
+    path = tmp_path / "chaos.json"
+    return r, json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.fixture
+def put_back(lab, launched):
+    yield
+    lab.doit("clear-trip", check=False)
+    lab.on("head", f"rm -f {STATE}/watchdog.gaveup")
+    # stop first: after a soak that left rank 0 restarted by systemd beside a worker rank that hangs on its
+    # loss, `doit launch` alone sees nothing to change and waits for a token that never comes
+    lab.doit("stop", check=False)
+    lab.doit("launch")
+
+
+# What the watchdog cannot heal today, found by this soak: a worker that went down cleanly (rebooted, or
+# its dockerd restarted, which stops its rank container with SIGTERM: exit 0, unit inactive/success),
+# after which rank 0 exits 0 as real vLLM does when it loses a rank. Every rank is then inactive with
+# result "success", which judge() takes for a deliberate `doit stop` (STOPPED) and leaves alone. With
+# the fixed seed these two come last, so every other kind is injected first and must heal. When the
+# watchdog tells a deliberate stop from this, empty KNOWN_UNHEALED: the soak must then pass whole.
+KNOWN_UNHEALED = {"reboot", "restart-docker"}
+
+
+def test_short_soak_every_fault_heals_and_every_check_holds(lab, put_back, tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    from chaos.faults import CATALOGUE
+    r, rep = soak(tmp_path)
+    assert rep is not None, r.stderr
+    kinds = [f["kind"] for f in rep["faults"]]
+    assert sorted(kinds) == sorted(CATALOGUE) and not any(f["proof"].startswith("NO EFFECT") for f in rep["faults"])
+    unhealed = {f["kind"] for f in rep["faults"] if f["healed_at"] is None}
+    assert unhealed == KNOWN_UNHEALED, "\n".join(rep["problems"])
+    assert all("STOPPED" in f["left"] for f in rep["faults"] if f["kind"] in KNOWN_UNHEALED)
+    assert all(any(k in p for k in KNOWN_UNHEALED) for p in rep["problems"]), rep["problems"]
+    assert r.returncode == (1 if KNOWN_UNHEALED else 0)
+    assert rep["requests"]["hung"] == 0 and rep["requests"]["ok"] > 100 and rep["restarts"] >= 2
+    assert 0 < rep["availability"] < 1 and (tmp_path / "chaos.png").exists() and (tmp_path / "chaos.md").exists()
+
+
+def test_soak_with_no_recovery_allowed_fails_naming_the_fault_left_unhealed(lab, put_back, tmp_path):
+    r, rep = soak(tmp_path, "--max-recoveries", "0")
+    assert r.returncode == 1 and rep is not None and not rep["ok"]
+    unhealed = [f for f in rep["faults"] if f["healed_at"] is None][0]      # a burst may leave more than one
+    assert rep["stopped"].startswith(f"{unhealed['kind']} on {unhealed['node']} at +")
+    assert rep["restarts"] == 0 and len(rep["faults"]) < 8             # no recovery; it stopped injecting
+    assert "GAVE UP" in unhealed["left"]
+    assert any(line.startswith(f"chaos: FAILED: {unhealed['kind']} on {unhealed['node']}") and "never healed" in line
+               for line in r.stderr.splitlines()), r.stderr
