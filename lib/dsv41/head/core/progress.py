@@ -92,7 +92,8 @@ class Bar:
     def _line(self, now, fmt):
         elapsed = now - self.t0
         rate = (self.n - self.initial) / elapsed if elapsed > 0 else None
-        text = self._tqdm.format_meter(self.n, self.total, elapsed, prefix=self.label, unit=self.unit,
+        # past its total (a wait that ran over) tqdm drops the total, which the formats need
+        text = self._tqdm.format_meter(min(self.n, self.total), self.total, elapsed, prefix=self.label, unit=self.unit,
                                        unit_scale=self.unit == "B", unit_divisor=1000, rate=rate,
                                        bar_format=fmt, initial=self.initial)
         self.stream.write(text + "\n")
