@@ -96,3 +96,36 @@ node_pid() {  # PID of the systemd-nspawn process of a node, if alive
     p=$(cat "$f")
     [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo "$p"
 }
+
+boot_node() {  # boot_node NODE: start its systemd-nspawn in the background (up.sh, reboot.sh)
+    local n=$1 binds h
+    # /var/lib/docker on the host's filesystem: overlay2 cannot stack on the overlay root.
+    binds=("--bind=$STATE/nodes/$n/docker:/var/lib/docker")
+    # the head also sees the repo (doit runs there) and the cache (engine images, the Hub stand-in's repo)
+    [ "$n" = head ] && binds+=("--bind=$REPO" "--bind-ro=$CACHE:$NODE_CACHE")
+    for h in systemd unified; do mkdir -p "/sys/fs/cgroup/$h/lab-$n"; done
+    (
+        echo "$BASHPID" > "/sys/fs/cgroup/systemd/lab-$n/cgroup.procs"
+        echo "$BASHPID" > "/sys/fs/cgroup/unified/lab-$n/cgroup.procs"
+        SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 SYSTEMD_SECCOMP=0 exec setsid systemd-nspawn \
+            -D "$STATE/nodes/$n/root" -M "$n" -b --keep-unit --register=no --capability=all \
+            --network-namespace-path="/run/netns/$n" --console=pipe "${binds[@]}"
+    ) < /dev/null >> "$STATE/$n.console.log" 2>&1 9>&- &
+    echo $! > "$STATE/$n.pid"
+}
+
+wait_for() {  # wait_for SECONDS WHAT LOG CMD...: poll CMD; on timeout fail with LOG's tail
+    local t=$1 what=$2 log=$3 end=$(($SECONDS + $1)); shift 3
+    until "$@" >/dev/null 2>&1; do
+        [ $SECONDS -lt $end ] || die "$what not ready after ${t} s: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
+        sleep 0.3
+    done
+}
+
+node_ready() {  # node_ready NODE: wait until ssh, systemd and dockerd answer on a booting node
+    local n=$1 st
+    wait_for 60 "ssh on $n" "$STATE/$n.console.log" lab_ssh "$n" true
+    st=$(lab_ssh "$n" systemctl is-system-running --wait || true)
+    [ "$st" = running ] || say "$n: systemd is $st; failed units: $(lab_ssh "$n" systemctl --failed --plain --no-legend | tr '\n' ' ')"
+    wait_for 60 "docker on $n" /dev/null lab_ssh "$n" docker info
+}

@@ -12,14 +12,6 @@ flock 9
 start=$SECONDS
 claim_lab                             # never reuse, nor clear, a lab this checkout did not bring up
 
-wait_for() {  # wait_for SECONDS WHAT LOG CMD...: poll CMD; on timeout fail with LOG's tail
-    local t=$1 what=$2 log=$3 end=$(($SECONDS + $1)); shift 3
-    until "$@" >/dev/null 2>&1; do
-        [ $SECONDS -lt $end ] || die "$what not ready after ${t} s: $(tail -n 3 "$log" 2>/dev/null | tr '\n' ' ')"
-        sleep 0.3
-    done
-}
-
 lab_is_up() {
     local n
     [ "$(lab_nodes | sort | tr '\n' ' ')" = "$(printf '%s\n' "${NODES[@]}" | sort | tr '\n' ' ')" ] || return 1
@@ -99,30 +91,8 @@ echo $! > "$STATE/registry.pid"
 wait_for 20 "registry on $REGISTRY" "$STATE/registry.log" ip netns exec head curl -sf "http://$REGISTRY/v2/"
 
 say "booting ${NODES[*]} (systemd-nspawn)"
-for n in "${NODES[@]}"; do
-    # /var/lib/docker on the host's filesystem: overlay2 cannot stack on the overlay root.
-    binds=("--bind=$STATE/nodes/$n/docker:/var/lib/docker")
-    # the head also sees the repo (doit runs there) and the cache (engine images, the Hub stand-in's repo)
-    [ "$n" = head ] && binds+=("--bind=$REPO" "--bind-ro=$CACHE:$NODE_CACHE")
-    for h in systemd unified; do mkdir -p "/sys/fs/cgroup/$h/lab-$n"; done
-    (
-        echo "$BASHPID" > "/sys/fs/cgroup/systemd/lab-$n/cgroup.procs"
-        echo "$BASHPID" > "/sys/fs/cgroup/unified/lab-$n/cgroup.procs"
-        SYSTEMD_NSPAWN_API_VFS_WRITABLE=1 SYSTEMD_SECCOMP=0 exec setsid systemd-nspawn \
-            -D "$STATE/nodes/$n/root" -M "$n" -b --keep-unit --register=no --capability=all \
-            --network-namespace-path="/run/netns/$n" --console=pipe "${binds[@]}"
-    ) < /dev/null > "$STATE/$n.console.log" 2>&1 9>&- &
-    echo $! > "$STATE/$n.pid"
-done
-
-for n in "${NODES[@]}"; do
-    wait_for 60 "ssh on $n" "$STATE/$n.console.log" lab_ssh "$n" true
-done
-for n in "${NODES[@]}"; do
-    st=$(lab_ssh "$n" systemctl is-system-running --wait || true)
-    [ "$st" = running ] || say "$n: systemd is $st; failed units: $(lab_ssh "$n" systemctl --failed --plain --no-legend | tr '\n' ' ')"
-    wait_for 60 "docker on $n" /dev/null lab_ssh "$n" docker info
-done
+for n in "${NODES[@]}"; do boot_node "$n"; done
+for n in "${NODES[@]}"; do node_ready "$n"; done
 say "nodes up: systemd, sshd, dockerd ($((SECONDS - start)) s)"
 fi  # ---- bring-up
 
