@@ -16,6 +16,7 @@ from labctl import CACHE, LAB_DIR
 
 from dsv41.client import metrics
 from dsv41.head.core import hang
+from dsv41.head.core.vllm import Vllm
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
@@ -125,7 +126,7 @@ def test_a_long_chunked_prefill_is_progress_though_no_token_total_moves(lab, vll
                f"--raw /tmp/prefill-raw.jsonl", timeout=900)
     found = json.loads(r.stdout.splitlines()[-1])
     scrapes = [json.loads(line) for line in lab.on("head", "cat /tmp/prefill-raw.jsonl").stdout.splitlines()]
-    progress = hang.Progress()
+    progress = hang.Progress.for_recipe(Vllm)
     flats = [progress.update(metrics.parse(s["text"], at=s["t"])) for s in scrapes]
     print(f"real engine: {found['prompt_tokens']} prompt tokens in {found['took_s']} s, {found['prefill_samples']} s "
           f"with no token counted; longest flat stretch {max(flats):.1f} s; moved: {found['moved']}")
