@@ -10,7 +10,7 @@ from dsv41.head.config import load_config
 from dsv41.head.core.engine import for_config
 from dsv41.head.core.state import parse, unreachable
 from dsv41.head.core.judge import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
-                                   TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge)
+                                   TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge, wants_probe)
 
 CFG = load_config({"WORKER": "u@w", "WATCHDOG_STALL_S": "600", "WATCHDOG_PROBE_S": "60", "START_TIMEOUT_MIN": "45"})
 RECIPE = for_config(CFG)
@@ -23,9 +23,10 @@ def node(rank, state="active", since=START, result="success", clock=0.0, tripped
     return {"units": {f"dsv41-r{rank}.service": unit}, "tripped": tripped, "time": None, "_clock": clock}
 
 
-def snapshot(running=0, waiting=0, prompt=100, generation=50):
+def snapshot(running=0, waiting=0, prompt=100, generation=50, kv=0.0):
     text = (f'vllm:num_requests_running{{engine="0"}} {running}\nvllm:num_requests_waiting{{engine="0"}} {waiting}\n'
-            f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generation}\n')
+            f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generation}\n'
+            f'vllm:kv_cache_usage_perc{{engine="0"}} {kv}\n')
     return metrics.parse(text)
 
 
@@ -36,7 +37,8 @@ def look(t, head=None, worker=None, health=200, snap=None, probe=TOKEN):
         if "error" not in f:
             f["time"] = START + t + f.pop("_clock", 0.0)
     nodes = {n: unreachable(f["error"]) if "error" in f else parse(f) for n, f in nodes.items()}
-    return Observation(START + t, nodes, health, snap if snap is not None else snapshot(), probe)
+    snap = snap if snap is not None else snapshot()
+    return Observation(START + t, nodes, health, metrics.Snapshot(START + t, snap.samples), probe)
 
 
 def run(*observations, mem=None):
@@ -55,12 +57,39 @@ def test_work_with_counters_moving_is_busy_for_as_long_as_it_flows():
     assert set(run(look(590), *obs)) == {HEALTHY, BUSY}
 
 
-def test_work_with_no_counter_moving_for_the_stall_time_is_wedged():
+def test_work_with_no_signal_moving_for_the_stall_time_is_wedged_once_the_probe_gets_no_token():
     stuck = snapshot(running=1, prompt=500, generation=80)
-    verdicts = run(look(600), *[look(600 + 15 * i, snap=stuck, probe=None) for i in range(1, 45)])
+    mem = Memory()
+    verdicts, probes_wanted = [], []
+    for i in range(0, 45):
+        o = look(600 + 15 * i, snap=stuck, probe=None)
+        o.probe = NO_TOKEN if wants_probe(CFG, mem, o.metrics, RECIPE) else None
+        probes_wanted.append(o.probe is not None)
+        verdicts.append(judge(CFG, o, mem, RECIPE)[0])
     first_wedge = verdicts.index(WEDGED)
-    assert set(verdicts[1:first_wedge]) == {BUSY} and 15 * first_wedge >= 600
+    assert set(verdicts[:first_wedge]) == {BUSY} and 15 * first_wedge >= 600
     assert first_wedge <= 600 // 15 + 1
+    assert not any(probes_wanted[:first_wedge]) and probes_wanted[first_wedge]     # asked only once stalled
+    assert mem.fault_at == START + 600            # the fault began at the last progress seen, not when seen
+
+
+def test_a_stall_whose_probe_gets_a_token_is_busy_however_long_it_lasts():
+    stuck = snapshot(running=1, prompt=500, generation=80)
+    mem = Memory()
+    got = [judge(CFG, look(600 + 15 * i, snap=stuck, probe=TOKEN), mem, RECIPE) for i in range(200)]
+    assert {v for v, _ in got} == {BUSY} and "the probe got a token" in got[-1][1] and mem.fault_at is None
+
+
+def test_kv_cache_use_growing_is_progress_during_a_long_prefill():
+    mem = Memory()
+    looks = [look(600 + 15 * i, snap=snapshot(running=1, kv=0.01 * i), probe=NO_TOKEN) for i in range(100)]
+    assert {judge(CFG, o, mem, RECIPE)[0] for o in looks} == {BUSY}
+
+
+def test_a_stall_without_a_probe_answer_waits_for_one():
+    stuck = snapshot(running=1)
+    verdicts = run(*[look(600 + 15 * i, snap=stuck, probe=None) for i in range(60)])
+    assert set(verdicts) == {BUSY}
 
 
 def test_an_idle_probe_without_a_token_is_wedged_but_not_during_start_up():

@@ -6,7 +6,8 @@ WATCHDOG_MAX_RECOVERIES times per WATCHDOG_WINDOW_MIN; past that it gives up and
 the run lock, or while a start-up is within START_TIMEOUT_MIN.
 
 Every WATCHDOG_INTERVAL_S it observes every node's rank unit and trip marker (one probe per node), the
-API's /health and /metrics and, when no request runs or waits, a one-token probe with a deadline;
+API's /health and /metrics and, when no request runs or waits or when work has made no progress for
+WATCHDOG_STALL_S (every progress signal of the recipe flat), a one-token probe with a deadline;
 judge() turns that and what it remembers into a verdict (pure). Each incident gets a journal line at
 detection and one at the end, and a JSON line in $STATE_DIR/incidents.jsonl; $STATE_DIR/watchdog.json
 holds the settings launch gave it, watchdog.status.json what it last saw (for status and top).
@@ -27,15 +28,17 @@ from dsv41.files import write_atomic
 from dsv41.head.config import from_resolved
 from dsv41.head.core import ranks, runlock
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.judge import ACT_ON, NO_TOKEN, TOKEN, VERDICTS, Memory, Observation, judge
+from dsv41.head.core.judge import ACT_ON, NO_TOKEN, TOKEN, VERDICTS, Memory, Observation, judge, wants_probe
 
 SCHEMA = "dsv41.watchdog/1"
 
 
 # ---- observing ------------------------------------------------------------------------------------
 
-def observe(cl, cfg):
-    """One look at everything judge() needs; never raises for a node or the API being down."""
+def observe(cl, cfg, mem):
+    """One look at everything judge() needs; never raises for a node or the API being down. The
+    one-token probe goes out when no request runs or waits, and when work has made no progress for
+    WATCHDOG_STALL_S (judge.wants_probe)."""
     states = cl.observe()                      # each interval asks every node afresh
     client = cl.api(read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
@@ -43,8 +46,7 @@ def observe(cl, cfg):
         snap = cl.recipe.scrape(timeout=10)
     except UserError:
         pass
-    idle = snap is None or not any(cl.recipe.work(snap))
-    if health == 200 and idle:
+    if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):
         probe = token_probe(client, cfg.served_model_name)
     return Observation(time.time(), states, health, snap, probe)
 
@@ -101,7 +103,7 @@ class Watchdog:
 
     def step(self):
         """One interval: observe, judge, act when the verdict asks for it and nothing forbids it."""
-        obs = observe(self.cl, self.cfg)
+        obs = observe(self.cl, self.cfg, self.mem)
         verdict, evidence = judge(self.cfg, obs, self.mem, self.cl.recipe)
         if (verdict, evidence.split(" (")[0]) != self.last:
             self.log(f"{verdict}: {evidence}")
@@ -174,8 +176,8 @@ class Watchdog:
 
     def run(self):
         c = self.cfg
-        self.log(f"watchdog started: every {c.watchdog_interval_s} s; wedged after {c.watchdog_stall_s} s without "
-                 f"tokens or an idle probe without a token in {c.watchdog_probe_s} s; at most "
+        self.log(f"watchdog started: every {c.watchdog_interval_s} s; a probe after {c.watchdog_stall_s} s without "
+                 f"progress, wedged when it gets no token in {c.watchdog_probe_s} s; at most "
                  f"{c.watchdog_max_recoveries} recoveries per {c.watchdog_window_s // 60} min")
         while not self.stop.is_set():
             t0 = time.monotonic()
