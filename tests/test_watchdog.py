@@ -155,3 +155,107 @@ def test_the_watchdog_runs_on_what_launch_resolved(tmp_path, monkeypatch):
     (tmp_path / "watchdog.json").write_text('{"env": {"PORT": "8123"}}\n')       # an older launch's file
     with pytest.raises(UserError, match="run `doit launch`"):
         watchdog.load_settings(str(tmp_path))
+
+
+# ---- the Watchdog itself, on a fake clock: backoff, memory that did not come back, its metrics file ----
+# (what cannot run here is faked: the nodes' looks and the restart itself; the lab tests do them for real)
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def watchdog_on(tmp_path, monkeypatch, looks, restart, **settings):
+    from dsv41.head import watchdog
+    from dsv41.head.core import ranks, recovery
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "METRICS_DIR": str(tmp_path / "prom"),
+                       "WATCHDOG_BACKOFF_S": "30", "WATCHDOG_MAX_RECOVERIES": "3", "WATCHDOG_WINDOW_MIN": "60",
+                       **settings})
+    clock = Clock(START)
+    monkeypatch.setattr(watchdog, "observe", lambda cl, c, mem: looks(clock.t - START))
+    monkeypatch.setattr(recovery, "restart", lambda cl, log: restart(clock))
+    monkeypatch.setattr(recovery, "save_evidence", lambda *a, **k: None)
+    monkeypatch.setattr(ranks, "wait_ready", lambda cl: None)
+    lines = []
+    w = watchdog.Watchdog(cfg, log=lines.append, clock=clock)
+    w.lines = lines
+    return w, clock
+
+
+def status_of(tmp_path):
+    import json
+    return json.loads((tmp_path / "watchdog.status.json").read_text())
+
+
+def test_the_nth_recovery_waits_its_backoff_while_the_watchdog_keeps_looking(tmp_path, monkeypatch):
+    starts = []
+
+    def restart(clock):
+        starts.append(clock.t - START)
+        clock.t += 10                                      # a restart takes 10 s
+
+    broken = lambda t: look(t, worker=node(1, state="failed", result="exit-code"))   # noqa: E731
+    w, clock = watchdog_on(tmp_path, monkeypatch, broken, restart)
+    published = []
+    for t in range(0, 150, 15):
+        clock.t = START + t
+        w.step()
+        published.append((status_of(tmp_path)["time"] - START, status_of(tmp_path)["verdict"]))
+    # 1st at once; 2nd 30 s after the 1st ended (10 -> 40, seen at 45); 3rd 60 s after the 2nd (55 -> 115)
+    assert starts == [0, 45, 120]
+    assert w.gave_up() and "3 recoveries" in w.gave_up()["reason"]           # the budget stays
+    assert [v for _, v in published] == [DEGRADED] * len(published)
+    waits = [t for t, _ in published if t not in (10, 55, 130)]
+    assert {15, 30, 60, 75, 90, 105} <= set(waits)                           # published while it waited
+    backoff_lines = [m for m in w.lines if "backing off" in m]
+    assert len(backoff_lines) == 2 and "waits 30 s" in backoff_lines[0] and "waits 60 s" in backoff_lines[1]
+
+
+def memory(avail_gib, base_gib=100):
+    return {"mem_available_kib": int(avail_gib * 2**20), "mem_baseline_bytes": int(base_gib * 2**30)}
+
+
+def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_path, monkeypatch):
+    from dsv41.head.core import recovery
+    avail = {"worker1": 80}
+    started = []
+
+    def looks(t):
+        o = look(t, head=node(0, state="inactive"), worker=node(1, state="inactive"))
+        for name, f in list(o.nodes.items()):
+            m = memory(avail.get(name, 100))
+            o.nodes[name] = type(f)(**{**f.__dict__, "mem_available_kib": m["mem_available_kib"],
+                                       "mem_baseline_bytes": m["mem_baseline_bytes"]})
+        return o
+
+    def restart(clock):
+        raise AssertionError("no restart while the memory is short")
+
+    w, clock = watchdog_on(tmp_path, monkeypatch, looks, restart)
+    monkeypatch.setattr(recovery, "start_when_memory_back", lambda cl, log: started.append(clock.t))
+    recovery.set_needs_reboot(str(tmp_path), "worker1: 20.0 GiB below its baseline")
+    for t in (0, 15, 30):
+        clock.t = START + t
+        assert w.step() == "NEEDS_REBOOT"
+    assert started == [] and "worker1" in status_of(tmp_path)["evidence"]
+    assert "20.0 GiB below" in status_of(tmp_path)["evidence"]
+    avail["worker1"] = 95                                     # within MEM_RETURN_GIB (8) of its baseline
+    clock.t = START + 45
+    w.step()
+    assert started == [START + 45]
+    recovery.clear_needs_reboot(str(tmp_path))          # (start_when_memory_back clears it when it starts)
+    clock.t = START + 60
+    assert w.step() == STOPPED
+
+
+def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path, monkeypatch):
+    from dsv41.head import watchdog
+    w, clock = watchdog_on(tmp_path, monkeypatch, lambda t: look(600 + t), lambda clock: None)
+    w.step()
+    prom = tmp_path / "prom" / watchdog.METRICS_FILE
+    assert 'dsv41_watchdog_verdict{verdict="HEALTHY"} 1.0' in prom.read_text()
+    watchdog.remove_metrics(w.cfg.metrics_dir)
+    assert not prom.exists()
