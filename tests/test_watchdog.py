@@ -251,11 +251,28 @@ def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_p
     assert w.step() == STOPPED
 
 
-def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path, monkeypatch):
+def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path):
+    """The real service process: it publishes its textfile, and SIGTERM (systemctl stop) removes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
     from dsv41.head import watchdog
-    w, clock = watchdog_on(tmp_path, monkeypatch, lambda t: look(600 + t), lambda clock: None)
-    w.step()
+    from dsv41.head.core.desired import watchdog_settings
+    cfg = load_config({"WORKER": "u@127.0.0.1", "SSH_OPTS": "-p 1", "SSH_TIMEOUT_S": "2", "PORT": "18997",
+                       "STATE_DIR": str(tmp_path), "METRICS_DIR": str(tmp_path / "prom"), "WATCHDOG_PROBE_S": "2"})
+    (tmp_path / "watchdog.json").write_text(watchdog_settings(cfg))
     prom = tmp_path / "prom" / watchdog.METRICS_FILE
-    assert 'dsv41_watchdog_verdict{verdict="HEALTHY"} 1.0' in prom.read_text()
-    watchdog.remove_metrics(w.cfg.metrics_dir)
-    assert not prom.exists()
+    p = subprocess.Popen([sys.executable, "-m", "dsv41.head.watchdog", "--state-dir", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        end = time.monotonic() + 60
+        while not prom.exists() and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.2)
+        assert 'dsv41_watchdog_verdict{verdict="UNKNOWN"} 1.0' in prom.read_text()   # the worker is not there
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=30)[0]
+    assert p.returncode == 0 and not prom.exists() and "watchdog stopping" in out
