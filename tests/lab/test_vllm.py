@@ -233,3 +233,38 @@ def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm):
     print(f"real engine: the watchdog saw {inc['verdict']} {inc['started'] - killed:.0f} s after the kill; the API "
           f"was ready again {inc['ended'] - killed:.0f} s after it")
     assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
+
+
+def test_the_watchdog_repairs_a_stopped_engine_core_and_keeps_its_stack(lab, vllm):
+    """Rank 0's EngineCore stopped (SIGSTOP): /health answers, no token comes back. Short settings; the
+    incident folder is saved before the restart, with the stopped process's stack (a vllm frame)."""
+    env = {**vllm.env, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "30",
+           "WATCHDOG_PROBE_S": "20", "WATCHDOG_BACKOFF_S": "5"}
+    lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/incidents")
+    lab.doit("launch", env, timeout=1800)
+    pid = lab.on("head", "pgrep -f '^VLLM::EngineCore'").stdout.split()[0]
+    stopped = time.time()
+    lab.on("head", f"kill -STOP {pid}")
+    deadline = time.monotonic() + 900
+    try:
+        while True:
+            r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
+            done = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+            if done and done[-1]["result"] == "READY":
+                break
+            assert time.monotonic() < deadline, done
+            time.sleep(3)
+    finally:
+        lab.on("head", f"kill -CONT {pid}", check=False)
+    inc = done[-1]
+    seen, served = inc["started"] - stopped, inc["ended"] - stopped
+    print(f"real engine, EngineCore stopped: {inc['verdict']} seen after {seen:.0f} s, serving again after "
+          f"{served:.0f} s (WATCHDOG_STALL_S 30, WATCHDOG_PROBE_S 20, WATCHDOG_INTERVAL_S 5)")
+    assert inc["verdict"] == "WEDGED" and seen <= 30 + 20 + 5 + 10
+    folder = inc["incident"]
+    assert folder and re.search(r"vllm/v1/engine/core\.py:\d+",
+                                lab.on("head", f"cat {folder}/head/pyspy-{pid}.txt").stdout)
+    assert lab.on("head", f"grep -rlF -e {vllm.key} {STATE}/incidents", check=False).stdout == ""
+    assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
+    assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
+                                                  "max_tokens": 2})[0] == 200
