@@ -210,7 +210,7 @@ def test_memory_that_does_not_come_back_gets_no_ranks_started(lab, watched):
         [inc] = wait_for("NEEDS_REBOOT", lambda: [i for i in incidents(lab) if "NEEDS_REBOOT" in i["result"]],
                          timeout=120)
         assert "worker1" in inc["result"] and "GiB below its baseline" in inc["result"]
-        r = lab.doit("status", check=False)
+        r = lab.doit("status", {"MEM_RETURN_GIB": "1"}, check=False)      # the settings launch was given
         assert r.returncode == 7 and "NEEDS_REBOOT: " in r.stdout and "worker1" in r.stdout, r.stdout
         for node, rank in (("head", 0), ("worker1", 1)):
             assert lab.units(node, [f"dsv41-r{rank}.service"])[f"dsv41-r{rank}.service"]["ActiveState"] != "active"
