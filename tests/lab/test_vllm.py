@@ -242,6 +242,10 @@ def test_the_watchdog_repairs_a_stopped_engine_core_and_keeps_its_stack(lab, vll
            "WATCHDOG_PROBE_S": "20", "WATCHDOG_BACKOFF_S": "5"}
     lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/incidents")
     lab.doit("launch", env, timeout=1800)
+    deadline = time.monotonic() + 120       # a watchdog that never saw a token takes a silence for a start-up
+    while '"verdict": "HEALTHY"' not in lab.on("head", f"cat {STATE}/watchdog.status.json", check=False).stdout:
+        assert time.monotonic() < deadline, "the watchdog did not see the engine ready"
+        time.sleep(2)
     pid = lab.on("head", "pgrep -f '^VLLM::EngineCore'").stdout.split()[0]
     stopped = time.time()
     lab.on("head", f"kill -STOP {pid}")
