@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib
 from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
-from dsv41.head import (completion, config, copy_checkpoint, download, fabric_bench, launch, logs,  # noqa: E402
-                        monitoring, pi, plan, render, smoke_bench, status, stop)
+from dsv41.head import (completion, config, copy_checkpoint, download, fabric_bench, incident_log,  # noqa: E402
+                        launch, logs, monitoring, pi, plan, render, smoke_bench, status, stop)
 from dsv41.head.core import image, preflight, verify  # noqa: E402
 from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
 
@@ -108,7 +108,9 @@ def task_launch():
     """Bring the cluster up: preflight, checkpoint, image, units, start in order, wait for the API.
 
     Does nothing when everything is already up and unchanged."""
-    return {"actions": [call(launch.launch, mutates=True)], "task_dep": ["copy"], "uptodate": [False]}
+    return {"actions": [call(launch.launch, mutates=True)], "task_dep": ["copy"], "uptodate": [False],
+            "params": [{"name": "force", "long": "force", "type": bool, "default": False,
+                        "help": "start the ranks although a node's memory did not come back (NEEDS_REBOOT)"}]}
 
 
 def task_status():
@@ -132,6 +134,11 @@ def task_logs():
                         "help": "how many lines"},
                        {"name": "node", "long": "node", "type": str, "default": "",
                         "help": "memguard: which node (default all)"}]}
+
+
+def task_incidents():
+    """Incidents saved before each restart, newest first: doit incidents [show [N]] (N=1: the last)."""
+    return {"actions": [call(incident_log.incidents)], "pos_arg": "words", "uptodate": [False]}
 
 
 def task_stop():

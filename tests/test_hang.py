@@ -9,6 +9,7 @@ import pytest
 
 from dsv41.client import metrics
 from dsv41.head.core import hang
+from dsv41.head.core.vllm import Vllm
 from test_standin_engine import KEY, NAME, REAL_METRICS, Reader, ranks, token_text  # noqa: F401 (fixture)
 
 GIB = 1 << 30
@@ -31,7 +32,7 @@ def snap(t, running=1, waiting=0, steps=0, prompt=0, gen=0, kv=0.0, preempt=0, q
 
 def test_every_series_it_watches_is_in_real_vllm_metrics():
     real = metrics.parse(REAL_METRICS.read_text())
-    missing = [n for n in hang.PROGRESS_SERIES + hang.WORK_SERIES if n not in real.samples]
+    missing = [n for n in Vllm.progress_metrics + Vllm.work_metrics if n not in real.samples]
     assert missing == []
 
 
@@ -52,13 +53,13 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_progress_tracker(case):
     changes, want = CASES[case]
-    p = hang.Progress()
+    p = hang.Progress.for_recipe(Vllm)
     got = [p.update(snap(15.0 * i, **c)) for i, c in enumerate(changes)]
     assert got == want
 
 
 def test_progress_names_what_moved_and_when_progress_was_last_seen():
-    p = hang.Progress()
+    p = hang.Progress.for_recipe(Vllm)
     p.update(snap(0, steps=3, kv=0.1))
     p.update(snap(15, steps=3, kv=0.2))
     assert p.moved == ("vllm:kv_cache_usage_perc",) and p.last_progress == 15
@@ -66,7 +67,7 @@ def test_progress_names_what_moved_and_when_progress_was_last_seen():
 
 
 def test_a_second_engine_moving_is_progress():
-    p = hang.Progress()
+    p = hang.Progress.for_recipe(Vllm)
     a = snap(0, engines=2)
     p.update(a)
     b = snap(15, engines=2)
@@ -82,12 +83,12 @@ def test_stand_in_prefill_is_progress_and_a_stopped_worker_is_not(ranks):
     url = f"http://127.0.0.1:{r.port}/metrics"
     t = threading.Thread(target=r.request, args=("POST", "/v1/completions",
                                                  {"model": NAME, "prompt": "hello " * 2000, "max_tokens": 2}))
-    p, flats, totals_still = hang.Progress(), [], 0
+    p, flats, totals_still = hang.Progress.for_recipe(Vllm), [], 0
     t.start()
     while t.is_alive():
         s = metrics.scrape(url)
         flats.append(p.update(s))
-        totals_still += s.value("vllm:prompt_tokens_total") == 0 and any(hang.work(s))
+        totals_still += s.value("vllm:prompt_tokens_total") == 0 and any(hang.work(s, Vllm.work_metrics))
         time.sleep(0.1)
     assert totals_still >= 5 and max(flats) < 0.5
 

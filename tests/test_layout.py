@@ -19,7 +19,7 @@ SHARED = {p[:-3].replace("/", ".").removesuffix(".__init__") for p in SHIPPED if
 SHIPPED_PACKAGES = tuple(p.rstrip("/").replace("/", ".") for p in SHIPPED if p.endswith("/"))
 SETTINGS = "dsv41.head.config"        # the settings: read by verbs and machinery alike
 PURE = ("dsv41.head.core.decide", "dsv41.head.core.judge")
-PURE_MAY_USE = {"dsv41.head.core.recipe"}            # besides each other and the vocabulary below
+PURE_MAY_USE = {"dsv41.head.core.recipe", "dsv41.head.core.hang"}           # besides each other and the vocabulary below
 VOCABULARY = {"dsv41.names", "dsv41.errors"}         # shared names and the error type: no I/O done
 PURE_STDLIB = {"collections", "dataclasses", "enum", "functools", "hashlib", "itertools", "json", "math", "re",
                "typing"}

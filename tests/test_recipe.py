@@ -11,7 +11,7 @@ from dsv41.head import launch, stop
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import Kind, decide
-from dsv41.head.core.judge import BUSY, DEGRADED, HEALTHY, TOKEN, WEDGED, Memory, Observation, judge
+from dsv41.head.core.judge import BUSY, DEGRADED, HEALTHY, NO_TOKEN, TOKEN, WEDGED, Memory, Observation, judge
 from dsv41.head.core.nodes import Node, Result
 from dsv41.head.core.recipe import Part, Recipe
 from dsv41.head.core.state import parse
@@ -131,9 +131,9 @@ def test_launch_restarts_in_the_recipes_order_and_waits_on_its_readiness_probe(t
     monkeypatch.setattr(ranks.time, "sleep", lambda s: None)
     cl = fake_cluster(tmp_path)
     w = want(cl, KEY, PLAN)
-    step = decide(cl.cfg.nodes, w, states({**facts_of(cl, w), "worker1": {**facts_of(cl, w)["worker1"], "units": {}}}),
-                  cl.recipe)
-    launch.apply(cl, w, [s for s in step if s.kind is Kind.RESTART_RANKS])
+    now = states({**facts_of(cl, w), "worker1": {**facts_of(cl, w)["worker1"], "units": {}}})
+    step = decide(cl.cfg.nodes, w, now, cl.recipe)
+    launch.apply(cl, w, [s for s in step if s.kind is Kind.RESTART_RANKS], now)
     assert systemctl(recorded, "stop") == [("worker1", "fake-serve-1.service"), ("worker1", "fake-store-1.service"),
                                            ("head", "fake-serve-0.service"), ("head", "fake-store-0.service")]
     assert systemctl(recorded, "start") == [("head", "fake-store-0.service"), ("head", "fake-serve-0.service"),
@@ -168,7 +168,7 @@ def look(cl, t, steps=100.0, queue=0.0, worker_store="active", probe=TOKEN):
     nodes = {name: parse({"units": u, "tripped": None, "time": 1000.0 + t}) for name, u in units.items()}
     # vLLM's token counters move in every look: the fake recipe must not read them
     snap = metrics.parse(f"{STEPS} {steps}\n{QUEUE} {queue}\n"
-                         f"vllm:prompt_tokens_total {t}\nvllm:num_requests_running 0\n")
+                         f"vllm:prompt_tokens_total {t}\nvllm:num_requests_running 0\n", at=1000.0 + t)
     return Observation(1000.0 + t, nodes, 200, snap, probe)
 
 
@@ -178,8 +178,8 @@ def test_the_watchdog_judges_by_the_recipes_units_and_progress_metric(tmp_path):
     assert judge(cl.cfg, look(cl, 600), mem, cl.recipe)[0] == HEALTHY
     verdict, why = judge(cl.cfg, look(cl, 615, steps=150, queue=3, probe=None), mem, cl.recipe)
     assert (verdict, why.split(",")[0]) == (BUSY, "3 queued")
-    verdicts = [judge(cl.cfg, look(cl, 615 + 15 * i, steps=150, queue=3, probe=None), mem, cl.recipe)[0]
+    verdicts = [judge(cl.cfg, look(cl, 615 + 15 * i, steps=150, queue=3, probe=NO_TOKEN), mem, cl.recipe)[0]
                 for i in range(1, 6)]
-    assert verdicts == [BUSY, BUSY, BUSY, WEDGED, WEDGED]        # steps flat for 60 s with work queued
+    assert verdicts == [BUSY, BUSY, BUSY, WEDGED, WEDGED]        # steps flat for 60 s with work queued, no token
     verdict, why = judge(cl.cfg, look(cl, 700, worker_store="failed"), Memory(), cl.recipe)
     assert verdict == DEGRADED and why == "fake-store-1.service on worker1 is failed"

@@ -10,7 +10,7 @@ from dsv41.head.config import load_config
 from dsv41.head.core.engine import for_config
 from dsv41.head.core.state import parse, unreachable
 from dsv41.head.core.judge import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
-                                   TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge)
+                                   TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge, wants_probe)
 
 CFG = load_config({"WORKER": "u@w", "WATCHDOG_STALL_S": "600", "WATCHDOG_PROBE_S": "60", "START_TIMEOUT_MIN": "45"})
 RECIPE = for_config(CFG)
@@ -23,9 +23,10 @@ def node(rank, state="active", since=START, result="success", clock=0.0, tripped
     return {"units": {f"dsv41-r{rank}.service": unit}, "tripped": tripped, "time": None, "_clock": clock}
 
 
-def snapshot(running=0, waiting=0, prompt=100, generation=50):
+def snapshot(running=0, waiting=0, prompt=100, generation=50, kv=0.0):
     text = (f'vllm:num_requests_running{{engine="0"}} {running}\nvllm:num_requests_waiting{{engine="0"}} {waiting}\n'
-            f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generation}\n')
+            f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generation}\n'
+            f'vllm:kv_cache_usage_perc{{engine="0"}} {kv}\n')
     return metrics.parse(text)
 
 
@@ -36,7 +37,8 @@ def look(t, head=None, worker=None, health=200, snap=None, probe=TOKEN):
         if "error" not in f:
             f["time"] = START + t + f.pop("_clock", 0.0)
     nodes = {n: unreachable(f["error"]) if "error" in f else parse(f) for n, f in nodes.items()}
-    return Observation(START + t, nodes, health, snap if snap is not None else snapshot(), probe)
+    snap = snap if snap is not None else snapshot()
+    return Observation(START + t, nodes, health, metrics.Snapshot(START + t, snap.samples), probe)
 
 
 def run(*observations, mem=None):
@@ -55,12 +57,39 @@ def test_work_with_counters_moving_is_busy_for_as_long_as_it_flows():
     assert set(run(look(590), *obs)) == {HEALTHY, BUSY}
 
 
-def test_work_with_no_counter_moving_for_the_stall_time_is_wedged():
+def test_work_with_no_signal_moving_for_the_stall_time_is_wedged_once_the_probe_gets_no_token():
     stuck = snapshot(running=1, prompt=500, generation=80)
-    verdicts = run(look(600), *[look(600 + 15 * i, snap=stuck, probe=None) for i in range(1, 45)])
+    mem = Memory()
+    verdicts, probes_wanted = [], []
+    for i in range(0, 45):
+        o = look(600 + 15 * i, snap=stuck, probe=None)
+        o.probe = NO_TOKEN if wants_probe(CFG, mem, o.metrics, RECIPE) else None
+        probes_wanted.append(o.probe is not None)
+        verdicts.append(judge(CFG, o, mem, RECIPE)[0])
     first_wedge = verdicts.index(WEDGED)
-    assert set(verdicts[1:first_wedge]) == {BUSY} and 15 * first_wedge >= 600
+    assert set(verdicts[:first_wedge]) == {BUSY} and 15 * first_wedge >= 600
     assert first_wedge <= 600 // 15 + 1
+    assert not any(probes_wanted[:first_wedge]) and probes_wanted[first_wedge]     # asked only once stalled
+    assert mem.fault_at == START + 600            # the fault began at the last progress seen, not when seen
+
+
+def test_a_stall_whose_probe_gets_a_token_is_busy_however_long_it_lasts():
+    stuck = snapshot(running=1, prompt=500, generation=80)
+    mem = Memory()
+    got = [judge(CFG, look(600 + 15 * i, snap=stuck, probe=TOKEN), mem, RECIPE) for i in range(200)]
+    assert {v for v, _ in got} == {BUSY} and "the probe got a token" in got[-1][1] and mem.fault_at is None
+
+
+def test_kv_cache_use_growing_is_progress_during_a_long_prefill():
+    mem = Memory()
+    looks = [look(600 + 15 * i, snap=snapshot(running=1, kv=0.01 * i), probe=NO_TOKEN) for i in range(100)]
+    assert {judge(CFG, o, mem, RECIPE)[0] for o in looks} == {BUSY}
+
+
+def test_a_stall_without_a_probe_answer_waits_for_one():
+    stuck = snapshot(running=1)
+    verdicts = run(*[look(600 + 15 * i, snap=stuck, probe=None) for i in range(60)])
+    assert set(verdicts) == {BUSY}
 
 
 def test_an_idle_probe_without_a_token_is_wedged_but_not_during_start_up():
@@ -126,3 +155,124 @@ def test_the_watchdog_runs_on_what_launch_resolved(tmp_path, monkeypatch):
     (tmp_path / "watchdog.json").write_text('{"env": {"PORT": "8123"}}\n')       # an older launch's file
     with pytest.raises(UserError, match="run `doit launch`"):
         watchdog.load_settings(str(tmp_path))
+
+
+# ---- the Watchdog itself, on a fake clock: backoff, memory that did not come back, its metrics file ----
+# (what cannot run here is faked: the nodes' looks and the restart itself; the lab tests do them for real)
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def watchdog_on(tmp_path, monkeypatch, looks, restart, **settings):
+    from dsv41.head import watchdog
+    from dsv41.head.core import ranks, recovery
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "METRICS_DIR": str(tmp_path / "prom"),
+                       "WATCHDOG_BACKOFF_S": "30", "WATCHDOG_MAX_RECOVERIES": "3", "WATCHDOG_WINDOW_MIN": "60",
+                       **settings})
+    clock = Clock(START)
+    monkeypatch.setattr(watchdog, "observe", lambda cl, c, mem: looks(clock.t - START))
+    monkeypatch.setattr(recovery, "restart", lambda cl, log: restart(clock))
+    monkeypatch.setattr(recovery, "save_evidence", lambda *a, **k: None)
+    monkeypatch.setattr(ranks, "wait_ready", lambda cl: None)
+    lines = []
+    w = watchdog.Watchdog(cfg, log=lines.append, clock=clock)
+    w.lines = lines
+    return w, clock
+
+
+def status_of(tmp_path):
+    import json
+    return json.loads((tmp_path / "watchdog.status.json").read_text())
+
+
+def test_the_nth_recovery_waits_its_backoff_while_the_watchdog_keeps_looking(tmp_path, monkeypatch):
+    starts = []
+
+    def restart(clock):
+        starts.append(clock.t - START)
+        clock.t += 10                                      # a restart takes 10 s
+
+    broken = lambda t: look(t, worker=node(1, state="failed", result="exit-code"))   # noqa: E731
+    w, clock = watchdog_on(tmp_path, monkeypatch, broken, restart)
+    published = []
+    for t in range(0, 150, 15):
+        clock.t = START + t
+        w.step()
+        published.append((status_of(tmp_path)["time"] - START, status_of(tmp_path)["verdict"]))
+    # 1st at once; 2nd 30 s after the 1st ended (10 -> 40, seen at 45); 3rd 60 s after the 2nd (55 -> 115)
+    assert starts == [0, 45, 120]
+    assert w.gave_up() and "3 recoveries" in w.gave_up()["reason"]           # the budget stays
+    assert [v for _, v in published] == [DEGRADED] * len(published)
+    waits = [t for t, _ in published if t not in (10, 55, 130)]
+    assert {15, 30, 60, 75, 90, 105} <= set(waits)                           # published while it waited
+    backoff_lines = [m for m in w.lines if "backing off" in m]
+    assert len(backoff_lines) == 2 and "waits 30 s" in backoff_lines[0] and "waits 60 s" in backoff_lines[1]
+
+
+def memory(avail_gib, base_gib=100):
+    return {"mem_available_kib": int(avail_gib * 2**20), "mem_baseline_bytes": int(base_gib * 2**30)}
+
+
+def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_path, monkeypatch):
+    from dsv41.head.core import recovery
+    avail = {"worker1": 80}
+    started = []
+
+    def looks(t):
+        o = look(t, head=node(0, state="inactive"), worker=node(1, state="inactive"))
+        for name, f in list(o.nodes.items()):
+            m = memory(avail.get(name, 100))
+            o.nodes[name] = type(f)(**{**f.__dict__, "mem_available_kib": m["mem_available_kib"],
+                                       "mem_baseline_bytes": m["mem_baseline_bytes"]})
+        return o
+
+    def restart(clock):
+        raise AssertionError("no restart while the memory is short")
+
+    w, clock = watchdog_on(tmp_path, monkeypatch, looks, restart)
+    monkeypatch.setattr(recovery, "start_when_memory_back", lambda cl, log: started.append(clock.t))
+    recovery.set_needs_reboot(str(tmp_path), "worker1: 20.0 GiB below its baseline")
+    for t in (0, 15, 30):
+        clock.t = START + t
+        assert w.step() == "NEEDS_REBOOT"
+    assert started == [] and "worker1" in status_of(tmp_path)["evidence"]
+    assert "20.0 GiB below" in status_of(tmp_path)["evidence"]
+    avail["worker1"] = 95                                     # within MEM_RETURN_GIB (8) of its baseline
+    clock.t = START + 45
+    w.step()
+    assert started == [START + 45]
+    recovery.clear_needs_reboot(str(tmp_path))          # (start_when_memory_back clears it when it starts)
+    clock.t = START + 60
+    assert w.step() == STOPPED
+
+
+def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path):
+    """The real service process: it publishes its textfile, and SIGTERM (systemctl stop) removes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from dsv41.head import watchdog
+    from dsv41.head.core.desired import watchdog_settings
+    cfg = load_config({"WORKER": "u@127.0.0.1", "SSH_OPTS": "-p 1", "SSH_TIMEOUT_S": "2", "PORT": "18997",
+                       "STATE_DIR": str(tmp_path), "METRICS_DIR": str(tmp_path / "prom"), "WATCHDOG_PROBE_S": "2"})
+    (tmp_path / "watchdog.json").write_text(watchdog_settings(cfg))
+    prom = tmp_path / "prom" / watchdog.METRICS_FILE
+    p = subprocess.Popen([sys.executable, "-m", "dsv41.head.watchdog", "--state-dir", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        end = time.monotonic() + 60
+        while not prom.exists() and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.2)
+        assert 'dsv41_watchdog_verdict{verdict="UNKNOWN"} 1.0' in prom.read_text()   # the worker is not there
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=30)[0]
+    assert p.returncode == 0 and not prom.exists() and "watchdog stopping" in out

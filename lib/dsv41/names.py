@@ -42,6 +42,8 @@ WATCHDOG_SETTINGS = "watchdog.json"
 WATCHDOG_STATUS = "watchdog.status.json"
 WATCHDOG_GAVEUP = "watchdog.gaveup"
 INCIDENTS = "incidents.jsonl"
+MEM_BASELINE = "mem-baseline.json"    # on every node: its MemAvailable before its first rank started
+NEEDS_REBOOT = "needs-reboot.json"    # on the head: a restart stopped because a node's memory did not come back
 CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key
 # ---- monitoring (head/monitoring.py, head/exporter.py) ----
 PROMETHEUS_UNIT = "dsv41-prometheus.service"      # the head's Prometheus (doit monitoring --install)

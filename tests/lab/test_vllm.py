@@ -16,6 +16,7 @@ from labctl import CACHE, LAB_DIR
 
 from dsv41.client import metrics
 from dsv41.head.core import hang
+from dsv41.head.core.vllm import Vllm
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
@@ -125,7 +126,7 @@ def test_a_long_chunked_prefill_is_progress_though_no_token_total_moves(lab, vll
                f"--raw /tmp/prefill-raw.jsonl", timeout=900)
     found = json.loads(r.stdout.splitlines()[-1])
     scrapes = [json.loads(line) for line in lab.on("head", "cat /tmp/prefill-raw.jsonl").stdout.splitlines()]
-    progress = hang.Progress()
+    progress = hang.Progress.for_recipe(Vllm)
     flats = [progress.update(metrics.parse(s["text"], at=s["t"])) for s in scrapes]
     print(f"real engine: {found['prompt_tokens']} prompt tokens in {found['took_s']} s, {found['prefill_samples']} s "
           f"with no token counted; longest flat stretch {max(flats):.1f} s; moved: {found['moved']}")
@@ -232,3 +233,42 @@ def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm):
     print(f"real engine: the watchdog saw {inc['verdict']} {inc['started'] - killed:.0f} s after the kill; the API "
           f"was ready again {inc['ended'] - killed:.0f} s after it")
     assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
+
+
+def test_the_watchdog_repairs_a_stopped_engine_core_and_keeps_its_stack(lab, vllm):
+    """Rank 0's EngineCore stopped (SIGSTOP): /health answers, no token comes back. Short settings; the
+    incident folder is saved before the restart, with the stopped process's stack (a vllm frame)."""
+    env = {**vllm.env, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "30",
+           "WATCHDOG_PROBE_S": "20", "WATCHDOG_BACKOFF_S": "5"}
+    lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/incidents")
+    lab.doit("launch", env, timeout=1800)
+    deadline = time.monotonic() + 120       # a watchdog that never saw a token takes a silence for a start-up
+    while '"verdict": "HEALTHY"' not in lab.on("head", f"cat {STATE}/watchdog.status.json", check=False).stdout:
+        assert time.monotonic() < deadline, "the watchdog did not see the engine ready"
+        time.sleep(2)
+    pid = lab.on("head", "pgrep -f '^VLLM::EngineCore'").stdout.split()[0]
+    stopped = time.time()
+    lab.on("head", f"kill -STOP {pid}")
+    deadline = time.monotonic() + 900
+    try:
+        while True:
+            r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
+            done = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+            if done and done[-1]["result"] == "READY":
+                break
+            assert time.monotonic() < deadline, done
+            time.sleep(3)
+    finally:
+        lab.on("head", f"kill -CONT {pid}", check=False)
+    inc = done[-1]
+    seen, served = inc["started"] - stopped, inc["ended"] - stopped
+    print(f"real engine, EngineCore stopped: {inc['verdict']} seen after {seen:.0f} s, serving again after "
+          f"{served:.0f} s (WATCHDOG_STALL_S 30, WATCHDOG_PROBE_S 20, WATCHDOG_INTERVAL_S 5)")
+    assert inc["verdict"] == "WEDGED" and seen <= 30 + 20 + 5 + 10
+    folder = inc["incident"]
+    assert folder and re.search(r"vllm/v1/engine/core\.py:\d+",
+                                lab.on("head", f"cat {folder}/head/pyspy-{pid}.txt").stdout)
+    assert lab.on("head", f"grep -rlF -e {vllm.key} {STATE}/incidents", check=False).stdout == ""
+    assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
+    assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
+                                                  "max_tokens": 2})[0] == 200

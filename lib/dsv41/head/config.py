@@ -81,6 +81,10 @@ class Config:
     watchdog_probe_s: int
     watchdog_max_recoveries: int
     watchdog_window_s: int
+    watchdog_backoff_s: int
+    mem_return_gib: float
+    mem_return_s: int
+    incidents_keep: int
     free_gib_head: int
     free_gib_worker: int
     # ---- monitoring settings (doit monitoring, head/monitoring.py): read by _monitoring() ----------
@@ -208,6 +212,8 @@ def load_config(env=None):
         watchdog=v["WATCHDOG"], watchdog_interval_s=v["WATCHDOG_INTERVAL_S"],
         watchdog_stall_s=v["WATCHDOG_STALL_S"], watchdog_probe_s=v["WATCHDOG_PROBE_S"],
         watchdog_max_recoveries=v["WATCHDOG_MAX_RECOVERIES"], watchdog_window_s=60 * v["WATCHDOG_WINDOW_MIN"],
+        watchdog_backoff_s=v["WATCHDOG_BACKOFF_S"], mem_return_gib=v["MEM_RETURN_GIB"],
+        mem_return_s=v["MEM_RETURN_S"], incidents_keep=v["INCIDENTS_KEEP"],
         free_gib_head=v["FREE_GIB_HEAD"], free_gib_worker=v["FREE_GIB_WORKER"], gpus=v["GPUS"],
         memlock=v["MEMLOCK"], privileged=v["PRIVILEGED"], skip_checks=v["SKIP_CHECKS"],
         prometheus_port=v["PROMETHEUS_PORT"], exporter_port=v["EXPORTER_PORT"],

@@ -1,31 +1,34 @@
 """doit launch: preflight, image, then each node's state -> decide -> apply, then wait until the API generates a
-token. The engine's units stop and start in the recipe's order (core.ranks)."""
+token. The engine's units stop and start in the recipe's order (core.ranks); a restart of a broken cluster
+saves an incident folder first, and no rank starts on a node whose memory did not come back after the ranks
+stopped (core.recovery: NEEDS_REBOOT, refused until it is back or `--force`)."""
 import os
 import time
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import exporter, image, preflight, units
+from dsv41.head.core import exporter, hang, image, preflight, ranks, recovery, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.core.decide import Kind, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
-from dsv41.head.core.ranks import restart_ranks, wait_ready
+from dsv41.head.core.ranks import wait_ready
 
 
-def launch(cfg):
+def launch(cfg, force=False):
     t0 = time.monotonic()
     cfg.require_workers()
     cl = Cluster(cfg)
     fab = preflight.for_launch(cl)
     states = cl.probe_all()
     refuse_if_tripped(cl, states)
+    refuse_if_needs_reboot(cl, states, force)
     resume_watchdog(cfg)
     image.ensure(cl, states)
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
     steps = decide(cfg.nodes, want, states, cl.recipe)
     paused = pause_watchdog(cl, states, steps)
-    apply(cl, want, steps)
+    apply(cl, want, steps, states, force)
     wait_ready(cl)
     apply_watchdog(cl, steps, paused)
     print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
@@ -50,6 +53,45 @@ def refuse_if_tripped(cl, states):
             "MEMGUARD_GIB only after that), then run `doit clear-trip` and launch again")
 
 
+def refuse_if_needs_reboot(cl, states, force):
+    """A restart found a node's memory not back: refuse until it is (or --force, which also takes the
+    memory as it is now as every node's new baseline)."""
+    marker = recovery.needs_reboot(cl.cfg.state_dir)
+    if not marker:
+        return
+    check = recovery.check_now(cl.cfg, states)
+    if force or check.verdict == hang.OK:
+        recovery.clear_needs_reboot(cl.cfg.state_dir)
+        print("[head] " + ("--force: starting although " + marker["line"] if check.verdict != hang.OK
+                           else "the memory came back on every node: NEEDS_REBOOT cleared"))
+        return
+    raise UserError(f"NEEDS_REBOOT: {check.line() or marker['line']}")
+
+
+def broken(cl, states):
+    """(what is broken, when it broke) when some engine unit runs and another does not, or one failed;
+    (None, None) when the ranks are all up or all stopped cleanly."""
+    units = [(n, u, states[n.name].unit(u)) for n in cl.nodes for u in cl.engine_units(n)]
+    down = [(n, u, s) for n, u, s in units if s.active != "active"]
+    if not down or (len(down) == len(units) and all(s.result in ("success", "") for _, _, s in down)):
+        return None, None
+    since = [float(s.inactive_enter[1:]) for _, _, s in down if s.inactive_enter.startswith("@")
+             and s.inactive_enter != "@0"]
+    return "; ".join(f"{u} on {n.name} is {s.active or 'not installed'} ({s.result or '?'})" for n, u, s in down), \
+        (min(since) if since else None)
+
+
+def restart_ranks(cl, states, force):
+    """The evidence of a broken cluster first; stop; each node's baseline when it has none (every node's
+    with force); start once every node's memory came back."""
+    what, fault_at = broken(cl, states)
+    if what:
+        recovery.save_evidence(cl, "DEGRADED", what, fault_at, log=lambda m: print(f"[head] {m}"))
+    ranks.stop_ranks(cl)
+    recovery.record_baselines(cl, cl.observe(), force=force)
+    recovery.start_when_memory_back(cl, force=force, log=lambda m: print(f"[head] {m}"))
+
+
 def resume_watchdog(cfg):
     """A watchdog that gave up stays hands-off until a launch: this one."""
     marker = names.state_path(cfg.state_dir, names.WATCHDOG_GAVEUP)
@@ -58,7 +100,7 @@ def resume_watchdog(cfg):
         print(f"[head] cleared {marker}: the watchdog acts again")
 
 
-def apply(cl, want, steps):
+def apply(cl, want, steps, states, force=False):
     by_name = {n.name: n for n in cl.nodes}
     for s in steps:
         node = by_name.get(s.node)
@@ -79,7 +121,7 @@ def apply(cl, want, steps):
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
-            restart_ranks(cl)
+            restart_ranks(cl, states, force)
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
             exporter.start(cl, by_name[s.node])

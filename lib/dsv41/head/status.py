@@ -5,13 +5,15 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError
+from dsv41.head.core import recovery
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import stale_workers
 from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
 
 SCHEMA = "dsv41.status/1"
 # 2 is left to bad input (a config error), as for every dsv41 command
-EXIT_CODES = {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6}
+EXIT_CODES = {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6,
+              "NEEDS_REBOOT": 7}
 MEANING = {
     "READY": "every rank is up and the API lists the model",
     "DEGRADED": "a rank is down or restarted on its own: `doit launch` restarts the ranks together",
@@ -19,6 +21,9 @@ MEANING = {
     "UNREACHABLE": "a node does not answer over ssh; its line above says what to check",
     "TRIPPED": "the memory guard stopped the ranks: lower KV_BYTES or GPU_UTIL, then `doit clear-trip` and `doit launch`",
     "DOWN": "ranks are up but the API does not answer: starting (see `doit logs r0`) or hung",
+    "NEEDS_REBOOT": "a restart stopped the ranks and a node's memory did not come back, so nothing was started: "
+                    "reboot that node (the watchdog and `doit launch` start the ranks once it is back; "
+                    "`doit launch --force` starts them anyway)",
 }
 
 
@@ -72,6 +77,15 @@ def verdict(nodes, api, stale):
     return "DOWN"
 
 
+def memory_short(cfg, states):
+    """The NEEDS_REBOOT line while a restart waits for a node's memory (and it is still not back), else None."""
+    marker = recovery.needs_reboot(cfg.state_dir)
+    if not marker or len(states) < len(cfg.nodes):
+        return None if not marker else marker["line"]
+    check = recovery.check_now(cfg, states)
+    return None if check.verdict == "OK" else (check.line() or marker["line"])
+
+
 class Table:
     """The status table, printed a row at a time (a dead node must not hold back the others)."""
     COLS = (("node", 10), ("memguard", 14), ("rank", 34), ("since", 19), ("container", 10))
@@ -110,10 +124,13 @@ def status(cfg, json=False):
     api = api_status(cl)
     stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
     state = verdict(entries, api, stale)
+    short = memory_short(cfg, cl.states) if state in ("NOT RUNNING", "DEGRADED") else None
+    if short:
+        state = "NEEDS_REBOOT"
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name))
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": state, "exit_code": EXIT_CODES[state], "nodes": entries,
-                           "api": api, "stale": stale, "watchdog": wd}, indent=2))
+                           "api": api, "stale": stale, "watchdog": wd, "needs_reboot": short}, indent=2))
     else:
         for line in stale:
             print(line)
@@ -121,6 +138,8 @@ def status(cfg, json=False):
         print(watchdog_line(wd))
         if state == "NOT RUNNING" and (api["models"] or api["health"]):
             print(f"(something that is not dsv41 answers on port {cfg.port}: stop it, or set PORT, before `doit launch`)")
+        if short:
+            print(f"NEEDS_REBOOT: {short}")
         print(f"{state}: {MEANING[state]}")
     if EXIT_CODES[state]:
         raise SystemExit(EXIT_CODES[state])

@@ -6,10 +6,16 @@ WATCHDOG_MAX_RECOVERIES times per WATCHDOG_WINDOW_MIN; past that it gives up and
 the run lock, or while a start-up is within START_TIMEOUT_MIN.
 
 Every WATCHDOG_INTERVAL_S it observes every node's rank unit and trip marker (one probe per node), the
-API's /health and /metrics and, when no request runs or waits, a one-token probe with a deadline;
-judge() turns that and what it remembers into a verdict (pure). Each incident gets a journal line at
-detection and one at the end, and a JSON line in $STATE_DIR/incidents.jsonl; $STATE_DIR/watchdog.json
-holds the settings launch gave it, watchdog.status.json what it last saw (for status and top).
+API's /health and /metrics and, when no request runs or waits or when work has made no progress for
+WATCHDOG_STALL_S (every progress signal of the recipe flat), a one-token probe with a deadline;
+judge() turns that and what it remembers into a verdict (pure). Before it stops anything it saves an
+incident folder (core.recovery, core.incidents); the n-th recovery inside the window waits
+WATCHDOG_BACKOFF_S x 2^(n-2) after the previous one (it keeps looking and publishing meanwhile); a
+restart whose nodes' memory did not come back starts nothing (NEEDS_REBOOT) until it does. Each
+incident gets a journal line at detection and one at the end, and a JSON line in
+$STATE_DIR/incidents.jsonl; $STATE_DIR/watchdog.json holds the settings launch gave it,
+watchdog.status.json what it last saw (for status and top); dsv41_watchdog.prom in METRICS_DIR is
+removed when it stops.
 
     python -m dsv41.head.watchdog --state-dir DIR
 """
@@ -25,17 +31,22 @@ from dsv41 import names
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic
 from dsv41.head.config import from_resolved
-from dsv41.head.core import ranks, runlock
+from dsv41.head.core import incidents, ranks, recovery, runlock
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.judge import ACT_ON, NO_TOKEN, TOKEN, VERDICTS, Memory, Observation, judge
+from dsv41.head.core.hang import OK, recovery_gate
+from dsv41.head.core.judge import (ACT_ON, NEEDS_REBOOT, NO_TOKEN, STARTING, TOKEN, VERDICTS, Memory, Observation,
+                                   judge, wants_probe)
 
 SCHEMA = "dsv41.watchdog/1"
+METRICS_FILE = "dsv41_watchdog.prom"
 
 
 # ---- observing ------------------------------------------------------------------------------------
 
-def observe(cl, cfg):
-    """One look at everything judge() needs; never raises for a node or the API being down."""
+def observe(cl, cfg, mem):
+    """One look at everything judge() needs; never raises for a node or the API being down. The
+    one-token probe goes out when no request runs or waits, and when work has made no progress for
+    WATCHDOG_STALL_S (judge.wants_probe)."""
     states = cl.observe()                      # each interval asks every node afresh
     client = cl.api(read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
@@ -43,8 +54,7 @@ def observe(cl, cfg):
         snap = cl.recipe.scrape(timeout=10)
     except UserError:
         pass
-    idle = snap is None or not any(cl.recipe.work(snap))
-    if health == 200 and idle:
+    if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):
         probe = token_probe(client, cfg.served_model_name)
     return Observation(time.time(), states, health, snap, probe)
 
@@ -65,8 +75,8 @@ def token_probe(client, model):
 # ---- acting ---------------------------------------------------------------------------------------
 
 class Watchdog:
-    def __init__(self, cfg, log=print):
-        self.cfg, self.log = cfg, log
+    def __init__(self, cfg, log=print, clock=time.time):
+        self.cfg, self.log, self.clock = cfg, log, clock
         self.cl = Cluster(cfg)
         self.mem = Memory()
         self.state = cfg.state_dir
@@ -99,56 +109,100 @@ class Watchdog:
         with open(self.path(names.INCIDENTS), "a") as f:
             f.write(json.dumps(incident) + "\n")
 
+    def say(self, verdict, evidence):
+        """A journal line when the verdict (or its evidence's gist) changed."""
+        key = (verdict, evidence.split(" (")[0])
+        if key != self.last:
+            self.log(f"{verdict}: {evidence}")
+            self.last = key
+
     def step(self):
         """One interval: observe, judge, act when the verdict asks for it and nothing forbids it."""
-        obs = observe(self.cl, self.cfg)
+        obs = observe(self.cl, self.cfg, self.mem)
+        if recovery.needs_reboot(self.state):
+            return self.memory_wait(obs)
         verdict, evidence = judge(self.cfg, obs, self.mem, self.cl.recipe)
-        if (verdict, evidence.split(" (")[0]) != self.last:
-            self.log(f"{verdict}: {evidence}")
-            self.last = (verdict, evidence.split(" (")[0])
         if verdict in ACT_ON:
             self.incident(verdict, evidence, obs.time)
+        else:
+            self.say(verdict, evidence)
         self.publish(verdict, evidence)
         return verdict
+
+    def memory_wait(self, obs):
+        """A restart stopped because a node's memory did not come back: keep looking, and start the
+        ranks once it is back (or once a `doit launch --force` cleared the record)."""
+        check = recovery.check_now(self.cfg, obs.nodes)
+        if check.verdict != OK:
+            line = check.line() or (recovery.needs_reboot(self.state) or {}).get("line", "")
+            self.say(NEEDS_REBOOT, line)
+            self.publish(NEEDS_REBOOT, line)
+            return NEEDS_REBOOT
+        self.log("the memory came back on every node: starting the ranks")
+        self.recover(NEEDS_REBOOT, "the memory came back", obs.time, "start",
+                     lambda: recovery.start_when_memory_back(self.cl, log=self.log))
+        self.publish(NEEDS_REBOOT if recovery.needs_reboot(self.state) else STARTING, "after the memory came back")
+        return NEEDS_REBOOT
 
     def incident(self, verdict, evidence, now):
         why_not = self.blocked(now)
         if why_not:
-            self.log(f"INCIDENT {verdict}: {evidence}; not acting: {why_not}")
+            self.say(verdict, f"{evidence}; not acting: {why_not}")
             return
-        done = self.recoveries_in_window(now)
-        if len(done) >= self.cfg.watchdog_max_recoveries:
-            reason = (f"{verdict} again after {len(done)} recoveries within {self.cfg.watchdog_window_s // 60} min "
-                      f"(WATCHDOG_MAX_RECOVERIES): {evidence}")
+        done = [(i["started"], i["ended"]) for i in self.recoveries_in_window(now)]
+        gate = recovery_gate(now, done, window_s=self.cfg.watchdog_window_s,
+                             max_recoveries=self.cfg.watchdog_max_recoveries, backoff_s=self.cfg.watchdog_backoff_s)
+        if gate.action == "give up":
+            reason = f"{verdict} again after {gate.reason}: {evidence}"
             write_atomic(self.path(names.WATCHDOG_GAVEUP), json.dumps({"time": now, "reason": reason}) + "\n")
             self.record({"started": now, "ended": now, "verdict": verdict, "evidence": evidence,
                          "action": "gave up", "result": reason, "took_s": 0})
             self.log(f"GAVE UP: {reason}; hands off until `doit launch`")
+            self.last = None
             return
-        n = len(done) + 1
-        self.log(f"INCIDENT {verdict}: {evidence}; restarting the ranks in order "
-                 f"(recovery {n} of at most {self.cfg.watchdog_max_recoveries} in {self.cfg.watchdog_window_s // 60} min)")
-        t0 = time.time()
+        if gate.action == "wait":
+            self.say(verdict, f"{evidence}; backing off: {gate.reason}")
+            return
+        self.log(f"INCIDENT {verdict}: {evidence}; saving the evidence, then restarting the ranks in order "
+                 f"({gate.reason})")
+        self.last = None
+        fault_at = self.mem.fault_at or now
+        self.recover(verdict, evidence, fault_at, "restart", lambda: recovery.restart(self.cl, log=self.log),
+                     evidence_first=True)
+
+    def recover(self, verdict, evidence, fault_at, action, do, evidence_first=False):
+        """Under the run lock: the incident folder (evidence_first), do(), the wait for a token; the
+        outcome in incidents.jsonl and the folder."""
+        t0 = self.clock()
         try:
             runlock.take(self.state, "dsv41-watchdog recovery")
         except UserError:
             self.log("not acting: a doit run took the run lock just now")
             return
+        folder = None
         result = "interrupted: the watchdog was stopped"
         try:
-            ranks.restart_ranks(self.cl)
+            if evidence_first:
+                folder = recovery.save_evidence(self.cl, verdict, evidence, fault_at, self.log)
+            do()
             ranks.wait_ready(self.cl)
             result = "READY"
+        except recovery.NeedsReboot as err:
+            result = str(err)
         except UserError as err:
             result = f"failed: {one_line(err, 300)}"
         finally:
             runlock.release()
-            took = time.time() - t0
-            self.record({"started": t0, "ended": time.time(), "verdict": verdict, "evidence": evidence,
-                         "action": "restart", "result": result, "took_s": round(took, 1)})
+            ended = self.clock()
+            took = ended - t0
+            self.record({"started": t0, "ended": ended, "verdict": verdict, "evidence": evidence, "action": action,
+                         "result": result, "took_s": round(took, 1), "fault_at": fault_at, "incident": folder})
+            if folder:
+                incidents.record_result(folder, result, ended=ended)
             self.mem = Memory()
             self.log(f"RECOVERED from {verdict} in {took:.0f} s: READY" if result == "READY"
-                     else f"RECOVERY {'FAILED' if result.startswith('failed') else 'STOPPED'} after {took:.0f} s: {result}")
+                     else f"RECOVERY {'STOPPED' if result.startswith('interrupted') else 'FAILED'} after {took:.0f} s: "
+                          f"{result}")
 
     def blocked(self, now):
         """Why the watchdog must not act now, or None."""
@@ -161,21 +215,21 @@ class Watchdog:
         return None
 
     def publish(self, verdict, evidence):
-        now = time.time()
-        incidents = self.incidents()
+        now = self.clock()
+        past = self.incidents()
         status = {"schema": SCHEMA, "time": now, "verdict": verdict, "evidence": evidence,
-                  "recoveries_in_window": len(self.recoveries_in_window(now, incidents)),
+                  "recoveries_in_window": len(self.recoveries_in_window(now, past)),
                   "max_recoveries": self.cfg.watchdog_max_recoveries, "gave_up": self.gave_up(),
-                  "last_incident": incidents[-1] if incidents else None}
+                  "last_incident": past[-1] if past else None}
         write_atomic(self.path(names.WATCHDOG_STATUS), json.dumps(status, indent=1) + "\n")
         if self.cfg.metrics_dir:
-            write_metrics(self.cfg.metrics_dir, verdict, sum(i.get("action") == "restart" for i in incidents),
+            write_metrics(self.cfg.metrics_dir, verdict, sum(i.get("action") == "restart" for i in past),
                           bool(status["gave_up"]), now)
 
     def run(self):
         c = self.cfg
-        self.log(f"watchdog started: every {c.watchdog_interval_s} s; wedged after {c.watchdog_stall_s} s without "
-                 f"tokens or an idle probe without a token in {c.watchdog_probe_s} s; at most "
+        self.log(f"watchdog started: every {c.watchdog_interval_s} s; a probe after {c.watchdog_stall_s} s without "
+                 f"progress, wedged when it gets no token in {c.watchdog_probe_s} s; at most "
                  f"{c.watchdog_max_recoveries} recoveries per {c.watchdog_window_s // 60} min")
         while not self.stop.is_set():
             t0 = time.monotonic()
@@ -200,7 +254,16 @@ def write_metrics(directory, verdict, recoveries, gave_up, now):
           registry=reg).set(int(gave_up))
     Gauge("dsv41_watchdog_last_check_timestamp_seconds", "When the watchdog last looked.", registry=reg).set(now)
     os.makedirs(directory, exist_ok=True)
-    write_to_textfile(os.path.join(directory, "dsv41_watchdog.prom"), reg)
+    write_to_textfile(os.path.join(directory, METRICS_FILE), reg)
+
+
+def remove_metrics(directory):
+    """A stopped watchdog's last state must not be shown as current: its textfile goes."""
+    if directory:
+        try:
+            os.unlink(os.path.join(directory, METRICS_FILE))
+        except FileNotFoundError:
+            pass
 
 
 def settings_file(state_dir):
@@ -234,6 +297,7 @@ def main(argv=None):
     try:
         w.run()
     finally:
+        remove_metrics(w.cfg.metrics_dir)
         w.log("watchdog stopping")
     return 0
 

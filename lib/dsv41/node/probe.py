@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 
-from dsv41.names import GUARD_SETTINGS, UNIT_DIR
+from dsv41.names import GUARD_SETTINGS, MEM_BASELINE, UNIT_DIR
 from dsv41.node.facts import MEMINFO, memory_facts, run_quiet
 from dsv41.node.memguard import describe_trip, read_trip
 
@@ -125,6 +125,15 @@ def newest_change(model_dir):
     return newest
 
 
+def mem_baseline(state_dir):
+    """MemAvailable (bytes) launch recorded before the node's first rank started, None without one."""
+    try:
+        with open(os.path.join(state_dir, MEM_BASELINE)) as f:
+            return int(json.load(f)["mem_available_bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def main():
     req = json.loads(sys.argv[1])
     state = req["state_dir"]
@@ -143,6 +152,7 @@ def main():
         "files": files,
         "memory": memory,
         "guard_settings": guard_settings(state),
+        "mem_baseline_bytes": mem_baseline(state),
     }))
 
 

@@ -1,7 +1,8 @@
 """The rules that tell a hang from a long job and keep recoveries from making things worse. Pure: no
 I/O here; the caller passes /metrics snapshots, times, readings and, for the waits, its own clock.
 
-- Progress: every signal the engine moves while it works (PROGRESS_SERIES). While requests run or wait
+- Progress: every signal the engine moves while it works (the recipe's progress_metrics; its
+  work_metrics count the requests running and waiting). While requests run or wait
   and none of them has moved, the engine has made no progress for Progress.update()'s seconds.
 - Backoff: before the n-th recovery inside one window, wait backoff x 2^(n-2) after the previous one
   ended (none before the first); a window that holds no recovery starts the count again.
@@ -10,33 +11,18 @@ I/O here; the caller passes /metrics snapshots, times, readings and, for the wai
 """
 from dataclasses import dataclass, field
 
-# What moves while the engine works (vLLM 0.32's names). Measured (README, "Hangs: what moves during a
-# long prefill"): vLLM records iteration stats only for steps with output, so while a long prompt is
-# prefilled chunk by chunk alone, the token totals and the step count (the _count of the tokens-per-step
-# histogram) stand still and only the KV-cache use grows, block by block; with output, the step count
-# and the token totals move at every step; the others move on admission, preemption and completion.
-PROGRESS_SERIES = (
-    "vllm:iteration_tokens_total_count",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:kv_cache_usage_perc",
-    "vllm:num_preemptions_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:request_success_total",
-)
-WORK_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 GIB = 1 << 30
 OK, NEEDS_REBOOT, UNKNOWN = "OK", "NEEDS_REBOOT", "UNKNOWN"
 
 
-def signals(snap, series=PROGRESS_SERIES):
+def signals(snap, series):
     """The progress signals of one snapshot: {series: {labels: value}} (absent series: empty)."""
     return {name: dict(snap.samples.get(name, {})) for name in series}
 
 
-def work(snap):
-    """(running, waiting) requests in one snapshot."""
-    return tuple(snap.value(name, 0) or 0 for name in WORK_SERIES)
+def work(snap, series):
+    """(running, waiting, ...) requests in one snapshot, one per work series."""
+    return tuple(snap.value(name, 0) or 0 for name in series)
 
 
 @dataclass
@@ -45,16 +31,22 @@ class Progress:
 
     update(snap) -> seconds every signal has been flat with requests running or waiting (0 when idle
     or when something moved since the last snapshot). last_progress is when progress was last seen
-    (an idle engine counts as progressing: it owes nothing), moved the series that moved last time."""
-    series: tuple = PROGRESS_SERIES
+    (an idle engine counts as progressing: it owes nothing), moved the series that moved last time.
+    for_recipe(recipe) watches the recipe's signals."""
+    series: tuple                    # the recipe's progress_metrics
+    work_series: tuple               # the recipe's work_metrics
     seen: dict | None = None
     last_progress: float | None = None
     moved: tuple = ()
 
+    @classmethod
+    def for_recipe(cls, recipe):
+        return cls(tuple(recipe.progress_metrics), tuple(recipe.work_metrics))
+
     def update(self, snap):
         now = signals(snap, self.series)
         self.moved = tuple(n for n in self.series if self.seen is not None and now[n] != self.seen[n])
-        if self.seen is None or self.moved or not any(work(snap)):
+        if self.seen is None or self.moved or not any(work(snap, self.work_series)):
             self.seen, self.last_progress = now, snap.time
             return 0.0
         return max(0.0, snap.time - self.last_progress)

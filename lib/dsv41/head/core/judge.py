@@ -1,13 +1,21 @@
 """The watchdog's judgement: from one observation (every node's probe, the API's /health, the engine's
 /metrics, the token probe) and what it remembers, a verdict with its evidence. Pure: no I/O; the
-recipe names the engine's units and the metrics that show work and progress."""
+recipe names the engine's units and the metrics that show work and progress.
+
+A stall is confirmed before it is called a hang: when work runs or waits and none of the recipe's
+progress signals has moved for WATCHDOG_STALL_S, wants_probe() asks the watchdog for its own one-token
+probe; a token back is BUSY (a long prefill, however long it runs), none within WATCHDOG_PROBE_S is
+WEDGED. Each verdict that may call for a recovery carries fault_at (Memory): when the fault began, the
+last progress seen or the first failed look."""
 import dataclasses
 
 from dsv41.head.core.decide import stale_workers
+from dsv41.head.core.hang import Progress
 
 HEALTHY, BUSY, STARTING, STOPPED, SUSPECT = "HEALTHY", "BUSY", "STARTING", "STOPPED", "SUSPECT"
 DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN = "DEGRADED", "DEAD", "WEDGED", "TRIPPED", "UNKNOWN"
-VERDICTS = (HEALTHY, BUSY, STARTING, STOPPED, SUSPECT, DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN)
+NEEDS_REBOOT = "NEEDS_REBOOT"       # the watchdog's own: a restart found a node's memory not back (core.recovery)
+VERDICTS = (HEALTHY, BUSY, STARTING, STOPPED, SUSPECT, DEGRADED, DEAD, WEDGED, TRIPPED, UNKNOWN, NEEDS_REBOOT)
 ACT_ON = (DEGRADED, DEAD, WEDGED)
 TOKEN, NO_TOKEN = "token", "no token"
 
@@ -25,13 +33,49 @@ class Observation:
 class Memory:
     """What judge() remembers between intervals."""
     dead_streak: int = 0             # intervals in a row the API did not answer or answered 5xx
-    counters: tuple | None = None    # the recipe's progress signals last seen
-    moved_at: float | None = None    # when the counters last moved while work was running
+    progress: Progress | None = None  # the recipe's progress signals last seen, and since when flat
     ready_start: float | None = None  # rank 0's start (its node's clock) for which a token came back
+    fault_at: float | None = None    # when the current fault began (None: no fault)
+
+
+FAULTS = (SUSPECT, DEGRADED, DEAD, WEDGED)
+
+
+def tracker(mem, recipe):
+    if mem.progress is None:
+        mem.progress = Progress.for_recipe(recipe)
+    return mem.progress
+
+
+def stalled_for(mem, snap, recipe):
+    """Seconds every progress signal has been flat with work running or waiting, as of snap, without
+    changing the memory."""
+    return dataclasses.replace(tracker(mem, recipe)).update(snap)
+
+
+def wants_probe(cfg, mem, snap, recipe):
+    """Should the watchdog send its one-token probe this interval? When idle (or /metrics unread), and
+    when work has made no progress for WATCHDOG_STALL_S (to tell a long prefill from a hang)."""
+    if snap is None or not any(recipe.work(snap)):
+        return True
+    return stalled_for(mem, snap, recipe) >= cfg.watchdog_stall_s
 
 
 def judge(cfg, obs, mem, recipe):
-    """(verdict, evidence) from one observation and the memory, which it updates. Pure: no I/O."""
+    """(verdict, evidence) from one observation and the memory, which it updates (mem.fault_at: when
+    the fault the verdict names began). Pure: no I/O."""
+    verdict, evidence = _judge(cfg, obs, mem, recipe)
+    if verdict in FAULTS:
+        if verdict == WEDGED and mem.progress is not None and mem.progress.last_progress is not None:
+            mem.fault_at = min(mem.fault_at or obs.time, mem.progress.last_progress)
+        elif mem.fault_at is None:
+            mem.fault_at = obs.time
+    elif verdict not in (UNKNOWN, TRIPPED):
+        mem.fault_at = None
+    return verdict, evidence
+
+
+def _judge(cfg, obs, mem, recipe):
     lost = [f"{n}: {f.error}" for n, f in obs.nodes.items() if f.error]
     if lost:
         return UNKNOWN, "no fresh facts from " + "; ".join(lost)
@@ -60,18 +104,20 @@ def judge(cfg, obs, mem, recipe):
         return (DEAD if mem.dead_streak >= 2 else SUSPECT), f"{broken} ({mem.dead_streak} interval(s) in a row)"
     mem.dead_streak = 0
     if obs.metrics is not None:
-        work, counters = recipe.work(obs.metrics), recipe.progress(obs.metrics)
-        if counters != mem.counters or not any(work):
-            mem.counters, mem.moved_at = counters, obs.time
+        work = recipe.work(obs.metrics)
+        flat = tracker(mem, recipe).update(obs.metrics)
         if any(work):
-            stalled = obs.time - mem.moved_at
             doing = ", ".join(f"{v:.0f} {word}" for v, word in zip(work, recipe.work_words))
-            if stalled >= cfg.watchdog_stall_s:
-                return WEDGED, (f"{doing}, and no token counted for "
-                                f"{stalled:.0f} s (WATCHDOG_STALL_S {cfg.watchdog_stall_s})")
-            if any(counters):
+            if flat < cfg.watchdog_stall_s:
+                moved = ", ".join(m.split(":")[-1] for m in mem.progress.moved)
+                return BUSY, f"{doing}, " + (f"progress: {moved}" if moved else f"progress seen {flat:.0f} s ago")
+            still = f"{doing}, and no progress signal moved for {flat:.0f} s (WATCHDOG_STALL_S {cfg.watchdog_stall_s})"
+            if obs.probe == TOKEN:
                 mem.ready_start = r0_start
-            return BUSY, f"{doing}, tokens counted {stalled:.0f} s ago"
+                return BUSY, f"{still}, but the probe got a token: a long step, not a hang"
+            if obs.probe == NO_TOKEN:
+                return WEDGED, f"{still}, and the probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"
+            return BUSY, f"{still}; a one-token probe confirms before anything is done"
     if obs.probe == NO_TOKEN:
         if starting:
             return STARTING, f"ranks started {r0_age:.0f} s ago; no token yet"

@@ -16,6 +16,10 @@ def stop_ranks(cl):
 def restart_ranks(cl):
     """Stop every engine unit in the recipe's stop order, then start them in its start order."""
     stop_ranks(cl)
+    start_ranks(cl)
+
+
+def start_ranks(cl):
     for spec, unit in cl.recipe.start_order(cl.cfg.nodes):
         node = cl.node(spec)
         cl.systemctl(node, "reset-failed", unit, check=False)

@@ -120,10 +120,17 @@ SETTINGS = (
       "metrics", shown="(none)"),
     S("WATCHDOG", "bool", True, "run `dsv41-watchdog` on the head (0: stopped and disabled)"),
     S("WATCHDOG_INTERVAL_S", "int", 15, "how often the watchdog looks", lo=1, hi=3600),
-    S("WATCHDOG_STALL_S", "int", 600, "work running and no token counted this long: wedged", lo=1, hi=24 * 3600),
-    S("WATCHDOG_PROBE_S", "int", 60, "the idle one-token probe's deadline", lo=1, hi=3600),
+    S("WATCHDOG_STALL_S", "int", 120, "work running or waiting and no progress signal moved this long: the "
+      "watchdog sends its own one-token probe (a token: busy; none: wedged)", lo=1, hi=24 * 3600),
+    S("WATCHDOG_PROBE_S", "int", 60, "the one-token probe's deadline (idle, or after a stall)", lo=1, hi=3600),
     S("WATCHDOG_MAX_RECOVERIES", "int", 2, "recoveries allowed per window before it gives up", lo=0, hi=100),
     S("WATCHDOG_WINDOW_MIN", "int", 60, "the window of `WATCHDOG_MAX_RECOVERIES`", lo=1, hi=7 * 24 * 60),
+    S("WATCHDOG_BACKOFF_S", "int", 30, "the n-th recovery inside the window waits this x 2^(n-2) after the "
+      "previous one (none before the first)", lo=0, hi=24 * 3600),
+    S("MEM_RETURN_GIB", "float", 8, "after the ranks stopped, each node's MemAvailable must be back within this "
+      "of its baseline (recorded before its first rank started), else NEEDS_REBOOT", lo=0, hi=1024),
+    S("MEM_RETURN_S", "int", 120, "how long a restart waits for the memory to come back", lo=0, hi=3600),
+    S("INCIDENTS_KEEP", "int", 20, "incident folders kept in `$STATE_DIR/incidents` (the newest)", lo=1, hi=10000),
     S("PROMETHEUS_PORT", "int", 9090, "`doit monitoring --install`: dsv41-prometheus's web UI and API on the head",
       lo=1, hi=65535),
     S("EXPORTER_PORT", "int", 9100, "prometheus-node-exporter's port on every node", lo=1, hi=65535),

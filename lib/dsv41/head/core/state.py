@@ -63,6 +63,7 @@ class NodeState:
     files: Mapping = dataclasses.field(default_factory=dict)          # path under the state dir -> sha256
     memory: Mapping = dataclasses.field(default_factory=dict)         # /proc/meminfo figures (bytes)
     guard_settings: dict | None = None      # memguard.json as launch wrote it
+    mem_baseline_bytes: int | None = None   # MemAvailable before its first rank started (names.MEM_BASELINE)
 
     def unit(self, name):
         return self.units.get(name, ABSENT)
@@ -114,7 +115,8 @@ def parse(report, node="node"):
             model_dir=report.get("model_dir"), model_changed_at=report.get("model_changed_at"),
             mem_available_kib=int(report.get("mem_available_kib") or 0), gpu_memory=report.get("gpu_memory"),
             files=dict(report.get("files") or {}), memory=dict(report.get("memory") or {}),
-            guard_settings=report.get("guard_settings"))
+            guard_settings=report.get("guard_settings"),
+            mem_baseline_bytes=report.get("mem_baseline_bytes"))
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ProbeError(f"{node}: the probe's answer is not what this version expects ({type(err).__name__}: "
                         f"{err}); run `doit launch` to ship the node code again") from None

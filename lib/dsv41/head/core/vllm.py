@@ -29,7 +29,14 @@ class Vllm(Recipe):
     name = "vllm"
     work_metrics = (metrics.RUNNING, metrics.WAITING)
     work_words = ("running", "waiting")
-    progress_metrics = (metrics.PROMPT_TOKENS, metrics.GENERATION_TOKENS)
+    # What moves while the engine works (vLLM 0.32's names). Measured (README, "Hangs: what moves during a
+    # long prefill"): vLLM records iteration stats only for steps with output, so while a long prompt is
+    # prefilled chunk by chunk alone, the token totals and the step count (the _count of the tokens-per-step
+    # histogram) stand still and only the KV-cache use grows, block by block; with output, the step count
+    # and the token totals move at every step; the others move on admission, preemption and completion.
+    progress_metrics = ("vllm:iteration_tokens_total_count", metrics.PROMPT_TOKENS, metrics.GENERATION_TOKENS,
+                        metrics.KV_USAGE, metrics.PREEMPTIONS, "vllm:prefix_cache_queries_total",
+                        "vllm:request_success_total")
 
     def parts(self, spec):
         return (Part(names.rank_unit(spec.rank), names.rank_name(spec.rank)),)
