@@ -1,5 +1,5 @@
 """The chaos soak's pure parts (bench/chaos): the seeded schedule, availability and percentiles, the
-checks on recorded data, and the report's shape. The soak itself runs in the lab (tests/lab/test_chaos.py)."""
+checks on recorded data, and the report's shape. The soak itself runs in the lab (tests/lab/test_lab_chaos.py)."""
 import json
 import subprocess
 import sys

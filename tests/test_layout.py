@@ -230,3 +230,12 @@ def test_the_count_sees_a_longer_chain_and_more_arrows(tmp_path):
     fabric.write_text(fabric.read_text().replace("from dsv41.errors import", "import dsv41.files\nfrom dsv41.errors import"))
     more, longer = size(graph_of(lib)[0])
     assert more == arrows + 2 and len(longer) > len(chain)
+
+
+def test_no_two_test_modules_share_a_name():
+    """pytest imports test modules by their file name: two test_x.py in different folders break the
+    collection of the whole suite (it has happened twice)."""
+    seen = {}
+    for path in sorted((LIB.parent / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(LIB.parent)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
