@@ -332,16 +332,21 @@ def test_long_prompt_is_prefilled_in_chunks_and_only_kv_use_moves_until_its_firs
         after, "vllm:iteration_tokens_total_bucket", le="1024.0") == 1   # the whole prompt and its first token
 
 
-def test_stopped_worker_freezes_progress_while_health_and_metrics_answer(ranks):
-    r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.02"}).up()
-    resp = r.stream("count to 300")
+def stream_then(r, prompt, rank, sig):
+    """A stream that has begun, then `sig` to a rank: (response, reader, tokens so far, /metrics right after)."""
+    resp = r.stream(prompt)
     reader = Reader(resp)
     got = [token_text(reader.next_token(5))]
-    r.kill(1, signal.SIGSTOP)
+    r.kill(rank, sig)
     time.sleep(0.3)   # the step in progress may still finish
     while not reader.q.empty():
         got.append(token_text(reader.q.get()))
-    frozen = r.metrics()
+    return resp, reader, got, r.metrics()
+
+
+def test_stopped_worker_freezes_progress_while_health_and_metrics_answer(ranks):
+    r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.02"}).up()
+    resp, reader, got, frozen = stream_then(r, "count to 300", rank=1, sig=signal.SIGSTOP)
     with pytest.raises(queue.Empty):
         reader.next_token(6)
     assert r.procs[0].poll() is None and r.get("/health")[0] == 200
@@ -395,14 +400,7 @@ def test_keep_alive_on_engine_death_keeps_rank0_up(ranks):
 
 def test_usr1_wedges_and_unwedges(ranks):
     r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.02"}).up()
-    resp = r.stream("count to 400")
-    reader = Reader(resp)
-    got = [token_text(reader.next_token(5))]
-    r.kill(0, signal.SIGUSR1)
-    time.sleep(0.3)   # the step in progress may still finish
-    while not reader.q.empty():
-        got.append(token_text(reader.q.get()))
-    frozen = r.metrics()
+    resp, reader, got, frozen = stream_then(r, "count to 400", rank=0, sig=signal.SIGUSR1)
     assert val(frozen, "vllm:num_requests_running") == 1
     resp2 = r.stream("count to 3")   # a new stream while wedged: headers, then nothing
     assert resp2.status == 200

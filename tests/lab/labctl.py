@@ -135,3 +135,14 @@ def missing():
     if missing:
         return f"the lab needs {' '.join(missing)}: run 'bash tests/setup/lab.sh' as root"
     return None
+
+
+def wait_for(what, check, timeout=120, every=1.0):
+    """check()'s first truthy value, polled every `every` s; an assertion naming `what` after timeout s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(every)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import labctl
+
 pytestmark = pytest.mark.lab
 
 STATE = "/root/.dsv41-two-sparks"
@@ -34,14 +36,8 @@ def firing(lab, name):
             if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
 
-def wait_for(what, check, timeout=150, every=1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(every)
+def wait_for(what, check, timeout=150):
+    return labctl.wait_for(what, check, timeout)
 
 
 def fires(lab, name, node=None, timeout=150):

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from labctl import wait_for
+
 pytestmark = pytest.mark.lab
 
 STATE = "/root/.dsv41-two-sparks"
@@ -17,16 +19,6 @@ FAST = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "W
 def incidents(lab):
     r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
     return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-
-
-def wait_for(what, check, timeout=120, every=1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(every)
 
 
 def ready(lab):

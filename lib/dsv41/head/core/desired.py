@@ -7,7 +7,6 @@ from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.files import write_atomic
 from dsv41.head.core import exporter, units
 from dsv41.head.core.apikey import read_key, read_or_create_key  # noqa: F401 (the verbs' way to the key)
 from dsv41.head.config import resolved

@@ -21,7 +21,6 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 
@@ -38,9 +37,9 @@ def root(state_dir):
 # ---- gathering --------------------------------------------------------------------------------------
 
 def evidence_request(cl, node, pids=()):
-    """What dsv41.node.evidence looks at on a node: its rank's container and unit (and pids given)."""
-    rank = cl.spec(node).rank
-    return {"containers": [names.rank_name(rank)], "units": [names.rank_unit(rank)], "pids": list(pids)}
+    """What dsv41.node.evidence looks at on a node: the recipe's containers and units there (and pids given)."""
+    spec = cl.spec(node)
+    return {"containers": list(cl.recipe.containers(spec)), "units": list(cl.recipe.units(spec)), "pids": list(pids)}
 
 
 def gather_nodes(cl, deadline_s, pids=None):
