@@ -18,7 +18,6 @@ import random
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +26,8 @@ sys.path.insert(0, str(REPO / "tests" / "lab"))
 from chaos import checks, faults, report  # noqa: E402
 from chaos.load import Load, served_model  # noqa: E402
 from labctl import LAB_DIR, MODEL, STATE, Lab, LabRefused, missing, up  # noqa: E402
+
+from dsv41.head.core.schema import BY_NAME  # noqa: E402
 
 # the lab tests' fast watchdog (tests/lab/test_self_healing.py)
 FAST = {"WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12", "SSH_TIMEOUT_S": "5"}
@@ -120,10 +121,9 @@ def watchdog_env(a):
 def detection_bound(env):
     """Seconds within which the watchdog must see a fault: a stall (WATCHDOG_STALL_S) confirmed by a probe
     (WATCHDOG_PROBE_S) at the next look, or an API that does not answer two looks in a row."""
-    d = tomllib.loads((REPO / "conf" / "defaults.toml").read_text())
-    get = lambda k: float(env.get(k.upper(), d[k]))  # noqa: E731
-    interval = get("watchdog_interval_s")
-    return max(get("watchdog_stall_s") + get("watchdog_probe_s") + interval, 2 * interval + HEALTH_TIMEOUT_S)
+    get = lambda k: float(env.get(k, BY_NAME[k].default))  # noqa: E731
+    interval = get("WATCHDOG_INTERVAL_S")
+    return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + interval, 2 * interval + HEALTH_TIMEOUT_S)
 
 
 def say(msg):

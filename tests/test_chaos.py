@@ -26,8 +26,8 @@ def fault(kind, at, healed_after=None, node="worker1"):
 
 
 def test_the_catalogue_has_every_fault_the_soak_promises():
-    assert KINDS == ["kill-rank", "stop-engine", "stop-api", "kill-guard", "stop-sshd", "link-down",
-                     "restart-docker", "reboot"]
+    assert KINDS == ["kill-rank", "stop-engine", "stop-worker", "stop-api", "kill-guard", "stop-sshd",
+                     "link-down", "restart-docker", "reboot"]
 
 
 def test_schedule_starts_with_the_whole_catalogue_in_a_seeded_order():
@@ -195,4 +195,4 @@ def test_watchdog_settings_for_the_soak():
     budget = bench_chaos.parse(["--budget-test"])
     assert bench_chaos.watchdog_env(budget)["WATCHDOG_MAX_RECOVERIES"] == "1" and budget.kinds == ["kill-rank"]
     assert bench_chaos.parse([]).kinds == KINDS
-    assert bench_chaos.detection_bound({}) == 600 + 60 + 15                 # the defaults today
+    assert bench_chaos.detection_bound({}) == 120 + 60 + 15                 # the schema's defaults

@@ -54,10 +54,30 @@ def test_a_node_without_a_baseline_is_not_checked_with_one_warning(cl):
 
 
 def test_what_launch_takes_for_a_broken_cluster(cl):
-    assert launch.broken(cl, states(head="active", worker="active")) == (None, None)
-    assert launch.broken(cl, states()) == (None, None)                   # all stopped cleanly: a plain start
-    what, fault_at = launch.broken(cl, states(head="active", worker="failed", worker_result="exit-code"))
-    assert what == "dsv41-r1.service on worker1 is failed (exit-code)" and fault_at == 1500.0
+    assert launch.broken(cl, states(head="active", worker="active")) is None
+    assert launch.broken(cl, states()) is None                          # all stopped cleanly: a plain start
+    verdict, what, fault_at = launch.broken(cl, states(head="active", worker="failed", worker_result="exit-code"))
+    assert verdict == "DEGRADED" and what == "dsv41-r1.service on worker1 is failed (exit-code)" and fault_at == 1500.0
+
+
+def test_launch_takes_a_silent_engine_for_wedged_only_once_it_generated_since_it_started(tmp_path):
+    """Every rank up and no token (nothing listens on the API's port here): wedged when a readiness wait saw
+    this start of rank 0 generate (ready.json newer than its start), a start-up still going on otherwise."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cl = Cluster(load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "HEAD_IP": "127.0.0.1",
+                              "PORT": str(port), "WATCHDOG_PROBE_S": "5"}))
+    (tmp_path / "api_key").write_text("sk-test-0123456789abcdef\n")
+    up = states(head="active", worker="active")                         # rank 0 started at 1000
+    assert launch.wedged(cl, up, []) is None                            # never ready: the wait covers it
+    (tmp_path / "ready.json").write_text('{"time": 900}')
+    assert launch.wedged(cl, up, []) is None                            # ready before this start: a start-up
+    (tmp_path / "ready.json").write_text('{"time": 1100}')
+    verdict, what, _ = launch.wedged(cl, up, [])
+    assert verdict == "WEDGED" and "no token came back within 5 s (WATCHDOG_PROBE_S)" in what
+    assert launch.wedged(cl, states(head="active", worker="failed"), []) is None   # not all up: broken() has it
 
 
 def test_doit_incidents_lists_and_shows_them(tmp_path):

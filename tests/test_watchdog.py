@@ -125,6 +125,25 @@ def test_every_rank_stopped_cleanly_is_left_alone():
     assert run(look(600, head=node(0, state="inactive"), worker=node(1, state="inactive"))) == [STOPPED]
 
 
+def test_every_rank_exiting_by_itself_while_the_watchdog_ran_is_dead():
+    """A worker rebooted or its Docker restarted: every rank ends inactive with success, as after a stop;
+    but `doit stop` stops the watchdog first, so a running watchdog that saw them up takes it for dead."""
+    stopped = dict(head=node(0, state="inactive"), worker=node(1, state="inactive"))
+    verdicts = run(look(600), look(615, **stopped))
+    assert verdicts == [HEALTHY, DEAD]
+
+
+def test_a_readiness_wait_that_saw_a_token_ends_the_start_up():
+    """launch's wait saw this start of rank 0 generate (ready.json): a silence right after it is a fault,
+    not a start-up that may last START_TIMEOUT_MIN."""
+    quiet = look(30, probe=NO_TOKEN)
+    assert run(quiet) == [STARTING]
+    quiet.ready_at = START + 20
+    assert run(quiet) == [WEDGED]
+    quiet.ready_at = START - 20                 # a token seen before this start: still starting
+    assert run(quiet) == [STARTING]
+
+
 def test_a_tripped_guard_or_a_node_without_fresh_facts_is_never_acted_on():
     assert run(look(600, worker=node(1, state="inactive", tripped={"time": "t"}))) == [TRIPPED]
     verdict, why = judge(CFG, look(600, worker={"error": "worker1 did not answer within 10 s"}), Memory(), RECIPE)

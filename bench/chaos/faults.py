@@ -149,29 +149,43 @@ def kill_rank(ctx):
     return node, f"container {cid[:12]} ({name}) no longer runs"
 
 
+def container_init(ctx, node, name):
+    """The host PID of the running container's init (the rank containers run with --init)."""
+    cid = running_container(ctx.lab, node, name)
+    return sh(ctx.lab, node, f"docker inspect -f '{{{{.State.Pid}}}}' {cid}").stdout.strip()
+
+
 @fault
 def stop_engine(ctx):
-    """The engine process stopped and left stopped: SIGSTOP of VLLM::EngineCore (head) or
-    VLLM::Worker_TP<N> (a worker); the stand-in, whose engine and API are one process, gets its
-    SIGUSR1 wedge instead (no step, no token; /health still answers)."""
-    node = ctx.rng.choice(ctx.nodes)
-    rank = ctx.rank(node)
-    running_container(ctx.lab, node, f"dsv41-r{rank}")
+    """The head's engine process stopped and left stopped: SIGSTOP of rank 0's VLLM::EngineCore (the API
+    answers, nothing progresses); the stand-in, whose engine and API are one process, gets its SIGUSR1
+    wedge instead (no step, no token; /health still answers)."""
+    running_container(ctx.lab, "head", "dsv41-r0")
     if ctx.engine == "vllm":
-        return node, sigstop(ctx.lab, node, "VLLM::EngineCore" if rank == 0 else "VLLM::Worker_TP")
+        return "head", sigstop(ctx.lab, "head", "VLLM::EngineCore")
     t0 = time.time()
-    sh(ctx.lab, node, f"docker kill --signal USR1 dsv41-r{rank}")
-    wait(f"'wedge ON' in dsv41-r{rank}'s journal on {node}", lambda: "wedge ON" in sh(
-        ctx.lab, node, f"journalctl -u dsv41-r{rank} --no-pager -o cat --since=@{t0 - 1:.0f}").stdout, 20)
-    return node, f"dsv41-r{rank} on {node} logged 'wedge ON'"
+    sh(ctx.lab, "head", "docker kill --signal USR1 dsv41-r0")
+    wait("'wedge ON' in dsv41-r0's journal on head", lambda: "wedge ON" in sh(
+        ctx.lab, "head", f"journalctl -u dsv41-r0 --no-pager -o cat --since=@{t0 - 1:.0f}").stdout, 20)
+    return "head", "dsv41-r0 on head logged 'wedge ON'"
+
+
+@fault
+def stop_worker(ctx):
+    """A worker's engine process stopped and left stopped: SIGSTOP of its VLLM::Worker_TP<N>, or of the
+    headless stand-in (rank 0's steps then never end, while /health and /metrics still answer)."""
+    node = ctx.rng.choice(ctx.workers)
+    name = f"dsv41-r{ctx.rank(node)}"
+    if ctx.engine == "vllm":
+        running_container(ctx.lab, node, name)
+        return node, sigstop(ctx.lab, node, "VLLM::Worker_TP")
+    return node, sigstop(ctx.lab, node, "", children_of=container_init(ctx, node, name))
 
 
 @fault
 def stop_api(ctx):
     """SIGSTOP of the API server: the rank 0 container's main process (the child of its init)."""
-    cid = running_container(ctx.lab, "head", "dsv41-r0")
-    init = sh(ctx.lab, "head", f"docker inspect -f '{{{{.State.Pid}}}}' {cid}").stdout.strip()
-    return "head", sigstop(ctx.lab, "head", "", children_of=init)
+    return "head", sigstop(ctx.lab, "head", "", children_of=container_init(ctx, "head", "dsv41-r0"))
 
 
 @fault

@@ -12,7 +12,8 @@ On every node, $STATE_DIR holds:
     secrets/api_key      rank 0 only: the API key, 0600, mounted read-only into its container
 and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db, doit.lock,
 ssh/ (ssh master sockets), and the watchdog's watchdog.json (its settings), watchdog.status.json (what
-it last saw), watchdog.gaveup (while it exists the watchdog is hands-off) and incidents.jsonl.
+it last saw), watchdog.gaveup (while it exists the watchdog is hands-off), incidents.jsonl and ready.json (when
+a readiness wait last saw a token).
 """
 import os
 import re
@@ -42,6 +43,7 @@ WATCHDOG_SETTINGS = "watchdog.json"
 WATCHDOG_STATUS = "watchdog.status.json"
 WATCHDOG_GAVEUP = "watchdog.gaveup"
 INCIDENTS = "incidents.jsonl"
+READY = "ready.json"                  # on the head: when a readiness wait last saw a token
 MEM_BASELINE = "mem-baseline.json"    # on every node: its MemAvailable before its first rank started
 NEEDS_REBOOT = "needs-reboot.json"    # on the head: a restart stopped because a node's memory did not come back
 CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key

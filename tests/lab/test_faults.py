@@ -104,3 +104,19 @@ def test_a_target_that_would_be_an_ssh_option_is_refused_before_anything_runs(la
             "dsv41: WORKER='-V' is not valid: expected an ssh target whose user and host do not start with '-' "
             "(it would reach ssh as an option), like user@10.10.10.11"], r.stderr
     assert lab.units("head", ["dsv41-r0.service"])["dsv41-r0.service"]["ActiveState"] == "active"
+
+
+def test_launch_repairs_a_wedged_engine_with_its_evidence_when_nothing_changed(lab, restore):
+    """The watchdog is off (lab.doit's default) and the engine wedged (SIGUSR1: /health answers, no token):
+    a second `doit launch` has nothing to apply, yet finds no token within WATCHDOG_PROBE_S from an engine
+    that generated since it started, saves the evidence and restarts the ranks."""
+    STATE = "/root/.dsv41-two-sparks"
+    lab.on("head", f"rm -rf {STATE}/incidents")
+    lab.on("head", "docker kill --signal USR1 dsv41-r0")
+    r, took = timed(lab, "launch", {"WATCHDOG_PROBE_S": "4"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WEDGED: every rank is up, but no token came back within 4 s" in r.stdout
+    assert "saved the evidence in" in r.stdout and "ready:" in r.stdout
+    assert lab.on("head", f"ls {STATE}/incidents").stdout.strip().endswith("-WEDGED")
+    r = lab.doit("smoke", check=False)
+    assert r.returncode == 0, r.stdout

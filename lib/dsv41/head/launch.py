@@ -1,7 +1,8 @@
 """doit launch: preflight, image, then each node's state -> decide -> apply, then wait until the API generates a
-token. The engine's units stop and start in the recipe's order (core.ranks); a restart of a broken cluster
-saves an incident folder first, and no rank starts on a node whose memory did not come back after the ranks
-stopped (core.recovery: NEEDS_REBOOT, refused until it is back or `--force`)."""
+token. The engine's units stop and start in the recipe's order (core.ranks). A broken cluster (a rank down,
+or every rank up but no token within WATCHDOG_PROBE_S although it generated since it started: wedged) is
+restarted with its evidence saved first in an incident folder, and no rank starts on a node whose memory did
+not come back after the ranks stopped (core.recovery: NEEDS_REBOOT, refused until it is back or `--force`)."""
 import os
 import time
 
@@ -9,7 +10,7 @@ from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core import exporter, hang, image, preflight, ranks, recovery, units
 from dsv41.head.core.cluster import Cluster, say
-from dsv41.head.core.decide import Kind, decide
+from dsv41.head.core.decide import Kind, Step, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
 from dsv41.head.core.ranks import wait_ready
 
@@ -27,8 +28,11 @@ def launch(cfg, force=False):
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
     steps = decide(cfg.nodes, want, states, cl.recipe)
+    fault = broken(cl, states) or wedged(cl, states, steps)
+    if fault and not any(s.kind is Kind.RESTART_RANKS for s in steps):
+        steps.append(Step(Kind.RESTART_RANKS, "all", "", f"{fault[0]}: {fault[1]}"))
     paused = pause_watchdog(cl, states, steps)
-    apply(cl, want, steps, states, force)
+    apply(cl, want, steps, states, force, fault)
     wait_ready(cl)
     apply_watchdog(cl, steps, paused)
     print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
@@ -69,24 +73,41 @@ def refuse_if_needs_reboot(cl, states, force):
 
 
 def broken(cl, states):
-    """(what is broken, when it broke) when some engine unit runs and another does not, or one failed;
-    (None, None) when the ranks are all up or all stopped cleanly."""
+    """("DEGRADED", what is broken, when it broke) when some engine unit runs and another does not, or one
+    failed; None when the ranks are all up or all stopped cleanly."""
     units = [(n, u, states[n.name].unit(u)) for n in cl.nodes for u in cl.engine_units(n)]
     down = [(n, u, s) for n, u, s in units if s.active != "active"]
     if not down or (len(down) == len(units) and all(s.result in ("success", "") for _, _, s in down)):
-        return None, None
+        return None
     since = [float(s.inactive_enter[1:]) for _, _, s in down if s.inactive_enter.startswith("@")
              and s.inactive_enter != "@0"]
-    return "; ".join(f"{u} on {n.name} is {s.active or 'not installed'} ({s.result or '?'})" for n, u, s in down), \
-        (min(since) if since else None)
+    return ("DEGRADED", "; ".join(f"{u} on {n.name} is {s.active or 'not installed'} ({s.result or '?'})"
+                                  for n, u, s in down), min(since) if since else None)
 
 
-def restart_ranks(cl, states, force):
-    """The evidence of a broken cluster first; stop; each node's baseline when it has none (every node's
-    with force); start once every node's memory came back."""
-    what, fault_at = broken(cl, states)
-    if what:
-        recovery.save_evidence(cl, "DEGRADED", what, fault_at, log=lambda m: print(f"[head] {m}"))
+def wedged(cl, states, steps):
+    """("WEDGED", what, None) when nothing else restarts the ranks, every engine unit is up, a readiness wait
+    saw rank 0 generate since it started (ready.json), and no token comes back within WATCHDOG_PROBE_S now;
+    else None. A rank 0 that never generated since it started is left to the readiness wait (a start-up)."""
+    if any(s.kind is Kind.RESTART_RANKS for s in steps):
+        return None
+    every = [states[n.name].unit(u) for n in cl.nodes for u in cl.engine_units(n)]
+    started = max((states[cl.head.name].unit(u).since for u in cl.engine_units(cl.head)), default=None)
+    ready = ranks.ready_at(cl.cfg.state_dir)
+    if any(u.active != "active" for u in every) or ready is None or started is None or ready < started:
+        return None
+    if cl.recipe.ready(cl.api(read_timeout=cl.cfg.watchdog_probe_s)):
+        return None
+    return ("WEDGED", f"every rank is up, but no token came back within {cl.cfg.watchdog_probe_s} s "
+                      "(WATCHDOG_PROBE_S)", None)
+
+
+def restart_ranks(cl, states, force, fault=None):
+    """A broken cluster's evidence first, then its containers killed (no stop grace); stop; each node's
+    baseline when it has none (every node's with force); start once every node's memory came back."""
+    if fault:
+        recovery.save_evidence(cl, *fault, log=lambda m: print(f"[head] {m}"))
+        ranks.kill_ranks(cl)
     ranks.stop_ranks(cl)
     recovery.record_baselines(cl, cl.observe(), force=force)
     recovery.start_when_memory_back(cl, force=force, log=lambda m: print(f"[head] {m}"))
@@ -100,7 +121,7 @@ def resume_watchdog(cfg):
         print(f"[head] cleared {marker}: the watchdog acts again")
 
 
-def apply(cl, want, steps, states, force=False):
+def apply(cl, want, steps, states, force=False, fault=None):
     by_name = {n.name: n for n in cl.nodes}
     for s in steps:
         node = by_name.get(s.node)
@@ -121,7 +142,7 @@ def apply(cl, want, steps, states, force=False):
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
-            restart_ranks(cl, states, force)
+            restart_ranks(cl, states, force, fault)
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
             exporter.start(cl, by_name[s.node])

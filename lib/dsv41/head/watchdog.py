@@ -56,7 +56,7 @@ def observe(cl, cfg, mem):
         pass
     if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):
         probe = token_probe(client, cfg.served_model_name)
-    return Observation(time.time(), states, health, snap, probe)
+    return Observation(time.time(), states, health, snap, probe, ready_at=ranks.ready_at(cfg.state_dir))
 
 
 def token_probe(client, model):

@@ -71,6 +71,10 @@ def docker_rm(name):
     return [DOCKER, "rm", "-f", name]
 
 
+def docker_kill(name):
+    return [DOCKER, "kill", name]
+
+
 def docker_stop(name, grace_s=STOP_GRACE_S):
     return [DOCKER, "stop", "-t", str(grace_s), name]
 

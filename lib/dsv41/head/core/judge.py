@@ -27,6 +27,7 @@ class Observation:
     health: int | None               # /health status, None: no answer
     metrics: object | None           # the engine's /metrics snapshot (dsv41.client.metrics.Snapshot)
     probe: str | None                # None (not sent), TOKEN, NO_TOKEN, or "error ..." (5xx, no answer)
+    ready_at: float | None = None    # when a readiness wait (launch's, a recovery's) last saw a token (head's clock)
 
 
 @dataclasses.dataclass
@@ -36,6 +37,7 @@ class Memory:
     progress: Progress | None = None  # the recipe's progress signals last seen, and since when flat
     ready_start: float | None = None  # rank 0's start (its node's clock) for which a token came back
     fault_at: float | None = None    # when the current fault began (None: no fault)
+    ran: bool = False                # every engine unit was seen active since the watchdog started
 
 
 FAULTS = (SUSPECT, DEGRADED, DEAD, WEDGED)
@@ -85,9 +87,15 @@ def _judge(cfg, obs, mem, recipe):
     units = {(s.name, u): obs.nodes[s.name].unit(u) for s in cfg.nodes for u in recipe.units(s)}
     states = {k: u.active or "not installed" for k, u in units.items()}
     if all(st == "inactive" and units[k].result == "success" for k, st in states.items()):
+        if mem.ran:         # `doit stop` and `doit clear-trip` stop the watchdog before the ranks
+            return DEAD, ("every rank exited by itself while the watchdog ran (a node rebooted, or its Docker "
+                          "restarted?)")
         return STOPPED, "every rank is stopped; `doit launch` starts them"
+    mem.ran = mem.ran or all(st == "active" for st in states.values())
     head = cfg.nodes[0]
     r0_start = max(units[head.name, u].since for u in recipe.units(head))   # the head's latest start
+    if obs.ready_at is not None and obs.ready_at >= r0_start:
+        mem.ready_start = r0_start      # a readiness wait saw this start of rank 0 generate
     r0_age = obs.nodes[head.name].time - r0_start
     starting = (all(states[head.name, u] == "active" for u in recipe.units(head))
                 and mem.ready_start != r0_start and r0_age < cfg.start_timeout_s)

@@ -1,16 +1,32 @@
 """The engine's units across the cluster, in the recipe's order: the ordered restart launch and the
 watchdog both perform (every unit stopped in the stop order, then started in the start order), the
 readiness wait, and which unit is down."""
+import json
 import time
 
+from dsv41 import names
 from dsv41.errors import UserError
+from dsv41.files import write_atomic
 from dsv41.head.core import progress
 from dsv41.head.core.cluster import say
+from dsv41.head.core.commands import docker_kill
 
 
 def stop_ranks(cl):
     for spec, unit in cl.recipe.stop_order(cl.cfg.nodes):
         cl.systemctl(cl.node(spec), "stop", unit, check=False)
+
+
+def kill_ranks(cl):
+    """A broken cluster's engine containers killed at once, in the stop order, before their units stop: a
+    stopped (SIGSTOP) or wedged process never acts on the SIGTERM of a graceful stop, which would cost the
+    whole stop grace. A node that cannot be reached is left to the units' stop."""
+    for spec in [cl.cfg.nodes[0]] + list(cl.cfg.nodes[1:]):
+        for name in cl.recipe.containers(spec):
+            try:
+                cl.node(spec).run(docker_kill(name), check=False)
+            except UserError:
+                pass
 
 
 def restart_ranks(cl):
@@ -43,6 +59,7 @@ def wait_ready(cl):
                 show_rank_logs(cl)
                 raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
             if cl.recipe.ready(client):
+                mark_ready(cfg.state_dir)
                 return
             now = time.monotonic()
             wait.update(now - last)
@@ -53,6 +70,24 @@ def wait_ready(cl):
                 raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
                                 "(START_TIMEOUT_MIN); the ranks' journals are above")
             time.sleep(2)
+
+
+def mark_ready(state_dir):
+    """$STATE_DIR/ready.json on the head: when a readiness wait last saw a token. The watchdog reads it, so
+    that an engine that stops generating right after a launch is a fault, not a start-up."""
+    try:
+        write_atomic(names.state_path(state_dir, names.READY), json.dumps({"time": time.time()}) + "\n")
+    except OSError:
+        pass
+
+
+def ready_at(state_dir):
+    """When a readiness wait last saw a token (the head's clock), or None."""
+    try:
+        with open(names.state_path(state_dir, names.READY)) as f:
+            return float(json.load(f)["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def ranks_down(cl):

@@ -101,8 +101,9 @@ def clear_needs_reboot(state_dir):
 # ---- the restart ----------------------------------------------------------------------------------------
 
 def restart(cl, *, force=False, log=print):
-    """Stop the ranks in order, wait for every node's memory, then start them in order. NeedsReboot
-    (nothing started) when a node's memory did not come back, unless force."""
+    """Kill the ranks' containers and stop their units in order, wait for every node's memory, then start
+    them in order. NeedsReboot (nothing started) when a node's memory did not come back, unless force."""
+    ranks.kill_ranks(cl)
     ranks.stop_ranks(cl)
     start_when_memory_back(cl, force=force, log=log)
 
