@@ -6,6 +6,7 @@ conf/lab-vllm.toml lists differs from a Spark's units."""
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -215,60 +216,156 @@ def test_stop_leaves_nothing_running(lab, vllm):
     assert r.returncode == 3
 
 
-def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm):
-    env = {**vllm.env, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5"}
-    lab.on("head", f"rm -f {STATE}/incidents.jsonl")
+# The watchdog's short settings for these tests (the defaults are measured by the chaos soak: README).
+WATCHED = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "30", "WATCHDOG_PROBE_S": "20",
+           "WATCHDOG_BACKOFF_S": "5", "WATCHDOG_MAX_RECOVERIES": "10", "SSH_TIMEOUT_S": "5"}
+HANG_BOUND_S = 30 + 20 + 5            # WATCHDOG_STALL_S + WATCHDOG_PROBE_S + one interval
+DOWN_BOUND_S = 2 * 5 + 5              # two intervals + the /health timeout
+SLACK_S = 10                          # a probe round trip and an ssh look on 2 busy cores
+
+
+@pytest.fixture
+def watched(lab, vllm):
+    """The real engine launched with the watchdog on at short settings and no incidents yet."""
+    env = {**vllm.env, **WATCHED}
+    lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/incidents {STATE}/watchdog.gaveup")
     lab.doit("launch", env, timeout=1800)
-    killed = time.time()            # the lab's nodes share this machine's clock
-    lab.on("worker1", "docker kill dsv41-r1")
-    deadline = time.monotonic() + 900
+    return env
+
+
+def incidents_since(lab, t0):
+    r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
+    return [i for i in (json.loads(line) for line in r.stdout.splitlines() if line.strip()) if i["started"] >= t0]
+
+
+def recovered(lab, t0, what, timeout=900):
+    """The first recovery after t0 that ended READY (the lab's nodes share this machine's clock)."""
+    deadline = time.monotonic() + timeout
     while True:
-        r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
-        done = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-        if done and done[-1]["result"] == "READY":
-            break
-        assert time.monotonic() < deadline, done
+        done = [i for i in incidents_since(lab, t0) if i["result"] == "READY"]
+        if done:
+            inc = done[0]
+            print(f"real engine, {what}: {inc['verdict']} seen after {inc['started'] - t0:.0f} s, serving again "
+                  f"after {inc['ended'] - t0:.0f} s ({', '.join(f'{k} {v}' for k, v in WATCHED.items() if k != 'WATCHDOG')})")
+            return inc
+        assert time.monotonic() < deadline, incidents_since(lab, t0)
         time.sleep(3)
-    inc = done[-1]
-    print(f"real engine: the watchdog saw {inc['verdict']} {inc['started'] - killed:.0f} s after the kill; the API "
-          f"was ready again {inc['ended'] - killed:.0f} s after it")
+
+
+def serves(lab, vllm, env):
     assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
+    assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
+                                                  "max_tokens": 2})[0] == 200
 
 
-def test_the_watchdog_repairs_a_stopped_engine_core_and_keeps_its_stack(lab, vllm):
-    """Rank 0's EngineCore stopped (SIGSTOP): /health answers, no token comes back. Short settings; the
-    incident folder is saved before the restart, with the stopped process's stack (a vllm frame)."""
-    env = {**vllm.env, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "30",
-           "WATCHDOG_PROBE_S": "20", "WATCHDOG_BACKOFF_S": "5"}
-    lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/incidents")
-    lab.doit("launch", env, timeout=1800)
-    deadline = time.monotonic() + 120       # a watchdog that never saw a token takes a silence for a start-up
-    while '"verdict": "HEALTHY"' not in lab.on("head", f"cat {STATE}/watchdog.status.json", check=False).stdout:
-        assert time.monotonic() < deadline, "the watchdog did not see the engine ready"
-        time.sleep(2)
+def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm, watched):
+    t0 = time.time()
+    lab.on("worker1", "docker kill dsv41-r1")
+    inc = recovered(lab, t0, "worker rank killed")
+    assert inc["verdict"] in ("DEGRADED", "DEAD") and inc["started"] - t0 <= DOWN_BOUND_S + SLACK_S
+    serves(lab, vllm, watched)
+
+
+def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_stack(lab, vllm, watched):
+    """Rank 0's EngineCore stopped (SIGSTOP) while a long request streams: /health answers, the request
+    counts as running, no progress signal moves and no token comes back. WEDGED within the bound; the
+    incident folder is saved before the restart, with the stopped process's stack (a vllm frame) and no
+    key; `doit incidents` shows the outage from the fault, not from its detection."""
+    stream = lab.popen("head", ["curl", "-sS", "-N", "-m", "300", "http://127.0.0.1:8000/v1/completions",
+                                "-H", f"Authorization: Bearer {vllm.key}", "-H", "Content-Type: application/json",
+                                "-d", json.dumps({"model": "deepseek-v4.1-flash", "prompt": "Count to a thousand:",
+                                                  "max_tokens": 4000, "ignore_eos": True, "stream": True})])
+    time.sleep(5)                                               # tokens flowing
     pid = lab.on("head", "pgrep -f '^VLLM::EngineCore'").stdout.split()[0]
-    stopped = time.time()
+    t0 = time.time()
     lab.on("head", f"kill -STOP {pid}")
-    deadline = time.monotonic() + 900
     try:
-        while True:
-            r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
-            done = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-            if done and done[-1]["result"] == "READY":
-                break
-            assert time.monotonic() < deadline, done
-            time.sleep(3)
+        inc = recovered(lab, t0, "EngineCore stopped under load")
     finally:
         lab.on("head", f"kill -CONT {pid}", check=False)
-    inc = done[-1]
-    seen, served = inc["started"] - stopped, inc["ended"] - stopped
-    print(f"real engine, EngineCore stopped: {inc['verdict']} seen after {seen:.0f} s, serving again after "
-          f"{served:.0f} s (WATCHDOG_STALL_S 30, WATCHDOG_PROBE_S 20, WATCHDOG_INTERVAL_S 5)")
-    assert inc["verdict"] == "WEDGED" and seen <= 30 + 20 + 5 + 10
+        stream.kill()
+    assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
+    assert "no progress signal moved" in inc["evidence"]
+    assert abs(inc["fault_at"] - t0) <= 10                      # the last progress seen, not the detection
     folder = inc["incident"]
     assert folder and re.search(r"vllm/v1/engine/core\.py:\d+",
                                 lab.on("head", f"cat {folder}/head/pyspy-{pid}.txt").stdout)
     assert lab.on("head", f"grep -rlF -e {vllm.key} {STATE}/incidents", check=False).stdout == ""
-    assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
-    assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
-                                                  "max_tokens": 2})[0] == 200
+    listed = lab.doit("incidents", watched).stdout.splitlines()
+    assert "WEDGED" in listed[1] and "READY" in listed[1], listed
+    serves(lab, vllm, watched)
+
+
+def test_the_watchdog_repairs_a_stopped_worker_process(lab, vllm, watched):
+    """The worker's VLLM::Worker_TP1 stopped: rank 0's next step never ends (or vLLM notices and exits).
+    An incident (WEDGED or DEGRADED/DEAD) within the hang bound, serving again by itself."""
+    pid = lab.on("worker1", "pgrep -f '^VLLM::Worker_TP'").stdout.split()[0]
+    t0 = time.time()
+    lab.on("worker1", f"kill -STOP {pid}")
+    try:
+        inc = recovered(lab, t0, "Worker_TP1 stopped")
+    finally:
+        lab.on("worker1", f"kill -CONT {pid}", check=False)
+    assert inc["verdict"] in ("WEDGED", "DEGRADED", "DEAD") and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
+    serves(lab, vllm, watched)
+
+
+def test_the_watchdog_repairs_a_stopped_api_server_without_the_stop_grace(lab, vllm, watched):
+    """The API server (rank 0's main process) stopped: /health does not answer; DEAD after two intervals;
+    its container is killed rather than given the 30 s stop grace it would never use."""
+    init = lab.on("head", "docker inspect -f '{{.State.Pid}}' dsv41-r0").stdout.strip()
+    pid = lab.on("head", f"pgrep -P {init}").stdout.split()[0]
+    t0 = time.time()
+    lab.on("head", f"kill -STOP {pid}")
+    inc = recovered(lab, t0, "API server stopped")
+    assert inc["verdict"] == "DEAD" and inc["started"] - t0 <= DOWN_BOUND_S + SLACK_S, inc
+    assert inc["took_s"] < 30 + 120, inc        # the restart itself: no stop grace waited out, then a start-up
+    serves(lab, vllm, watched)
+
+
+def test_a_killed_memory_guard_comes_back_and_the_ranks_never_notice(lab, vllm, watched):
+    pid = lab.units("worker1", ["dsv41-memguard.service"], ("MainPID",))["dsv41-memguard.service"]["MainPID"]
+    before = rank_start_of(lab)
+    t0 = time.time()
+    lab.on("worker1", f"kill -9 {pid}")
+    deadline = time.monotonic() + 60
+    while guard(lab) in ((pid, "active"),) or guard(lab)[1] != "active":
+        assert time.monotonic() < deadline, "the memory guard did not come back"
+        time.sleep(2)
+    time.sleep(3 * 5)                                            # three watchdog intervals
+    assert incidents_since(lab, t0) == [] and rank_start_of(lab) == before
+    serves(lab, vllm, watched)
+
+
+def test_a_frozen_worker_sshd_is_never_acted_on_and_status_names_the_node(lab, vllm, watched):
+    """Every sshd of the worker stopped: the ranks still serve, the watchdog cannot refresh the worker's facts
+    and so does nothing (UNKNOWN), and status names the node it cannot see."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from chaos.faults import sshd_pids
+    pids = sshd_pids("worker1")
+    before = rank_start_of(lab)
+    t0 = time.time()
+    subprocess.run(["kill", "-STOP", *pids], check=True)
+    try:
+        assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
+                                                      "max_tokens": 2})[0] == 200
+        r = lab.doit("status", watched, check=False)
+        assert r.returncode != 0 and "worker1" in r.stdout + r.stderr, r.stdout
+        time.sleep(30)                                           # six watchdog intervals
+        seen = json.loads(lab.on("head", f"cat {STATE}/watchdog.status.json").stdout)
+        assert seen["verdict"] == "UNKNOWN" and "worker1" in seen["evidence"], seen
+    finally:
+        subprocess.run(["kill", "-CONT", *pids], check=False)
+    assert incidents_since(lab, t0) == [] and rank_start_of(lab) == before
+    serves(lab, vllm, watched)
+
+
+def rank_start_of(lab):
+    return {n: lab.units(n, [f"dsv41-r{r}.service"])[f"dsv41-r{r}.service"]["ActiveEnterTimestamp"]
+            for n, r in (("head", 0), ("worker1", 1))}
+
+
+def guard(lab):
+    """(MainPID, ActiveState) of the worker's memory guard."""
+    p = lab.units("worker1", ["dsv41-memguard.service"], ("MainPID", "ActiveState"))["dsv41-memguard.service"]
+    return p["MainPID"], p["ActiveState"]
