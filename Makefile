@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 PYTEST  := .venv/bin/pytest
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install test bench lab-up lab-down demo chaos
+.PHONY: install test bench lab-up lab-down demo chaos faults
 
 install: .venv/.installed
 
@@ -17,11 +17,12 @@ test: install
 	$(PYTEST) -q
 
 # A lab the benchmarks bring up is taken down after them; one that was up before is left as it was.
-# The chaos soak has its own target (make chaos): 30 minutes by default.
+# The chaos soak has its own target (make chaos): 30 minutes by default; the fault table at the watchdog's
+# defaults (bench_faults.py, about 35 minutes) has `make faults`.
 LAB_OWNER = $${LAB_STATE:-/var/lib/dsv41-lab}/owner
 bench: install
 	@before=$$(cat $(LAB_OWNER) 2>/dev/null); rc=0; \
-	for b in bench/bench_*.py; do [ $$b = bench/bench_chaos.py ] && continue; \
+	for b in bench/bench_*.py; do case $$b in bench/bench_chaos.py|bench/bench_faults.py) continue;; esac; \
 		echo "== $$b"; $(PY) $$b || { rc=1; break; }; done; \
 	if [ -z "$$before" ] && [ "$$(cat $(LAB_OWNER) 2>/dev/null)" = "$$(printf '%s\nbench' "$(CURDIR)")" ]; then \
 		bash tests/lab/down.sh; fi; exit $$rc
@@ -37,3 +38,6 @@ demo: install
 
 chaos: install         # the chaos soak (bench/bench_chaos.py --help); CHAOS_ARGS="--once --every 15-30 --watchdog fast"
 	$(PY) bench/bench_chaos.py $(CHAOS_ARGS)
+
+faults: install        # the fault table at the watchdog's defaults (bench/bench_faults.py); LAB_ENGINE=vllm for the real engine
+	$(PY) bench/bench_faults.py

@@ -172,6 +172,22 @@ def test_report_shape(tmp_path):
             "watchdog: cleared its give-up; the watchdog acts again") in report.markdown(report.build(run, records, fs, incs, []))
 
 
+def test_the_fault_table_prints_each_fault_against_the_bound_and_the_slo():
+    sys.path.insert(0, str(BENCH))
+    import bench_faults
+    fs = [fault("stop-engine", 10, 150), fault("kill-guard", 330)]
+    fs[0].update(detection_s=90.0, recovery_s=150.0, requests_failed=0, requests_timed_out=4,
+                 incidents=["WEDGED restart: READY"])
+    fs[1].update(detection_s=None, recovery_s=1.0, requests_failed=0, requests_timed_out=0, incidents=[])
+    rep = {"engine": "vllm", "detection_bound_s": 195, "slo_s": 260, "startup_s": 65, "faults": fs}
+    lines = bench_faults.table(rep).splitlines()
+    assert "detection bound 195 s, SLO 260 s" in lines[0]
+    assert lines[2].split()[:7] == ["stop-engine", "worker1", "90", "s", "0.46", "150", "s"]
+    assert "0.58  0 failed, 4 cut; WEDGED restart: READY" in lines[2]
+    assert lines[3].split()[2:4] == ["-", "-"] and lines[3].endswith("none")
+    assert set(bench_faults.FAULTS.split(",")) <= set(KINDS)
+
+
 @pytest.mark.parametrize("args, said", [
     (["--every", "30"], "--every: '30': expected MIN-MAX seconds, e.g. 60-180"),
     (["--every", "90-60"], "--every: '90-60': expected 0 < MIN <= MAX"),
