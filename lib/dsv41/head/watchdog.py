@@ -46,14 +46,16 @@ METRICS_FILE = "dsv41_watchdog.prom"
 def observe(cl, cfg, mem):
     """One look at everything judge() needs; never raises for a node or the API being down. The
     one-token probe goes out when no request runs or waits, and when work has made no progress for
-    WATCHDOG_STALL_S (judge.wants_probe)."""
+    WATCHDOG_STALL_S (judge.wants_probe). An API that did not answer /health is not asked for more, so
+    that a look at a stopped API server costs the /health timeout only."""
     states = cl.observe()                      # each interval asks every node afresh
     client = cl.api(read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
-    try:
-        snap = cl.recipe.scrape(timeout=10)
-    except UserError:
-        pass
+    if health is not None:                     # a server that did not answer /health would not answer this
+        try:
+            snap = cl.recipe.scrape(timeout=10)
+        except UserError:
+            pass
     if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):
         probe = token_probe(client, cfg.served_model_name)
     return Observation(time.time(), states, health, snap, probe, ready_at=ranks.ready_at(cfg.state_dir))
