@@ -27,11 +27,11 @@ from chaos import checks, faults, report  # noqa: E402
 from chaos.load import Load, served_model  # noqa: E402
 from labctl import LAB_DIR, MODEL, STATE, Lab, LabRefused, missing, up  # noqa: E402
 
+from dsv41.client.api import HEALTH_TIMEOUT  # noqa: E402   the watchdog's /health and /metrics requests
 from dsv41.head.core.schema import BY_NAME  # noqa: E402
 
 # the lab tests' fast watchdog (tests/lab/test_self_healing.py)
 FAST = {"WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12", "SSH_TIMEOUT_S": "5"}
-HEALTH_TIMEOUT_S = 5          # the watchdog's /health request (dsv41.client.api.Client.health)
 MEM_RETURN_GIB = 8            # issue's default: MemAvailable back within this of the baseline
 MEM_RETURN_S = 120
 VLLM_MODEL = "/root/lab-model-vllm/DeepSeek-V4.1-Flash-Spark"
@@ -120,10 +120,12 @@ def watchdog_env(a):
 
 def detection_bound(env):
     """Seconds within which the watchdog must see a fault: a stall (WATCHDOG_STALL_S) confirmed by a probe
-    (WATCHDOG_PROBE_S) at the next look, or an API that does not answer two looks in a row."""
+    (WATCHDOG_PROBE_S) at the next look, or an API that does not answer two looks in a row (a look at a
+    silent API lasts the /health timeout, so looks come no faster than that)."""
     get = lambda k: float(env.get(k, BY_NAME[k].default))  # noqa: E731
     interval = get("WATCHDOG_INTERVAL_S")
-    return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + interval, 2 * interval + HEALTH_TIMEOUT_S)
+    return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + interval,
+               2 * max(interval, HEALTH_TIMEOUT) + HEALTH_TIMEOUT)
 
 
 def say(msg):
