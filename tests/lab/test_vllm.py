@@ -252,6 +252,18 @@ def recovered(lab, t0, what, timeout=900):
         time.sleep(3)
 
 
+def stopped_until_recovered(lab, node, process, what):
+    """SIGSTOP the node's process whose command line starts with `process`, until the first recovery after
+    it ended READY (then SIGCONT, in case it was not replaced) -> (pid, when it was stopped, the incident)."""
+    pid = lab.on(node, f"pgrep -f '^{process}'").stdout.split()[0]
+    t0 = time.time()
+    lab.on(node, f"kill -STOP {pid}")
+    try:
+        return pid, t0, recovered(lab, t0, what)
+    finally:
+        lab.on(node, f"kill -CONT {pid}", check=False)
+
+
 def serves(lab, vllm, env):
     assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
     assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
@@ -276,13 +288,9 @@ def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_sta
                                 "-d", json.dumps({"model": "deepseek-v4.1-flash", "prompt": "Count to a thousand:",
                                                   "max_tokens": 4000, "ignore_eos": True, "stream": True})])
     time.sleep(5)                                               # tokens flowing
-    pid = lab.on("head", "pgrep -f '^VLLM::EngineCore'").stdout.split()[0]
-    t0 = time.time()
-    lab.on("head", f"kill -STOP {pid}")
     try:
-        inc = recovered(lab, t0, "EngineCore stopped under load")
+        pid, t0, inc = stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load")
     finally:
-        lab.on("head", f"kill -CONT {pid}", check=False)
         stream.kill()
     assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
     assert "no progress signal moved" in inc["evidence"]
@@ -299,13 +307,7 @@ def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_sta
 def test_the_watchdog_repairs_a_stopped_worker_process(lab, vllm, watched):
     """The worker's VLLM::Worker_TP1 stopped: rank 0's next step never ends (or vLLM notices and exits).
     An incident (WEDGED or DEGRADED/DEAD) within the hang bound, serving again by itself."""
-    pid = lab.on("worker1", "pgrep -f '^VLLM::Worker_TP'").stdout.split()[0]
-    t0 = time.time()
-    lab.on("worker1", f"kill -STOP {pid}")
-    try:
-        inc = recovered(lab, t0, "Worker_TP1 stopped")
-    finally:
-        lab.on("worker1", f"kill -CONT {pid}", check=False)
+    _, t0, inc = stopped_until_recovered(lab, "worker1", "VLLM::Worker_TP", "Worker_TP1 stopped")
     assert inc["verdict"] in ("WEDGED", "DEGRADED", "DEAD") and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
     serves(lab, vllm, watched)
 
