@@ -133,6 +133,15 @@ def test_every_rank_exiting_by_itself_while_the_watchdog_ran_is_dead():
     assert verdicts == [HEALTHY, DEAD]
 
 
+def test_a_node_that_shuts_down_is_waited_for_not_repaired():
+    """A worker rebooting in order stops its rank while its sshd still answers: not DEGRADED (a recovery
+    would fail on the node going away) but UNKNOWN until it is back."""
+    going = {**node(1, state="inactive"), "system": "stopping"}
+    verdict, why = judge(CFG, look(600, worker=going), Memory(), RECIPE)
+    assert verdict == UNKNOWN and why == "worker1 is shutting down"
+    assert run(look(600, worker={**node(1, state="inactive"), "system": "running"})) == [DEGRADED]
+
+
 def test_a_readiness_wait_that_saw_a_token_ends_the_start_up():
     """launch's wait saw this start of rank 0 generate (ready.json): a silence right after it is a fault,
     not a start-up that may last START_TIMEOUT_MIN."""

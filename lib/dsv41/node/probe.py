@@ -54,6 +54,13 @@ def units(names):
     return out
 
 
+def system_state():
+    """systemd's `is-system-running` (running, degraded, starting, stopping, ...), None without systemctl.
+    "stopping": the node is shutting down, and its units stopping say nothing about the engine."""
+    code, stdout, _ = run_quiet(["systemctl", "is-system-running"], timeout=5)
+    return stdout.strip() or None if code != 127 else None
+
+
 def containers(names):
     out = {}
     if not shutil.which("docker"):
@@ -142,6 +149,7 @@ def main():
     print(json.dumps({
         "uid": os.getuid(), "home": os.path.expanduser("~"), "time": time.time(),
         "units": units(req.get("units", [])),
+        "system": system_state(),
         "containers": containers(req.get("containers", [])),
         "image_id": image_id(req["image"]) if req.get("image") else None,
         "tripped": described(read_trip(state)),

@@ -81,6 +81,9 @@ def _judge(cfg, obs, mem, recipe):
     lost = [f"{n}: {f.error}" for n, f in obs.nodes.items() if f.error]
     if lost:
         return UNKNOWN, "no fresh facts from " + "; ".join(lost)
+    going = [n for n, f in obs.nodes.items() if f.system == "stopping"]
+    if going:               # its units stop because it shuts down: wait until it is back (or gone)
+        return UNKNOWN, f"{', '.join(going)} is shutting down"
     tripped = [n for n, f in obs.nodes.items() if f.tripped]
     if tripped:
         return TRIPPED, f"the memory guard is tripped on {', '.join(tripped)}"

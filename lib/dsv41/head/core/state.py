@@ -64,6 +64,7 @@ class NodeState:
     memory: Mapping = dataclasses.field(default_factory=dict)         # /proc/meminfo figures (bytes)
     guard_settings: dict | None = None      # memguard.json as launch wrote it
     mem_baseline_bytes: int | None = None   # MemAvailable before its first rank started (names.MEM_BASELINE)
+    system: str | None = None               # systemd's is-system-running: "stopping" while it shuts down
 
     def unit(self, name):
         return self.units.get(name, ABSENT)
@@ -116,7 +117,7 @@ def parse(report, node="node"):
             mem_available_kib=int(report.get("mem_available_kib") or 0), gpu_memory=report.get("gpu_memory"),
             files=dict(report.get("files") or {}), memory=dict(report.get("memory") or {}),
             guard_settings=report.get("guard_settings"),
-            mem_baseline_bytes=report.get("mem_baseline_bytes"))
+            mem_baseline_bytes=report.get("mem_baseline_bytes"), system=report.get("system"))
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ProbeError(f"{node}: the probe's answer is not what this version expects ({type(err).__name__}: "
                         f"{err}); run `doit launch` to ship the node code again") from None
