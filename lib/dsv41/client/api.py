@@ -243,10 +243,15 @@ class Client:
         raise UserError(f"model {model!r} is not served at {self.base} (it serves {names}): "
                         "pass one of those as --model")
 
+    @property
+    def health_timeout(self):
+        """Seconds /health may take: HEALTH_TIMEOUT, or the read timeout when that is shorter."""
+        return min(HEALTH_TIMEOUT, self.read_timeout)
+
     def health(self):
         """HTTP status of the server's /health (beside /v1), or None when it does not answer."""
         try:
-            return self._request("GET", "/health", read_timeout=min(HEALTH_TIMEOUT, self.read_timeout),
+            return self._request("GET", "/health", read_timeout=self.health_timeout,
                                  root=True).status_code
         except ApiError as err:
             return err.status

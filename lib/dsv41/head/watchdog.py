@@ -28,7 +28,6 @@ import threading
 import time
 
 from dsv41 import names
-from dsv41.client.api import HEALTH_TIMEOUT
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic
 from dsv41.head.config import from_resolved
@@ -54,7 +53,7 @@ def observe(cl, cfg, mem):
     health, snap, probe = client.health(), None, None
     if health is not None:                     # a server that did not answer /health would not answer this
         try:
-            snap = cl.recipe.scrape(timeout=HEALTH_TIMEOUT)
+            snap = cl.recipe.scrape(timeout=client.health_timeout)
         except UserError:
             pass
     if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):

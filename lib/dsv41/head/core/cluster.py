@@ -154,6 +154,10 @@ class Cluster:
         """A unit's journal on the node (fg: straight to the terminal)."""
         return node.run(commands.journalctl(unit, follow=follow, lines=lines), check=check, fg=fg)
 
+    def docker_kill(self, node, name):
+        """docker kill of a container on the node (as root); its failure (no such container) is ignored."""
+        return node.run(self.priv(node, commands.docker_kill(name)), check=False)
+
     def remove(self, node, *paths):
         """rm -f on the node (as the node's user)."""
         return node.run(commands.rm_f("--", *paths), check=False)

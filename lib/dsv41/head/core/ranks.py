@@ -9,7 +9,6 @@ from dsv41.errors import UserError
 from dsv41.files import write_atomic
 from dsv41.head.core import progress
 from dsv41.head.core.cluster import say
-from dsv41.head.core.commands import docker_kill
 
 
 def stop_ranks(cl):
@@ -24,7 +23,7 @@ def kill_ranks(cl):
     for spec in [cl.cfg.nodes[0]] + list(cl.cfg.nodes[1:]):
         for name in cl.recipe.containers(spec):
             try:
-                cl.node(spec).run(docker_kill(name), check=False)
+                cl.docker_kill(cl.node(spec), name)
             except UserError:
                 pass
 
