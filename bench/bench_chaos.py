@@ -120,11 +120,12 @@ def watchdog_env(a):
 
 def detection_bound(env):
     """Seconds within which the watchdog must see a fault: a stall (WATCHDOG_STALL_S) confirmed by a probe
-    (WATCHDOG_PROBE_S) at the next look, or an API that does not answer two looks in a row (a look at a
-    silent API lasts the /health timeout, so looks come no faster than that)."""
+    (WATCHDOG_PROBE_S) at the next look, plus that look's own time before its probe (at most the /health
+    timeout, the nodes' probes running meanwhile); or an API that does not answer two looks in a row (a
+    look at a silent API lasts the /health timeout, so looks come no faster than that)."""
     get = lambda k: float(env.get(k, BY_NAME[k].default))  # noqa: E731
     interval = get("WATCHDOG_INTERVAL_S")
-    return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + interval,
+    return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + interval + HEALTH_TIMEOUT,
                2 * max(interval, HEALTH_TIMEOUT) + HEALTH_TIMEOUT)
 
 

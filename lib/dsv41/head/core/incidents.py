@@ -68,8 +68,9 @@ def gather_nodes(cl, deadline_s, pids=None):
     return out
 
 
-def fetch_metrics(url, timeout_s=10.0):
-    """The engine's /metrics text, or a line saying why there is none."""
+def fetch_metrics(url, timeout_s=5.0):
+    """The engine's /metrics text, or a line saying why there is none (a stopped API server: within the
+    watchdog's own /health timeout, so its evidence does not hold up the restart)."""
     import requests
     try:
         r = requests.get(url, timeout=(min(2.0, timeout_s), timeout_s))
