@@ -242,6 +242,30 @@ def test_the_nth_recovery_waits_its_backoff_while_the_watchdog_keeps_looking(tmp
     assert len(backoff_lines) == 2 and "waits 30 s" in backoff_lines[0] and "waits 60 s" in backoff_lines[1]
 
 
+def test_after_a_recovery_that_failed_every_rank_stopped_is_still_dead(tmp_path, monkeypatch):
+    """A restart that failed half-way (the worker went away while it started the ranks) leaves every rank
+    stopped; the watchdog ran them, so that is a fault to repair, not a deliberate stop."""
+    starts = []
+
+    def restart(clock):
+        starts.append(clock.t - START)
+        clock.t += 5
+        if len(starts) == 1:
+            raise UserError("cannot reach worker1")
+
+    def looks(t):
+        if not starts:
+            return look(t, worker=node(1, state="failed", result="exit-code"))
+        return look(t, head=node(0, state="inactive"), worker=node(1, state="inactive"))
+
+    w, clock = watchdog_on(tmp_path, monkeypatch, looks, restart, WATCHDOG_BACKOFF_S="1")
+    for t in (0, 15):
+        clock.t = START + t
+        w.step()
+    assert starts == [0, 15] and any("RECOVERY FAILED" in m for m in w.lines)
+    assert any(m.startswith("INCIDENT DEAD: every rank exited by itself") for m in w.lines)
+
+
 def memory(avail_gib, base_gib=100):
     return {"mem_available_kib": int(avail_gib * 2**20), "mem_baseline_bytes": int(base_gib * 2**30)}
 
@@ -252,7 +276,7 @@ def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_p
     started = []
 
     def looks(t):
-        o = look(t, head=node(0, state="inactive"), worker=node(1, state="inactive"))
+        o = look(t) if started else look(t, head=node(0, state="inactive"), worker=node(1, state="inactive"))
         for name, f in list(o.nodes.items()):
             m = memory(avail.get(name, 100))
             o.nodes[name] = type(f)(**{**f.__dict__, "mem_available_kib": m["mem_available_kib"],
@@ -276,7 +300,7 @@ def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_p
     assert started == [START + 45]
     recovery.clear_needs_reboot(str(tmp_path))          # (start_when_memory_back clears it when it starts)
     clock.t = START + 60
-    assert w.step() == STOPPED
+    assert w.step() == HEALTHY
 
 
 def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path):

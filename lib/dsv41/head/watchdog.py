@@ -201,7 +201,7 @@ class Watchdog:
                          "result": result, "took_s": round(took, 1), "fault_at": fault_at, "incident": folder})
             if folder:
                 incidents.record_result(folder, result, ended=ended)
-            self.mem = Memory()
+            self.mem = Memory(ran=True)      # it ran the ranks: all of them ending by themselves is still DEAD
             self.log(f"RECOVERED from {verdict} in {took:.0f} s: READY" if result == "READY"
                      else f"RECOVERY {'STOPPED' if result.startswith('interrupted') else 'FAILED'} after {took:.0f} s: "
                           f"{result}")
