@@ -7,7 +7,7 @@ import os
 
 STATE_DIR = "/root/.dsv41-two-sparks"
 HUNG_GRACE_S = 5.0                 # a request may end this long after its deadline (the cut, the close)
-ENGINE_WORDS = ("lab-engine", "vllm", "VLLM::")
+ENGINE_WORDS = ("lab-engine", "vllm", "VLLM::")   # in a process's program or script (argv[:2]), not its arguments
 
 NODE_SCRIPT = r"""
 import json, os, subprocess
@@ -92,7 +92,7 @@ def check_orphans(snaps, ranks):
             argv, what = p["argv"], f"{node}: pid {p['pid']} {' '.join(p['argv'])[:80] or p['comm']}"
             if argv[:1] and os.path.basename(argv[0]) == "docker":
                 clients += argv[1:2] == ["run"]
-            elif any(w in " ".join(argv) for w in ENGINE_WORDS) and not in_container(p["pid"]):
+            elif any(w in " ".join(argv[:2]) for w in ENGINE_WORDS) and not in_container(p["pid"]):
                 problems.append(f"{what}: an engine process outside the rank container")
             if p["comm"] == "rsync":
                 problems.append(f"{what}: an rsync left running")

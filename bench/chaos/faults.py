@@ -109,14 +109,21 @@ for pid, _, _, cmd in hits:
 """
 
 
-def sigstop(lab, node, pattern, children_of="-"):
+def sigstop(lab, node, pattern, children_of="-", timeout=240):
     """SIGSTOP the node's processes whose command line starts with `pattern` (and whose parent is
-    `children_of`); the proof is each one in state T."""
-    r = lab.on(node, ["python3", "-c", STOP_SCRIPT, pattern, str(children_of)], check=False, timeout=30)
-    lines = [ln.split(None, 2) for ln in r.stdout.splitlines() if ln.strip()]
-    if not lines:
-        raise NoEffect(f"no process {pattern or '(child of ' + str(children_of) + ')'!r} on {node} to stop"
-                       f"{': ' + r.stderr.strip()[-200:] if r.stderr.strip() else ''}")
+    `children_of`), waiting up to `timeout` for one to exist (a rank mid-start-up has no engine process
+    yet); the proof is each one in state T."""
+    said = []
+
+    def stopped():
+        r = lab.on(node, ["python3", "-c", STOP_SCRIPT, pattern, str(children_of)], check=False, timeout=30)
+        said[:] = [r.stderr.strip()[-200:]]
+        return [ln.split(None, 2) for ln in r.stdout.splitlines() if ln.strip()]
+    try:
+        lines = wait(f"a process {pattern or '(child of ' + str(children_of) + ')'!r} on {node} to stop", stopped,
+                     timeout, every=2)
+    except NoEffect as err:
+        raise NoEffect(f"{err}{': ' + said[0] if said and said[0] else ''}") from None
     if any(state != "T" for _, state, _ in lines):
         raise NoEffect(f"stopped processes on {node} not in state T: {lines}")
     return "state T: " + ", ".join(f"pid {pid} {cmd.split()[0]}" for pid, _, cmd in lines)
