@@ -92,6 +92,10 @@ def test_at_most_one_recovery_per_fault():
     [p] = checks.check_recoveries(fs, incs)
     assert p.startswith("fault 2 (stop-engine on worker1 at +100 s): 2 recoveries")
     assert checks.check_recoveries(fs, incs[:2]) == []
+    # a stopped engine, then a killed guard that healed at once: the engine's recovery is the engine's
+    fs = [fault("stop-engine", 0, 260), fault("kill-guard", 150, 6)]
+    incs = [{"started": 1200, "ended": 1255, "verdict": "WEDGED", "action": "restart", "result": "READY"}]
+    assert [len(v) for v in checks.attribute(fs, incs).values()] == [1, 0]
 
 
 def proc(pid, ppid, argv, state="S", comm=None):

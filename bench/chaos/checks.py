@@ -118,12 +118,15 @@ def check_memory(baseline, snaps, tolerance_gib):
 
 
 def attribute(faults, incidents):
-    """{fault index: [incidents]}: each incident belongs to the last fault injected before it started."""
+    """{fault index: [incidents]}: each incident belongs to the last fault injected before it started that
+    had not healed by then (a killed guard that healed at once does not take the recovery of the stopped
+    engine before it); when every earlier fault had healed, to the last one."""
     out = {i: [] for i in range(len(faults))}
     for inc in incidents:
         before = [i for i, f in enumerate(faults) if f["injected_at"] <= inc["started"]]
+        open_ = [i for i in before if faults[i]["healed_at"] is None or faults[i]["healed_at"] > inc["started"]]
         if before:
-            out[before[-1]].append(inc)
+            out[(open_ or before)[-1]].append(inc)
     return out
 
 
