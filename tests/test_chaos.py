@@ -96,6 +96,12 @@ def test_at_most_one_recovery_per_fault():
     fs = [fault("stop-engine", 0, 260), fault("kill-guard", 150, 6)]
     incs = [{"started": 1200, "ended": 1255, "verdict": "WEDGED", "action": "restart", "result": "READY"}]
     assert [len(v) for v in checks.attribute(fs, incs).values()] == [1, 0]
+    # a stopped engine, then a worker's sshd stopped while the stall was being confirmed: the incident's
+    # fault_at (the last progress seen) names the engine
+    fs = [fault("stop-engine", 0, 275), fault("stop-sshd", 185, 90)]
+    incs = [{"started": 1200, "ended": 1275, "verdict": "WEDGED", "action": "restart", "result": "READY",
+             "fault_at": 1005}]
+    assert [len(v) for v in checks.attribute(fs, incs).values()] == [1, 0]
 
 
 def proc(pid, ppid, argv, state="S", comm=None):

@@ -117,13 +117,16 @@ def check_memory(baseline, snaps, tolerance_gib):
     return problems
 
 
-def attribute(faults, incidents):
-    """{fault index: [incidents]}: each incident belongs to the last fault injected before it started that
-    had not healed by then (a killed guard that healed at once does not take the recovery of the stopped
-    engine before it); when every earlier fault had healed, to the last one."""
+def attribute(faults, incidents, slack_s=20.0):
+    """{fault index: [incidents]}: each incident belongs to the last fault injected before the fault it
+    names began (its fault_at: the last progress seen or the first failed look, give or take one watchdog
+    interval, slack_s; when it started, for records without one) that had not healed when it started (a
+    killed guard that healed at once, or an sshd stopped while the stall was being confirmed, does not take
+    the recovery of the stopped engine before it); when every such fault had healed, to the last one."""
     out = {i: [] for i in range(len(faults))}
     for inc in incidents:
-        before = [i for i, f in enumerate(faults) if f["injected_at"] <= inc["started"]]
+        began = inc.get("fault_at") or inc["started"]
+        before = [i for i, f in enumerate(faults) if f["injected_at"] <= min(began + slack_s, inc["started"])]
         open_ = [i for i in before if faults[i]["healed_at"] is None or faults[i]["healed_at"] > inc["started"]]
         if before:
             out[(open_ or before)[-1]].append(inc)
