@@ -1,5 +1,6 @@
 """A restart of the engine's ranks after a fault, as the watchdog and `doit launch` perform it: the
-evidence saved first (an incident folder, core.incidents), then the ranks stopped in the recipe's order,
+evidence saved first (an incident folder, core.incidents), then the ranks' containers killed and their
+units stopped in the recipe's order (no stop grace for processes that cannot take it),
 then every node's memory checked against the baseline recorded before its first rank started
 (core.hang.memory_returned); only when it came back are the ranks started again. When it did not,
 nothing starts: $STATE_DIR/needs-reboot.json on the head names the node and the missing GiB, the
