@@ -71,13 +71,13 @@ def test_launch_takes_a_silent_engine_for_wedged_only_once_it_generated_since_it
                               "PORT": str(port), "WATCHDOG_PROBE_S": "5"}))
     (tmp_path / "api_key").write_text("sk-test-0123456789abcdef\n")
     up = states(head="active", worker="active")                         # rank 0 started at 1000
-    assert launch.wedged(cl, up, []) is None                            # never ready: the wait covers it
+    assert launch.wedged(cl, up) is None                            # never ready: the wait covers it
     (tmp_path / "ready.json").write_text('{"time": 900}')
-    assert launch.wedged(cl, up, []) is None                            # ready before this start: a start-up
+    assert launch.wedged(cl, up) is None                            # ready before this start: a start-up
     (tmp_path / "ready.json").write_text('{"time": 1100}')
-    verdict, what, _ = launch.wedged(cl, up, [])
+    verdict, what, _ = launch.wedged(cl, up)
     assert verdict == "WEDGED" and "no token came back within 5 s (WATCHDOG_PROBE_S)" in what
-    assert launch.wedged(cl, states(head="active", worker="failed"), []) is None   # not all up: broken() has it
+    assert launch.wedged(cl, states(head="active", worker="failed")) is None   # not all up: broken() has it
 
 
 def test_doit_incidents_lists_and_shows_them(tmp_path):

@@ -28,8 +28,9 @@ def launch(cfg, force=False):
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
     steps = decide(cfg.nodes, want, states, cl.recipe)
-    fault = broken(cl, states) or wedged(cl, states, steps)
-    if fault and not any(s.kind is Kind.RESTART_RANKS for s in steps):
+    restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
+    fault = broken(cl, states) or (None if restarting else wedged(cl, states))
+    if fault and not restarting:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", f"{fault[0]}: {fault[1]}"))
     paused = pause_watchdog(cl, states, steps)
     apply(cl, want, steps, states, force, fault)
@@ -85,12 +86,11 @@ def broken(cl, states):
                                   for n, u, s in down), min(since) if since else None)
 
 
-def wedged(cl, states, steps):
-    """("WEDGED", what, None) when nothing else restarts the ranks, every engine unit is up, a readiness wait
-    saw rank 0 generate since it started (ready.json), and no token comes back within WATCHDOG_PROBE_S now;
-    else None. A rank 0 that never generated since it started is left to the readiness wait (a start-up)."""
-    if any(s.kind is Kind.RESTART_RANKS for s in steps):
-        return None
+def wedged(cl, states):
+    """("WEDGED", what, None) when every engine unit is up, a readiness wait saw rank 0 generate since it
+    started (ready.json), and no token comes back within WATCHDOG_PROBE_S now; else None. A rank 0 that
+    never generated since it started is left to the readiness wait (a start-up). Launch asks only when
+    nothing else restarts the ranks."""
     every = [states[n.name].unit(u) for n in cl.nodes for u in cl.engine_units(n)]
     started = max((states[cl.head.name].unit(u).since for u in cl.engine_units(cl.head)), default=None)
     ready = ranks.ready_at(cl.cfg.state_dir)

@@ -20,7 +20,7 @@ def kill_ranks(cl):
     """A broken cluster's engine containers killed at once, in the stop order, before their units stop: a
     stopped (SIGSTOP) or wedged process never acts on the SIGTERM of a graceful stop, which would cost the
     whole stop grace. A node that cannot be reached is left to the units' stop."""
-    for spec in [cl.cfg.nodes[0]] + list(cl.cfg.nodes[1:]):
+    for spec in cl.cfg.nodes:               # the head first, as in the stop order
         for name in cl.recipe.containers(spec):
             try:
                 cl.docker_kill(cl.node(spec), name)
