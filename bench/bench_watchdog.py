@@ -3,7 +3,6 @@ to the API generating again, for a killed worker rank and for a wedged engine, i
 the stand-in engine and the default WATCHDOG_INTERVAL_S (15 s) and WATCHDOG_PROBE_S (60 s). The baseline
 is the fastest a person could do: a `doit launch` typed the moment the fault happens. Needs root and the
 lab; prints a reason and exits 0 otherwise."""
-import json
 import sys
 import time
 
@@ -16,8 +15,7 @@ def recovered(lab, since, timeout=600):
     """The first incident after `since` that ended READY (the lab's nodes share this clock)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
-        for inc in (json.loads(line) for line in r.stdout.splitlines() if line.strip()):
+        for inc in lab.incidents(STATE):
             if inc["started"] >= since and inc["result"] == "READY":
                 return inc
         time.sleep(1)

@@ -156,12 +156,12 @@ def test_backoff_waits_while_the_loop_keeps_observing():
 # ---- memory return ----------------------------------------------------------------------------------------
 
 MEM = [  # baselines, now (GiB), verdict, missing
-    ({"head": 100, "worker1": 100}, {"head": 99, "worker1": 95}, "OK", {}),
-    ({"head": 100, "worker1": 100}, {"head": 99, "worker1": 88}, "NEEDS_REBOOT", {"worker1": 12.0}),
-    ({"head": 100, "worker1": 100}, {"head": 92, "worker1": 100}, "OK", {}),           # exactly the margin
-    ({"head": 100}, {"head": 99, "worker1": 10}, "OK", {}),                             # no baseline: skipped
-    ({"head": 100, "worker1": 100}, {"head": 99, "worker1": None}, "UNKNOWN", {}),
-    ({"head": 100, "worker1": 100}, {"head": 80, "worker1": None}, "NEEDS_REBOOT", {"head": 20.0}),
+    ({"head": 100, "worker1": 100}, {"head": 99, "worker1": 95}, "BACK", {}),
+    ({"head": 100, "worker1": 100}, {"head": 99, "worker1": 88}, "SHORT", {"worker1": 12.0}),
+    ({"head": 100, "worker1": 100}, {"head": 92, "worker1": 100}, "BACK", {}),           # exactly the margin
+    ({"head": 100}, {"head": 99, "worker1": 10}, "BACK", {}),                             # no baseline: skipped
+    ({"head": 100, "worker1": 100}, {"head": 99, "worker1": None}, "UNREAD", {}),
+    ({"head": 100, "worker1": 100}, {"head": 80, "worker1": None}, "SHORT", {"head": 20.0}),
 ]
 
 
@@ -182,7 +182,7 @@ def test_memory_wait_ends_when_it_is_back_or_when_time_is_up():
     back_at = 31
     read = lambda: {"head": 100 * GIB, "worker1": (99 if t["now"] >= back_at else 50) * GIB}
     c = hang.wait_memory_back(read, base, return_gib=8, return_s=120, clock=clock, sleep=sleep)
-    assert c.verdict == "OK" and back_at <= t["now"] < back_at + 2.01
+    assert c.verdict == "BACK" and back_at <= t["now"] < back_at + 2.01
     t["now"], back_at = 0.0, 10_000
     c = hang.wait_memory_back(read, base, return_gib=8, return_s=120, clock=clock, sleep=sleep)
-    assert c.verdict == "NEEDS_REBOOT" and t["now"] == 120 and "worker1" in c.line() and "50.0 GiB below" in c.line()
+    assert c.verdict == "SHORT" and t["now"] == 120 and "worker1" in c.line() and "50.0 GiB below" in c.line()

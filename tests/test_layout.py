@@ -18,7 +18,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 SHARED = {p[:-3].replace("/", ".").removesuffix(".__init__") for p in SHIPPED if p.endswith(".py")}
 SHIPPED_PACKAGES = tuple(p.rstrip("/").replace("/", ".") for p in SHIPPED if p.endswith("/"))
 SETTINGS = "dsv41.head.config"        # the settings: read by verbs and machinery alike
-PURE = ("dsv41.head.core.decide", "dsv41.head.core.judge")
+PURE = ("dsv41.head.core.decide", "dsv41.head.core.health")
 PURE_MAY_USE = {"dsv41.head.core.recipe", "dsv41.head.core.hang"}           # besides each other and the vocabulary below
 VOCABULARY = {"dsv41.names", "dsv41.errors"}         # shared names and the error type: no I/O done
 PURE_STDLIB = {"collections", "dataclasses", "enum", "functools", "hashlib", "itertools", "json", "math", "re",
@@ -187,7 +187,7 @@ def test_the_verbs_stand_on_the_machinery():
     verbs = {n for n in names if is_verb(n)}
     assert {"dsv41.head.launch", "dsv41.head.stop", "dsv41.head.status", "dsv41.head.watchdog",
             "dsv41.head.top"} <= verbs
-    assert {"dsv41.head.core.recipe", "dsv41.head.core.decide", "dsv41.head.core.judge"} <= set(names)
+    assert {"dsv41.head.core.recipe", "dsv41.head.core.decide", "dsv41.head.core.health"} <= set(names)
     assert SHARED == {"dsv41", "dsv41.errors", "dsv41.files", "dsv41.names"} and SHIPPED_PACKAGES == ("dsv41.node",)
 
 
@@ -206,8 +206,8 @@ def test_the_check_catches_a_breach(tmp_path):
     plan.write_text(plan.read_text() + "\n\ndef late():\n    from dsv41.head.launch import launch\n")
     decide = lib / "dsv41/head/core/decide.py"
     decide.write_text("import subprocess\n" + decide.read_text())
-    judge = lib / "dsv41/head/core/judge.py"
-    judge.write_text(judge.read_text() + "\n\ndef late():\n    from dsv41.head.core import nodes\n")
+    health = lib / "dsv41/head/core/health.py"
+    health.write_text(health.read_text() + "\n\ndef late():\n    from dsv41.head.core import nodes\n")
     found = violations(lib)
     assert "dsv41.node.probe is shipped to nodes but imports requests" in found
     assert "dsv41.node.facts is shipped to nodes but imports dsv41.head.core.nodes" in found
@@ -217,7 +217,7 @@ def test_the_check_catches_a_breach(tmp_path):
     assert "verb dsv41.head.plan imports verb dsv41.head.launch: move what they share into dsv41.head.core" in found
     assert "machinery dsv41.head.core.cluster imports verb dsv41.head.launch" in found
     assert "dsv41.head.core.decide must stay pure but imports subprocess" in found
-    assert "dsv41.head.core.nodes does I/O but dsv41.head.core.decide or dsv41.head.core.judge reaches it" in found
+    assert "dsv41.head.core.nodes does I/O but dsv41.head.core.decide or dsv41.head.core.health reaches it" in found
 
 
 def test_the_count_sees_a_longer_chain_and_more_arrows(tmp_path):

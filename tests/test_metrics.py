@@ -12,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from dsv41.client import metrics
 from dsv41.errors import UserError
 from dsv41.head.config import load_config
+from dsv41.head.core import record
+from dsv41.head.core.health import Health, Verdict
 from dsv41.head.watchdog import VERDICTS, Watchdog
 from test_standin_engine import REAL_METRICS, Ranks, events, free_port
 
@@ -132,14 +134,19 @@ def test_watchdog_textfile_parses_as_prometheus_text(tmp_path):
     cfg = load_config({"STATE_DIR": str(tmp_path / "state"), "METRICS_DIR": str(tmp_path / "textfile")})
     (tmp_path / "state").mkdir()
     w = Watchdog(cfg, log=lambda msg: None)
-    w.record({"started": 1.0, "ended": 14.0, "verdict": "DEGRADED", "evidence": "dsv41-r1.service on worker1 is failed",
-              "action": "restart", "result": "READY", "took_s": 13.0})
-    w.publish("HEALTHY", "every rank is up and a token came back")
+    state = str(tmp_path / "state")
+    done = record.open_incident(state, verdict="DEGRADED", evidence="dsv41-r1.service on worker1 is failed",
+                                fault_at=0.5, node="worker1", now=1.0)
+    record.close_incident(state, done, "READY", ended=14.0)
+    w.publish(Health(Verdict.HEALTHY, ("every rank is up and a token came back",)))
     text = (tmp_path / "textfile" / "dsv41_watchdog.prom").read_text()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     assert {n: f.type for n, f in fams.items()} == {
         "dsv41_watchdog_verdict": "gauge", "dsv41_watchdog_recoveries": "counter", "dsv41_watchdog_gave_up": "gauge",
-        "dsv41_watchdog_last_check_timestamp_seconds": "gauge"}
+        "dsv41_watchdog_last_check_timestamp_seconds": "gauge", "dsv41_watchdog_recovering": "gauge",
+        "dsv41_watchdog_last_recovery_end_timestamp_seconds": "gauge"}
+    assert fams["dsv41_watchdog_recovering"].samples == []          # no recovery runs
+    assert fams["dsv41_watchdog_last_recovery_end_timestamp_seconds"].samples[0].value == 14.0
     verdicts = {s.labels["verdict"]: s.value for s in fams["dsv41_watchdog_verdict"].samples}
     assert set(verdicts) == set(VERDICTS) and [v for v, x in verdicts.items() if x == 1] == ["HEALTHY"]
     [recoveries] = fams["dsv41_watchdog_recoveries"].samples
@@ -147,3 +154,10 @@ def test_watchdog_textfile_parses_as_prometheus_text(tmp_path):
     assert fams["dsv41_watchdog_gave_up"].samples[0].value == 0
     assert all(f.documentation for f in fams.values())
     assert not [p.name for p in Path(tmp_path / "textfile").iterdir() if p.name != "dsv41_watchdog.prom"]
+    running = record.open_incident(state, verdict="DEAD", evidence="/health does not answer", fault_at=1_900_000_000,
+                                   node="worker1", now=1_900_000_010)
+    w.publish(Health(Verdict.RECOVERING, ("recovering",), "worker1", recovering=running))
+    fams = {f.name: f for f in text_string_to_metric_families((tmp_path / "textfile" / "dsv41_watchdog.prom").read_text())}
+    [rec] = fams["dsv41_watchdog_recovering"].samples
+    assert rec.value == 1 and rec.labels == {"verdict": "DEAD", "node": "worker1", "fault_at": "2030-03-17T17:46:40Z",
+                                             "incident": running["id"]}

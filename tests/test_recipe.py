@@ -11,7 +11,7 @@ from dsv41.head import launch, stop
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import Kind, decide
-from dsv41.head.core.judge import BUSY, DEGRADED, HEALTHY, NO_TOKEN, TOKEN, WEDGED, Memory, Observation, judge
+from dsv41.head.core.health import BUSY, DEGRADED, HEALTHY, NO_TOKEN, TOKEN, WEDGED, Memory, Observation, judge
 from dsv41.head.core.nodes import Node, Result
 from dsv41.head.core.recipe import Part, Recipe
 from dsv41.head.core.state import parse

@@ -2,13 +2,16 @@
 memory is back or --force, which units make a broken cluster (evidence first), and `doit incidents` for
 real on saved folders. The nodes' answers are probe states here; tests/lab/test_self_healing.py does it on
 real nodes."""
+from pathlib import Path
+
 import pytest
 
 from dsv41.errors import UserError
 from dsv41.head import launch
 from dsv41.head.config import load_config
-from dsv41.head.core import incidents, recovery
+from dsv41.head.core import incidents, record, recovery
 from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.health import DEGRADED, REPAIR, STARTING, memory_check
 from dsv41.head.core.state import parse
 from test_status import doit
 
@@ -36,28 +39,29 @@ def cl(tmp_path):
 
 def test_launch_refuses_while_a_nodes_memory_is_short_until_it_is_back_or_forced(cl, capsys):
     launch.refuse_if_needs_reboot(cl, states(80), force=False)            # no record: nothing to refuse
-    recovery.set_needs_reboot(cl.cfg.state_dir, "worker1: MemAvailable ... (recorded)")
+    record.set_needs_reboot(cl.cfg.state_dir, "worker1: MemAvailable ... (recorded)")
     with pytest.raises(UserError, match=r"^NEEDS_REBOOT: worker1: MemAvailable 80.0 GiB is 20.0 GiB below its "
                                         r"baseline 100.0 GiB .*reboot worker1, or `doit launch --force`"):
         launch.refuse_if_needs_reboot(cl, states(80), force=False)
-    assert recovery.needs_reboot(cl.cfg.state_dir)
+    assert record.needs_reboot(cl.cfg.state_dir)
     launch.refuse_if_needs_reboot(cl, states(93), force=False)           # 7 GiB short: within MEM_RETURN_GIB
-    assert recovery.needs_reboot(cl.cfg.state_dir) is None and "came back" in capsys.readouterr().out
-    recovery.set_needs_reboot(cl.cfg.state_dir, "worker1: short")
+    assert record.needs_reboot(cl.cfg.state_dir) is None and "came back" in capsys.readouterr().out
+    record.set_needs_reboot(cl.cfg.state_dir, "worker1: short")
     launch.refuse_if_needs_reboot(cl, states(80), force=True)
-    assert recovery.needs_reboot(cl.cfg.state_dir) is None and "--force" in capsys.readouterr().out
+    assert record.needs_reboot(cl.cfg.state_dir) is None and "--force" in capsys.readouterr().out
 
 
 def test_a_node_without_a_baseline_is_not_checked_with_one_warning(cl):
-    check = recovery.check_now(cl.cfg, states(10, base=False))
-    assert check.verdict == "OK" and len(check.warnings) == 2 and "no MemAvailable baseline" in check.warnings[0]
+    check = memory_check(cl.cfg, states(10, base=False))
+    assert check.verdict == "BACK" and len(check.warnings) == 2 and "no MemAvailable baseline" in check.warnings[0]
 
 
 def test_what_launch_takes_for_a_broken_cluster(cl):
-    assert launch.broken(cl, states(head="active", worker="active")) is None
-    assert launch.broken(cl, states()) is None                          # all stopped cleanly: a plain start
-    verdict, what, fault_at = launch.broken(cl, states(head="active", worker="failed", worker_result="exit-code"))
-    assert verdict == "DEGRADED" and what == "dsv41-r1.service on worker1 is failed (exit-code)" and fault_at == 1500.0
+    """core.health's judgement, as launch asks it (nothing listens on the API's port here)."""
+    assert launch.health_now(cl, states(), probe=True).verdict not in REPAIR      # all stopped cleanly: a plain start
+    h = launch.health_now(cl, states(head="active", worker="failed", worker_result="exit-code"), probe=True)
+    assert h.verdict == DEGRADED and h.evidence == "dsv41-r1.service on worker1 is failed" and h.node == "worker1"
+    assert h.fault_at == 1500.0                                        # when the unit went down
 
 
 def test_launch_takes_a_silent_engine_for_wedged_only_once_it_generated_since_it_started(tmp_path):
@@ -71,13 +75,12 @@ def test_launch_takes_a_silent_engine_for_wedged_only_once_it_generated_since_it
                               "PORT": str(port), "WATCHDOG_PROBE_S": "5"}))
     (tmp_path / "api_key").write_text("sk-test-0123456789abcdef\n")
     up = states(head="active", worker="active")                         # rank 0 started at 1000
-    assert launch.wedged(cl, up) is None                            # never ready: the wait covers it
+    assert launch.health_now(cl, up, probe=True).verdict == STARTING    # never ready: the wait covers it
     (tmp_path / "ready.json").write_text('{"time": 900}')
-    assert launch.wedged(cl, up) is None                            # ready before this start: a start-up
+    assert launch.health_now(cl, up, probe=True).verdict == STARTING    # ready before this start: a start-up
     (tmp_path / "ready.json").write_text('{"time": 1100}')
-    verdict, what, _ = launch.wedged(cl, up)
-    assert verdict == "WEDGED" and "no token came back within 5 s (WATCHDOG_PROBE_S)" in what
-    assert launch.wedged(cl, states(head="active", worker="failed")) is None   # not all up: broken() has it
+    h = launch.health_now(cl, up, probe=True)
+    assert h.verdict in REPAIR and "/health does not answer" in h.evidence
 
 
 def test_doit_incidents_lists_and_shows_them(tmp_path):
@@ -95,4 +98,70 @@ def test_doit_incidents_lists_and_shows_them(tmp_path):
     r = doit(["incidents", "show", "3"], tmp_path)
     assert r.returncode != 0 and "no incident 3: 2 saved" in r.stdout + r.stderr
     r = doit(["incidents", "shwo"], tmp_path)
-    assert r.returncode != 0 and "doit incidents show [N]" in r.stdout + r.stderr
+    assert r.returncode != 0 and "doit incidents show [N|NAME]" in r.stdout + r.stderr
+
+
+# ---- the one restart: the baseline rule and the record of an incident -------------------------------------
+
+class Node:
+    def __init__(self, name):
+        self.name = self.label = name
+        self.written = {}
+
+    def write_file(self, path, text, mode=0o644):
+        self.written[path] = text
+
+
+def test_a_baseline_is_taken_only_before_the_first_rank_since_the_node_booted(cl, monkeypatch):
+    """Memory a restart did not get back never becomes the baseline: a node whose rank ran since it booted is
+    only compared; one whose ranks never ran since boot (a first launch, a reboot) records its memory now."""
+    nodes = [Node("head"), Node("worker1")]
+    monkeypatch.setattr(type(cl), "nodes", property(lambda self: nodes), raising=False)
+    monkeypatch.setattr(cl, "paths", lambda n: type("P", (), {"state_dir": "/s"})())
+    monkeypatch.setattr(cl, "engine_units", lambda n: ["dsv41-r0.service" if n.name == "head" else "dsv41-r1.service"])
+    ran = states(80)                                         # ActiveEnterTimestamp @1000: both ranks ran
+    fresh = {n: parse({"units": {u: {**unit("inactive"), "ActiveEnterTimestamp": ""}}, "time": 2000.0,
+                       "mem_available_kib": 95 * 2**20}) for n, u in (("head", "dsv41-r0.service"),
+                                                                      ("worker1", "dsv41-r1.service"))}
+    lines = []
+    recovery.record_baselines(cl, ran, log=lines.append)
+    assert nodes[1].written == {} and lines == []            # 20 GiB short, and it stays the baseline's problem
+    recovery.record_baselines(cl, {"head": ran["head"], "worker1": fresh["worker1"]}, log=lines.append)
+    assert list(nodes[1].written) == ["/s/mem-baseline.json"] and nodes[0].written == {}
+    assert '"mem_available_bytes": 102005473280' in nodes[1].written["/s/mem-baseline.json"]
+    assert "worker1" in lines[0] and "since it booted" in lines[0]
+
+
+def test_an_incident_is_open_before_its_evidence_and_a_killed_recovery_is_closed_as_interrupted(cl, monkeypatch):
+    """The record has the incident before anything is done; a recovery's process that died mid-way (here:
+    a step that never returns, like a kill -9) leaves it open; the next watchdog closes it as interrupted,
+    and its budget counts it."""
+    from dsv41.head.core import ranks
+    from dsv41.head.core.health import Health
+    seen = []
+
+    def evidence(c, h, log, name=None):
+        seen.append([i["id"] for i in record.open_incidents(cl.cfg.state_dir)])
+        raise KeyboardInterrupt("killed")                    # stands for the process dying here
+    monkeypatch.setattr(recovery, "save_evidence", evidence)
+    monkeypatch.setattr(ranks, "kill_ranks", lambda c: pytest.fail("nothing is killed after the process died"))
+    fault = Health(DEGRADED, ("dsv41-r1.service on worker1 is failed",), "worker1", 1500.0, "restart")
+    with pytest.raises(KeyboardInterrupt):
+        recovery.restart(cl, fault=fault, by="dsv41-watchdog", log=lambda m: None)
+    [inc] = record.incidents(cl.cfg.state_dir)
+    assert seen == [[inc["id"]]] and inc["verdict"] == "DEGRADED" and inc["node"] == "worker1"
+    assert inc["fault_at"] == 1500.0 and inc["action"] == "restart"
+    # the finally of a Python-level interruption closed it; a kill -9 would not: reopen it as the kill leaves it
+    lines = (cl.cfg.state_dir + "/incidents.jsonl")
+    with open(lines) as f:
+        kept = [ln for ln in f if '"close"' not in ln]
+    with open(lines, "w") as f:
+        f.writelines(kept)
+    assert [i["id"] for i in record.open_incidents(cl.cfg.state_dir)] == [inc["id"]]
+    assert len(record.recoveries(cl.cfg.state_dir)) == 1     # counted while open
+    [closed] = record.close_interrupted(cl.cfg.state_dir, "DEGRADED: dsv41-r1.service on worker1 is failed")
+    assert closed["result"].startswith("interrupted: the recovery's process ended mid-way (saving the evidence)")
+    assert "seen now: DEGRADED" in closed["result"] and not record.open_incidents(cl.cfg.state_dir)
+    assert len(record.recoveries(cl.cfg.state_dir)) == 1
+    r = doit(["incidents"], Path(cl.cfg.state_dir).parent, STATE_DIR=cl.cfg.state_dir)
+    assert "interrupted" in r.stdout and "DEGRADED" in r.stdout, r.stdout

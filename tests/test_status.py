@@ -7,7 +7,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from dsv41.head.status import EXIT_CODES, verdict
+from dsv41.head.core import record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,38 +23,17 @@ def test_nothing_deployed_is_not_running_exit_3_with_the_versioned_json(tmp_path
     r = doit(["status", "--json"], tmp_path)
     doc = json.loads(r.stdout)
     assert r.returncode == 3 and doc["state"] == "NOT RUNNING" and doc["exit_code"] == 3
-    assert set(doc) == {"schema", "state", "exit_code", "nodes", "api", "stale", "watchdog", "needs_reboot"}
-    assert doc["schema"] == "dsv41.status/1" and list(doc["nodes"]) == ["head"]
+    assert set(doc) == {"schema", "state", "exit_code", "health", "nodes", "api", "stale", "watchdog"}
+    assert doc["schema"] == "dsv41.status/2" and list(doc["nodes"]) == ["head"]
+    assert doc["health"]["verdict"] == "STOPPED" and doc["health"]["word"] == "NOT RUNNING"
     head = doc["nodes"]["head"]
     assert set(head) == {"memguard", "rank_unit", "rank_state", "since", "container", "mem_available_gib",
                          "gpu_memory", "tripped"}
     assert head["rank_unit"] == "dsv41-r0.service" and head["mem_available_gib"] > 0
-    assert set(doc["api"]) == {"url", "health", "models"} and doc["api"]["health"] is None
+    assert set(doc["api"]) == {"url", "health", "models", "error"} and doc["api"]["health"] is None
     assert doc["watchdog"]["enabled"] is True and doc["watchdog"]["unit"] in ("not installed", "inactive")
     r = doit(["status"], tmp_path)
     assert r.returncode == 3 and "NOT RUNNING: nothing is running: start it with `doit launch`" in r.stdout
-
-
-def test_the_verdict_and_its_exit_code():
-    up = {"rank_state": "active/running", "container": "running", "tripped": None}
-    down = {"rank_state": "failed/failed", "container": "none", "tripped": None}
-    serving, silent = {"models": ["m"]}, {"models": None}
-    cases = [
-        ({"a": up, "b": up}, serving, [], "READY"),
-        ({"a": up, "b": down}, serving, [], "DEGRADED"),
-        ({"a": up, "b": up}, serving, ["r1 restarted after the head's rank"], "DEGRADED"),
-        ({"a": up, "b": up}, silent, [], "DOWN"),
-        ({"a": down, "b": down}, silent, [], "NOT RUNNING"),
-        ({"a": down, "b": down}, serving, [], "NOT RUNNING"),        # no unit of ours: something else on PORT
-        ({"a": down, "b": up}, silent, [], "DEGRADED"),              # rank 0 dead, the worker's up
-        ({"a": {**up, "rank_state": "activating/start"}, "b": up}, silent, [], "DOWN"),   # starting
-        ({"a": up, "b": {**down, "tripped": {"time": "t"}}}, serving, [], "TRIPPED"),
-        ({"a": up, "b": {"error": "did not answer"}}, serving, [], "UNREACHABLE"),
-    ]
-    for nodes, api, stale, want in cases:
-        assert verdict(nodes, api, stale) == want
-    assert EXIT_CODES == {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6,
-                          "NEEDS_REBOOT": 7}
 
 
 def test_something_else_on_the_port_is_not_our_deployment(tmp_path):
@@ -81,7 +60,7 @@ def test_something_else_on_the_port_is_not_our_deployment(tmp_path):
 
 
 def test_the_watchdog_line_reports_what_runs_whatever_the_setting_says():
-    from dsv41.head.status import watchdog_line
+    from dsv41.head.core.record import watchdog_line
     seen = {"verdict": "HEALTHY", "time": 0, "evidence": "every rank is up"}
     last = {"started": 0, "verdict": "DEGRADED", "action": "restart", "result": "READY", "took_s": 13}
     assert watchdog_line({"enabled": False, "unit": "inactive"}) == "watchdog: off (WATCHDOG=0)"
@@ -91,23 +70,3 @@ def test_the_watchdog_line_reports_what_runs_whatever_the_setting_says():
     line = watchdog_line({"enabled": True, "unit": "active", **seen, "gave_up": {"reason": "DEAD again"}})
     assert "GAVE UP (DEAD again): hands off until `doit launch`" in line
     assert watchdog_line({"enabled": True, "unit": "inactive", **seen}) == "watchdog: inactive"
-
-
-def test_needs_reboot_is_shown_while_a_nodes_memory_is_still_short(tmp_path):
-    """A restart that found the worker's memory not back left its record; status names the node and the
-    missing GiB until the memory is back (probe states here: the lab test does it on real nodes)."""
-    from dsv41.head.config import load_config
-    from dsv41.head.core import recovery
-    from dsv41.head.core.state import parse
-    from dsv41.head.status import memory_short
-    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path)})
-
-    def states(worker_gib):
-        return {n: parse({"units": {}, "time": 1.0, "mem_available_kib": int(gib * 2**20),
-                          "mem_baseline_bytes": 100 * 2**30}) for n, gib in (("head", 99), ("worker1", worker_gib))}
-    assert memory_short(cfg, states(80)) is None                     # no restart stopped on it
-    recovery.set_needs_reboot(str(tmp_path), "worker1: ...")
-    line = memory_short(cfg, states(80))
-    assert line.startswith("worker1: MemAvailable 80.0 GiB is 20.0 GiB below its baseline 100.0 GiB")
-    assert "head" not in line
-    assert memory_short(cfg, states(95)) is None                     # back within MEM_RETURN_GIB

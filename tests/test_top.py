@@ -25,6 +25,7 @@ from dsv41.head import top
 from dsv41.head.config import load_config
 from dsv41.head.core.desired import guard_settings
 from dsv41.head.core.state import parse
+from dsv41.head.core.health import Health, Verdict
 from dsv41.head.watchdog import Watchdog
 from sshd import need_sshd, start_sshd, stop_sshd
 from test_standin_engine import Ranks, events, token_text
@@ -109,6 +110,7 @@ def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
                                   "error": "worker1 (u@w) did not answer within 10 s (SSH_TIMEOUT_S)"}},
             "engine": {"url": "http://h:8000/metrics", "state": "no answer", "seen_s_ago": None,
                        "error": "no answer from http://h:8000/metrics (connection refused)"},
+            "health": Health(Verdict.UNKNOWN, ("no fresh facts from worker1",), "worker1").as_json(),
             "watchdog": {"enabled": True, "unit": "active", "verdict": "HEALTHY", "time": time.time(),
                          "evidence": "every rank is up"}}
     console = Console(force_terminal=True, color_system="standard", width=COLS, record=True)
@@ -158,7 +160,7 @@ class Cluster:
         cfg = load_config(self.env)
         (tmp / "state").mkdir()
         (tmp / "state" / names.GUARD_SETTINGS).write_text(guard_settings(cfg))
-        Watchdog(cfg, log=lambda msg: None).publish("HEALTHY", "every rank is up and a token came back")
+        Watchdog(cfg, log=lambda msg: None).publish(Health(Verdict.HEALTHY, ("every rank is up and a token came back",)))
         self.frozen = []
 
     def procs(self):
@@ -218,7 +220,7 @@ def test_once_json_shows_nodes_engine_watchdog_and_a_frozen_worker_as_stale(clus
     finally:
         s1.close()
         s2.close()
-    assert v["schema"] == "dsv41.top/1" and v["interval_s"] == 1.0
+    assert v["schema"] == "dsv41.top/2" and v["interval_s"] == 1.0
     assert list(v["nodes"]) == ["head", "worker1"]
     for name, n in v["nodes"].items():
         assert (n["state"], n["error"]) == ("ok", None), (name, n)
@@ -234,6 +236,7 @@ def test_once_json_shows_nodes_engine_watchdog_and_a_frozen_worker_as_stale(clus
     assert e["interval_s"] >= 1 and e["generation_tokens_per_s"] > 0 and e["itl_p50_s"] > 0
     assert e["preemptions_in_interval"] == 0
     assert v["watchdog"]["verdict"] == "HEALTHY" and v["watchdog"]["evidence"].startswith("every rank is up")
+    assert v["health"]["verdict"] == "STOPPED" and v["health"]["word"] == "NOT RUNNING"      # no units here
 
     cluster.freeze()
     try:
@@ -244,6 +247,7 @@ def test_once_json_shows_nodes_engine_watchdog_and_a_frozen_worker_as_stale(clus
     assert w["state"] == "stale" and w["seen_s_ago"] is None and w["mem_available_bytes"] is None
     assert FROZEN.search(w["error"]), w["error"]
     assert v["nodes"]["head"]["state"] == "ok"                      # the rest of the screen is fresh
+    assert v["health"]["verdict"] == "UNKNOWN" and v["health"]["node"] == "worker1"    # judged as status judges it
     assert v["engine"]["state"] == "ok" and v["engine"]["generation_tokens_per_s"] is None   # one scrape: no rates
 
 

@@ -2,14 +2,17 @@
 API's /health, /metrics and the token probe showed, interval after interval) in, verdicts out. The
 lab tests (tests/lab/test_self_healing.py) show the same verdicts acted on against real systemd, Docker and
 the stand-in engine."""
+import dataclasses
+
 import pytest
 
 from dsv41.client import metrics
 from dsv41.errors import UserError
 from dsv41.head.config import load_config
+from dsv41.head.core import record
 from dsv41.head.core.engine import for_config
 from dsv41.head.core.state import parse, unreachable
-from dsv41.head.core.judge import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
+from dsv41.head.core.health import (BUSY, DEAD, DEGRADED, HEALTHY, NO_TOKEN, STARTING, STOPPED, SUSPECT, TOKEN,
                                    TRIPPED, UNKNOWN, WEDGED, Memory, Observation, judge, wants_probe)
 
 CFG = load_config({"WORKER": "u@w", "WATCHDOG_STALL_S": "600", "WATCHDOG_PROBE_S": "60", "START_TIMEOUT_MIN": "45"})
@@ -161,7 +164,7 @@ def test_a_tripped_guard_or_a_node_without_fresh_facts_is_never_acted_on():
 
 @pytest.mark.parametrize("verdict", [HEALTHY, BUSY, STARTING, STOPPED, SUSPECT, TRIPPED, UNKNOWN])
 def test_only_degraded_dead_and_wedged_call_for_a_recovery(verdict):
-    from dsv41.head.core.judge import ACT_ON
+    from dsv41.head.core.health import ACT_ON
     assert verdict not in ACT_ON and set(ACT_ON) == {DEGRADED, DEAD, WEDGED}
 
 
@@ -197,14 +200,25 @@ class Clock:
 
 
 def watchdog_on(tmp_path, monkeypatch, looks, restart, **settings):
+    """A Watchdog whose looks come from looks(t) and whose recovery is the real core.recovery.restart with
+    the real record, but no node: the ranks' start is restart(clock), the memory is what looks() show."""
     from dsv41.head import watchdog
     from dsv41.head.core import ranks, recovery
+    from dsv41.head.core.health import memory_check
     cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "METRICS_DIR": str(tmp_path / "prom"),
                        "WATCHDOG_BACKOFF_S": "30", "WATCHDOG_MAX_RECOVERIES": "3", "WATCHDOG_WINDOW_MIN": "60",
                        **settings})
     clock = Clock(START)
-    monkeypatch.setattr(watchdog, "observe", lambda cl, c, mem: looks(clock.t - START))
-    monkeypatch.setattr(recovery, "restart", lambda cl, log: restart(clock))
+
+    def observe(cl, c, mem):
+        o = looks(clock.t - START)
+        return dataclasses.replace(o, record=record.view(str(tmp_path), clock.t))
+    monkeypatch.setattr(watchdog, "observe", observe)
+    monkeypatch.setattr(ranks, "kill_ranks", lambda cl: None)
+    monkeypatch.setattr(ranks, "stop_ranks", lambda cl: None)
+    monkeypatch.setattr(ranks, "start_ranks", lambda cl: restart(clock))
+    monkeypatch.setattr(recovery, "record_baselines", lambda cl, states, log=print: None)
+    monkeypatch.setattr(recovery, "wait_memory", lambda cl, log: memory_check(cfg, looks(clock.t - START).nodes))
     monkeypatch.setattr(recovery, "save_evidence", lambda *a, **k: None)
     monkeypatch.setattr(ranks, "wait_ready", lambda cl: None)
     lines = []
@@ -234,7 +248,7 @@ def test_the_nth_recovery_waits_its_backoff_while_the_watchdog_keeps_looking(tmp
         published.append((status_of(tmp_path)["time"] - START, status_of(tmp_path)["verdict"]))
     # 1st at once; 2nd 30 s after the 1st ended (10 -> 40, seen at 45); 3rd 60 s after the 2nd (55 -> 115)
     assert starts == [0, 45, 120]
-    assert w.gave_up() and "3 recoveries" in w.gave_up()["reason"]           # the budget stays
+    assert record.gave_up(str(tmp_path)) and "3 recoveries" in record.gave_up(str(tmp_path))["reason"]   # the budget stays
     assert [v for _, v in published] == [DEGRADED] * len(published)
     waits = [t for t, _ in published if t not in (10, 55, 130)]
     assert {15, 30, 60, 75, 90, 105} <= set(waits)                           # published while it waited
@@ -283,12 +297,8 @@ def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_p
                                        "mem_baseline_bytes": m["mem_baseline_bytes"]})
         return o
 
-    def restart(clock):
-        raise AssertionError("no restart while the memory is short")
-
-    w, clock = watchdog_on(tmp_path, monkeypatch, looks, restart)
-    monkeypatch.setattr(recovery, "start_when_memory_back", lambda cl, log: started.append(clock.t))
-    recovery.set_needs_reboot(str(tmp_path), "worker1: 20.0 GiB below its baseline")
+    w, clock = watchdog_on(tmp_path, monkeypatch, looks, lambda clock: started.append(clock.t))
+    record.set_needs_reboot(str(tmp_path), "worker1: 20.0 GiB below its baseline")
     for t in (0, 15, 30):
         clock.t = START + t
         assert w.step() == "NEEDS_REBOOT"
@@ -297,8 +307,7 @@ def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_p
     avail["worker1"] = 95                                     # within MEM_RETURN_GIB (8) of its baseline
     clock.t = START + 45
     w.step()
-    assert started == [START + 45]
-    recovery.clear_needs_reboot(str(tmp_path))          # (start_when_memory_back clears it when it starts)
+    assert started == [START + 45] and record.needs_reboot(str(tmp_path)) is None   # cleared as it starts
     clock.t = START + 60
     assert w.step() == HEALTHY
 

@@ -49,8 +49,7 @@ def node_snapshot(lab, node):
 
 
 def incidents(lab):
-    r = lab.on("head", f"cat {STATE_DIR}/incidents.jsonl", check=False)
-    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    return lab.incidents(STATE_DIR)
 
 
 def memory_baseline(lab, nodes):

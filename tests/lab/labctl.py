@@ -70,6 +70,11 @@ class Lab:
         kw.setdefault("stderr", subprocess.STDOUT)
         return subprocess.Popen(self._argv(node, cmd), text=True, **kw)
 
+    def incidents(self, state="/root/.dsv41-two-sparks"):
+        """The head's incidents as the record folds them (dsv41.head.core.record: open ones have result "")."""
+        from dsv41.head.core.record import fold
+        return fold(self.on("head", f"cat {state}/incidents.jsonl", check=False).stdout.splitlines())
+
     def is_up(self):
         return all(self.on(n, "true", check=False, timeout=10).returncode == 0 for n in self.ip)
 

@@ -163,9 +163,7 @@ def test_after_load_and_an_incident_every_dashboard_query_returns_data(lab, moni
     quiet(lab, "DSV41WatchdogRecovered")
     lab.on("worker1", "docker kill dsv41-r1")
     fires(lab, "DSV41WatchdogRecovered")
-    wait_for("the recovery", lambda: any(
-        json.loads(line).get("result") == "READY"
-        for line in lab.on("head", f"cat {STATE}/incidents.jsonl", check=False).stdout.splitlines()))
+    wait_for("the recovery", lambda: any(i["result"] == "READY" for i in lab.incidents(STATE)))
     load(lab)
     dash = json.loads(DASHBOARD.read_text())
     queries = [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]

@@ -17,8 +17,7 @@ FAST = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "W
 
 
 def incidents(lab):
-    r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
-    return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    return lab.incidents(STATE)
 
 
 def ready(lab):
@@ -213,3 +212,28 @@ def test_memory_that_does_not_come_back_gets_no_ranks_started(lab, watched):
         hog.kill()
     wait_for("READY by itself once the memory is back", lambda: ready(lab), timeout=120)
     assert "the memory came back" in journal(lab, inc["started"])
+
+
+def test_a_watchdog_killed_during_its_recovery_loses_no_incident(lab, watched):
+    """The incident is in the record before anything is done: status shows the recovery as RECOVERING (exit
+    8) with its step; a watchdog killed (kill -9) in the middle leaves it open, and the one systemd starts
+    next closes it as interrupted, counts it in the budget, and repairs the cluster."""
+    lab.on("worker1", "docker kill dsv41-r1")
+    [inc] = wait_for("a recovery under way", lambda: [i for i in incidents(lab) if i["open"]], timeout=60,
+                     every=0.2)
+    lab.on("head", "systemctl kill --kill-whom=main --signal=STOP dsv41-watchdog")    # held mid-recovery
+    try:
+        r = lab.doit("status --json", check=False)
+        h = json.loads(r.stdout)["health"]
+        assert r.returncode == 8 and h["verdict"] == "RECOVERING" and inc["id"] in h["conditions"][0], r.stdout
+    finally:
+        lab.on("head", "systemctl kill --kill-whom=all --signal=KILL dsv41-watchdog")
+    [closed] = wait_for("closed as interrupted by the next watchdog",
+                        lambda: [i for i in incidents(lab) if i["id"] == inc["id"] and not i["open"]], timeout=60)
+    assert closed["result"].startswith("interrupted: the recovery's process ended mid-way"), closed
+    wait_for("a recovery after it", lambda: [i for i in incidents(lab) if i["result"] == "READY"], timeout=120)
+    wait_for("READY", lambda: ready(lab), timeout=60)
+    doc = json.loads(lab.doit("status --json").stdout)
+    assert doc["watchdog"]["recoveries_in_window"] == 2                          # the interrupted one counts
+    listed = lab.doit("incidents").stdout
+    assert "interrupted" in listed and inc["verdict"] in listed

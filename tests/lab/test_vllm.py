@@ -234,8 +234,7 @@ def watched(lab, vllm):
 
 
 def incidents_since(lab, t0):
-    r = lab.on("head", f"cat {STATE}/incidents.jsonl", check=False)
-    return [i for i in (json.loads(line) for line in r.stdout.splitlines() if line.strip()) if i["started"] >= t0]
+    return [i for i in lab.incidents(STATE) if i["started"] >= t0]
 
 
 def recovered(lab, t0, what, timeout=900):
@@ -295,7 +294,7 @@ def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_sta
     assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
     assert "no progress signal moved" in inc["evidence"]
     assert abs(inc["fault_at"] - t0) <= 10                      # the last progress seen, not the detection
-    folder = inc["incident"]
+    folder = f"{STATE}/incidents/{inc['folder']}" if inc.get("folder") else None
     assert folder and re.search(r"vllm/v1/engine/core\.py:\d+",
                                 lab.on("head", f"cat {folder}/head/pyspy-{pid}.txt").stdout)
     assert lab.on("head", f"grep -rlF -e {vllm.key} {STATE}/incidents", check=False).stdout == ""

@@ -1,4 +1,4 @@
-"""doit incidents [show [N]]: the incident folders the watchdog and launch saved before a restart
+"""doit incidents [show [N|NAME]]: the incident folders the watchdog and launch saved before a restart
 ($STATE_DIR/incidents/), newest first: time, verdict, outage, result, evidence; `show N` prints the N-th
 newest (1: the last) with what was gathered from each node and the stopped processes' stacks."""
 from dsv41.errors import UserError
@@ -10,7 +10,8 @@ def incidents(cfg, words=()):
     if not words:
         print("\n".join(folders.list_lines(cfg.state_dir)))
         return
-    if words[0] != "show" or len(words) > 2 or (len(words) == 2 and not words[1].isdigit()):
-        raise UserError(f"`doit incidents {' '.join(words)}`: expected `doit incidents` or `doit incidents show [N]` "
-                        "(N: the number `doit incidents` lists, 1 the newest)")
-    print(folders.show(cfg.state_dir, int(words[1]) if len(words) == 2 else 1))
+    if words[0] != "show" or len(words) > 2:
+        raise UserError(f"`doit incidents {' '.join(words)}`: expected `doit incidents` or `doit incidents show [N|NAME]` "
+                        "(N: the number `doit incidents` lists, 1 the newest; NAME: the incident's, as an alert names it)")
+    which = words[1] if len(words) == 2 else "1"
+    print(folders.show(cfg.state_dir, int(which) if which.isdigit() else which))

@@ -1,17 +1,18 @@
 """doit launch: preflight, image, then each node's state -> decide -> apply, then wait until the API generates a
-token. The engine's units stop and start in the recipe's order (core.ranks). A broken cluster (a rank down,
-or every rank up but no token within WATCHDOG_PROBE_S although it generated since it started: wedged) is
-restarted with its evidence saved first in an incident folder, and no rank starts on a node whose memory did
-not come back after the ranks stopped (core.recovery: NEEDS_REBOOT, refused until it is back or `--force`)."""
-import os
+token. The ranks restart through the one ordered restart the watchdog also performs (core.recovery.restart).
+A broken cluster (core.health: a rank down, an API that does not answer, or every rank up but no token
+within WATCHDOG_PROBE_S although it generated since it started: wedged) is restarted with an incident and
+its evidence saved first, and no rank starts on a node whose memory did not come back after the ranks
+stopped (NEEDS_REBOOT, refused until it is back or `--force`)."""
 import time
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import exporter, hang, image, preflight, ranks, recovery, units
+from dsv41.head.core import exporter, image, preflight, record, recovery, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.core.decide import Kind, Step, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
+from dsv41.head.core.health import BACK, DEGRADED, NO_TOKEN, REPAIR, TOKEN, Memory, Observation, assess, memory_check
 from dsv41.head.core.ranks import wait_ready
 
 
@@ -29,9 +30,10 @@ def launch(cfg, force=False):
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
     steps = decide(cfg.nodes, want, states, cl.recipe)
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
-    fault = broken(cl, states) or (None if restarting else wedged(cl, states))
+    h = health_now(cl, states, probe=not restarting)
+    fault = h if h.verdict in ((DEGRADED,) if restarting else REPAIR) else None
     if fault and not restarting:
-        steps.append(Step(Kind.RESTART_RANKS, "all", "", f"{fault[0]}: {fault[1]}"))
+        steps.append(Step(Kind.RESTART_RANKS, "all", "", f"{h.verdict}: {h.evidence}"))
     paused = pause_watchdog(cl, states, steps)
     apply(cl, want, steps, states, force, fault)
     wait_ready(cl)
@@ -59,66 +61,43 @@ def refuse_if_tripped(cl, states):
 
 
 def refuse_if_needs_reboot(cl, states, force):
-    """A restart found a node's memory not back: refuse until it is (or --force, which also takes the
-    memory as it is now as every node's new baseline)."""
-    marker = recovery.needs_reboot(cl.cfg.state_dir)
+    """A restart found a node's memory not back: refuse until it is (or --force, which starts the ranks
+    anyway; the baseline stays as it was)."""
+    marker = record.needs_reboot(cl.cfg.state_dir)
     if not marker:
         return
-    check = recovery.check_now(cl.cfg, states)
-    if force or check.verdict == hang.OK:
-        recovery.clear_needs_reboot(cl.cfg.state_dir)
-        print("[head] " + ("--force: starting although " + marker["line"] if check.verdict != hang.OK
+    check = memory_check(cl.cfg, states)
+    if force or check.verdict == BACK:
+        record.clear_needs_reboot(cl.cfg.state_dir)
+        print("[head] " + ("--force: starting although " + marker["line"] if check.verdict != BACK
                            else "the memory came back on every node: NEEDS_REBOOT cleared"))
         return
     raise UserError(f"NEEDS_REBOOT: {check.line() or marker['line']}")
 
 
-def broken(cl, states):
-    """("DEGRADED", what is broken, when it broke) when some engine unit runs and another does not, or one
-    failed; None when the ranks are all up or all stopped cleanly."""
-    units = [(n, u, states[n.name].unit(u)) for n in cl.nodes for u in cl.engine_units(n)]
-    down = [(n, u, s) for n, u, s in units if s.active != "active"]
-    if not down or (len(down) == len(units) and all(s.result in ("success", "") for _, _, s in down)):
-        return None
-    since = [float(s.inactive_enter[1:]) for _, _, s in down if s.inactive_enter.startswith("@")
-             and s.inactive_enter != "@0"]
-    return ("DEGRADED", "; ".join(f"{u} on {n.name} is {s.active or 'not installed'} ({s.result or '?'})"
-                                  for n, u, s in down), min(since) if since else None)
-
-
-def wedged(cl, states):
-    """("WEDGED", what, None) when every engine unit is up, a readiness wait saw rank 0 generate since it
-    started (ready.json), and no token comes back within WATCHDOG_PROBE_S now; else None. A rank 0 that
-    never generated since it started is left to the readiness wait (a start-up). Launch asks only when
-    nothing else restarts the ranks."""
+def health_now(cl, states, probe):
+    """core.health's judgement of the cluster as launch found it. With probe, and every engine unit up
+    after a readiness wait saw this start of rank 0 generate, the recipe's readiness is asked for a token
+    within WATCHDOG_PROBE_S (no token: WEDGED); a rank 0 that never generated since it started is left to
+    the readiness wait (a start-up)."""
+    cfg = cl.cfg
+    client = cl.api(read_timeout=cfg.watchdog_probe_s)
+    head = states[cl.head.name]
     every = [states[n.name].unit(u) for n in cl.nodes for u in cl.engine_units(n)]
-    started = max((states[cl.head.name].unit(u).since for u in cl.engine_units(cl.head)), default=None)
-    ready = ranks.ready_at(cl.cfg.state_dir)
-    if any(u.active != "active" for u in every) or ready is None or started is None or ready < started:
-        return None
-    if cl.recipe.ready(cl.api(read_timeout=cl.cfg.watchdog_probe_s)):
-        return None
-    return ("WEDGED", f"every rank is up, but no token came back within {cl.cfg.watchdog_probe_s} s "
-                      "(WATCHDOG_PROBE_S)", None)
-
-
-def restart_ranks(cl, states, force, fault=None):
-    """A broken cluster's evidence first, then its containers killed (no stop grace); stop; each node's
-    baseline when it has none (every node's with force); start once every node's memory came back."""
-    if fault:
-        recovery.save_evidence(cl, *fault, log=lambda m: print(f"[head] {m}"))
-        ranks.kill_ranks(cl)
-    ranks.stop_ranks(cl)
-    recovery.record_baselines(cl, cl.observe(), force=force)
-    recovery.start_when_memory_back(cl, force=force, log=lambda m: print(f"[head] {m}"))
+    started = max((head.unit(u).since for u in cl.engine_units(cl.head)), default=0.0)
+    ready = record.ready_at(cfg.state_dir)
+    health = client.health()
+    token = None
+    if probe and health == 200 and ready is not None and ready >= started and all(u.active == "active" for u in every):
+        token = TOKEN if cl.recipe.ready(client) else NO_TOKEN
+    obs = Observation(time.time(), states, health, None, token, ready_at=ready)
+    return assess(cfg, obs, Memory(), cl.recipe)
 
 
 def resume_watchdog(cfg):
     """A watchdog that gave up stays hands-off until a launch: this one."""
-    marker = names.state_path(cfg.state_dir, names.WATCHDOG_GAVEUP)
-    if os.path.exists(marker):
-        os.unlink(marker)
-        print(f"[head] cleared {marker}: the watchdog acts again")
+    if record.clear_gave_up(cfg.state_dir):
+        print(f"[head] cleared {names.state_path(cfg.state_dir, names.WATCHDOG_GAVEUP)}: the watchdog acts again")
 
 
 def apply(cl, want, steps, states, force=False, fault=None):
@@ -142,7 +121,7 @@ def apply(cl, want, steps, states, force=False, fault=None):
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
-            restart_ranks(cl, states, force, fault)
+            recovery.restart(cl, fault=fault, by="doit launch", force=force, log=lambda m: print(f"[head] {m}"))
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
             exporter.start(cl, by_name[s.node])

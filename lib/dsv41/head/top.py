@@ -1,7 +1,8 @@
 """doit top: the cluster on one live screen, refreshed every --interval seconds (2): each node's
 MemAvailable against its memory guard's floor, swap, the guard, the rank unit and its uptime, GPU
 memory; the engine from vLLM's /metrics (requests, KV cache, token rates and latency percentiles over
-the last interval); the watchdog's verdict and last incident. `q` or Ctrl-C quits and gives the
+the last interval); the cluster's Health (core.health, as status and the watchdog judge it: a recovery
+under way shows as RECOVERING with its step); the watchdog's verdict and last incident. `q` or Ctrl-C quits and gives the
 terminal back as it was. `--once` prints one snapshot as text, `--once --json` as JSON (SCHEMA) for
 scripts; it scrapes /metrics twice, --interval apart, for the rates (`--interval 0`: once, rates null).
 
@@ -11,7 +12,7 @@ a node's first contact (its home, the node code shipped to it) also runs in a ch
 layer is synchronous. A node that has not answered within SSH_TIMEOUT_S shows as STALE with the age of
 its last answer, and is asked again at the next refresh, so it reappears when it answers again.
 
-JSON (schema dsv41.top/1): {"schema", "time", "interval_s", "nodes": {name: {"state": "ok" | "stale"
+JSON (schema dsv41.top/2): {"schema", "time", "interval_s", "health": core.health.Health.as_json(), "nodes": {name: {"state": "ok" | "stale"
 | "connecting", "seen_s_ago" (null: never answered), "error", "mem_total_bytes", "mem_available_bytes",
 "floor_bytes", "above_floor_bytes", "memory": "ok" | "near floor" | "below floor" | null, "swap_total_bytes",
 "swap_used_bytes", "guard": "active" | "observe" | "TRIPPED" | its unit state, "guard_mode", "tripped" (the
@@ -46,10 +47,12 @@ from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
 from dsv41.head.core.cluster import Cluster, ship_code
 from dsv41.head.config import LIB_DIR
-from dsv41.head.core.state import NodeState, parse
-from dsv41.head.core.watchdog_status import watchdog_entry, watchdog_line
+from dsv41.head.core import record
+from dsv41.head.core.record import watchdog_entry, watchdog_line
+from dsv41.head.core.health import Memory, Observation, assess
+from dsv41.head.core.state import NodeState, parse, unreachable
 
-SCHEMA = "dsv41.top/1"
+SCHEMA = "dsv41.top/2"
 GIB, MIB = 1 << 30, 1 << 20
 NEAR_FACTOR, NEAR_GIB = 2.0, 4.0    # MemAvailable under 2x the floor, or under 4 GiB above it: "near floor"
 MIN_INTERVAL_S = 0.5
@@ -209,16 +212,17 @@ class Watch:
 
 
 class Scrape(threading.Thread):
-    """One GET of /metrics on a daemon thread (requests is not the Node layer; an exit never waits
-    for a scrape in flight)."""
+    """The API's /health, then one GET of /metrics, on a daemon thread (requests is not the Node layer; an
+    exit never waits for a scrape in flight)."""
 
-    def __init__(self, url):
+    def __init__(self, url, client):
         super().__init__(daemon=True, name="scrape")
-        self.url, self.snap, self.error = url, None, None
+        self.url, self.client, self.snap, self.error, self.health = url, client, None, None, None
         self.start()
 
     def run(self):
         try:
+            self.health = self.client.health()
             self.snap = metrics.scrape(self.url, SCRAPE_TIMEOUT_S)
         except UserError as err:
             self.error = one_line(err, 300)
@@ -235,6 +239,8 @@ class Top:
         self.scrape = None
         self.prev = self.snap = None     # the last two snapshots that came back
         self.engine_error = None
+        self.health = None               # the API's /health at the last scrape
+        self.mem = Memory()              # what core.health remembers between refreshes
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -247,7 +253,7 @@ class Top:
 
     def start_scrape(self):
         if self.scrape is None:
-            self.scrape = Scrape(self.url)
+            self.scrape = Scrape(self.url, self.cl.api(read_timeout=SCRAPE_TIMEOUT_S))
 
     def start_node(self, w):
         node = w.node
@@ -280,6 +286,7 @@ class Top:
             (self.prepared if kind == "prepare" else self.probed)(w, *res)
         if self.scrape is not None and not self.scrape.is_alive():
             s, self.scrape, changed = self.scrape, None, True
+            self.health = s.health
             if s.snap is not None:
                 self.prev, self.snap, self.engine_error = self.snap, s.snap, None
             else:
@@ -327,6 +334,14 @@ class Top:
 
     # -- the snapshot --------------------------------------------------------------------------
 
+    def judge(self, now):
+        """The cluster's Health from what came back (a node not answered yet, or stale, is unknown)."""
+        states = {name: w.seen if w.seen is not None and not w.error else unreachable(w.error or "no answer yet")
+                  for name, w in self.watches.items()}
+        obs = Observation(now, states, self.health, None if self.engine_error else self.snap, None,
+                          ready_at=record.ready_at(self.cfg.state_dir), record=record.view(self.cfg.state_dir))
+        return assess(self.cfg, obs, self.mem, self.cl.recipe)
+
     def view(self):
         now = time.time()
         state = "no answer" if self.engine_error else "ok" if self.snap is not None else "waiting"
@@ -335,7 +350,7 @@ class Top:
         figures = metrics.engine(self.prev, self.snap) if self.snap is not None and not self.engine_error else None
         engine.update(figures or dict.fromkeys(metrics.engine(None, metrics.Snapshot(now))))
         head = self.watches[self.cl.head.name].seen
-        return {"schema": SCHEMA, "time": now, "interval_s": self.interval,
+        return {"schema": SCHEMA, "time": now, "interval_s": self.interval, "health": self.judge(now).as_json(),
                 "nodes": {name: w.view(now) for name, w in self.watches.items()},
                 "engine": engine, "watchdog": watchdog_entry(self.cfg, head)}
 
@@ -454,6 +469,12 @@ def engine_lines(view):
     return [head, g]
 
 
+def health_text(view):
+    h = view["health"]
+    style = VERDICT_STYLE.get(h["verdict"], "red")
+    return Text(f"cluster: {h['word']} ({h['verdict']}): " + "; ".join(h["conditions"]), style=style)
+
+
 def watchdog_text(view):
     w = view["watchdog"]
     line = watchdog_line(w)
@@ -470,7 +491,7 @@ def render(view, live=False):
     if live:
         title.append("   q quits", style="dim")
     return Group(title, Text(""), nodes_table(view), *node_notes(view), Text(""), *engine_lines(view), Text(""),
-                 watchdog_text(view))
+                 health_text(view), watchdog_text(view))
 
 
 # ---- running -----------------------------------------------------------------------------------------

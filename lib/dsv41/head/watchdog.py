@@ -8,14 +8,16 @@ the run lock, or while a start-up is within START_TIMEOUT_MIN.
 Every WATCHDOG_INTERVAL_S it observes every node's rank unit and trip marker (one probe per node), the
 API's /health and /metrics and, when no request runs or waits or when work has made no progress for
 WATCHDOG_STALL_S (every progress signal of the recipe flat), a one-token probe with a deadline;
-judge() turns that and what it remembers into a verdict (pure). Before it stops anything it saves an
-incident folder (core.recovery, core.incidents); the n-th recovery inside the window waits
-WATCHDOG_BACKOFF_S x 2^(n-2) after the previous one (it keeps looking and publishing meanwhile); a
-restart whose nodes' memory did not come back starts nothing (NEEDS_REBOOT) until it does. Each
-incident gets a journal line at detection and one at the end, and a JSON line in
-$STATE_DIR/incidents.jsonl; $STATE_DIR/watchdog.json holds the settings launch gave it,
-watchdog.status.json what it last saw (for status and top); dsv41_watchdog.prom in METRICS_DIR is
-removed when it stops.
+core.health.assess() turns that, the record and what it remembers into one Health (pure): the verdict
+and the action the recovery gate allows (the n-th recovery inside the window waits WATCHDOG_BACKOFF_S x
+2^(n-2) after the previous one; it keeps looking and publishing meanwhile). A recovery is the one ordered
+restart (core.recovery.restart): the incident opened in the record and published as RECOVERING before
+anything is stopped, its evidence, the containers killed, the ordered stop, the memory check,
+the ordered start and the wait for a token. A restart whose nodes' memory did not come back starts nothing
+(NEEDS_REBOOT) until it does. An incident a killed watchdog left open is closed as interrupted when the
+next one starts, and counts in the budget. $STATE_DIR/watchdog.json holds the settings launch gave it;
+what it last judged goes to the record (core.record) for status and top, and to dsv41_watchdog.prom in
+METRICS_DIR, removed when it stops.
 
     python -m dsv41.head.watchdog --state-dir DIR
 """
@@ -29,24 +31,23 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError, cli, one_line
-from dsv41.files import write_atomic
 from dsv41.head.config import from_resolved
-from dsv41.head.core import incidents, ranks, recovery, runlock
+from dsv41.head.core import record, recovery, runlock
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.hang import OK, recovery_gate
-from dsv41.head.core.judge import (ACT_ON, NEEDS_REBOOT, NO_TOKEN, STARTING, TOKEN, VERDICTS, Memory, Observation,
-                                   judge, wants_probe)
+from dsv41.head.core.health import (NO_TOKEN, RECOVERING, TOKEN, VERDICTS, Health, Memory, Observation, assess,
+                                    wants_probe)
 
-SCHEMA = "dsv41.watchdog/1"
+SCHEMA = "dsv41.watchdog/2"
 METRICS_FILE = "dsv41_watchdog.prom"
+BY = "dsv41-watchdog"
 
 
 # ---- observing ------------------------------------------------------------------------------------
 
 def observe(cl, cfg, mem):
-    """One look at everything judge() needs; never raises for a node or the API being down. The
+    """One look at everything assess() needs; never raises for a node or the API being down. The
     one-token probe goes out when no request runs or waits, and when work has made no progress for
-    WATCHDOG_STALL_S (judge.wants_probe). An API that did not answer /health is not asked for more, so
+    WATCHDOG_STALL_S (health.wants_probe). An API that did not answer /health is not asked for more, so
     that a look at a stopped API server costs the /health timeout only."""
     states = cl.observe()                      # each interval asks every node afresh
     client = cl.api(read_timeout=cfg.watchdog_probe_s)
@@ -58,7 +59,8 @@ def observe(cl, cfg, mem):
             pass
     if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):
         probe = token_probe(client, cfg.served_model_name)
-    return Observation(time.time(), states, health, snap, probe, ready_at=ranks.ready_at(cfg.state_dir))
+    return Observation(time.time(), states, health, snap, probe, ready_at=record.ready_at(cfg.state_dir),
+                       record=record.view(cfg.state_dir))
 
 
 def token_probe(client, model):
@@ -85,32 +87,6 @@ class Watchdog:
         self.last = None            # (verdict, evidence) last logged
         self.stop = threading.Event()
 
-    def path(self, name):
-        return names.state_path(self.state, name)
-
-    def incidents(self):
-        try:
-            with open(self.path(names.INCIDENTS)) as f:
-                return [json.loads(line) for line in f if line.strip()]
-        except (FileNotFoundError, ValueError):
-            return []
-
-    def recoveries_in_window(self, now, incidents=None):
-        """The restarts within WATCHDOG_WINDOW_S of now (from `incidents` when already read)."""
-        return [i for i in (self.incidents() if incidents is None else incidents)
-                if i.get("action") == "restart" and now - i["started"] < self.cfg.watchdog_window_s]
-
-    def gave_up(self):
-        try:
-            with open(self.path(names.WATCHDOG_GAVEUP)) as f:
-                return json.load(f)
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def record(self, incident):
-        with open(self.path(names.INCIDENTS), "a") as f:
-            f.write(json.dumps(incident) + "\n")
-
     def say(self, verdict, evidence):
         """A journal line when the verdict (or its evidence's gist) changed."""
         key = (verdict, evidence.split(" (")[0])
@@ -118,139 +94,132 @@ class Watchdog:
             self.log(f"{verdict}: {evidence}")
             self.last = key
 
-    def step(self):
-        """One interval: observe, judge, act when the verdict asks for it and nothing forbids it."""
+    def look(self):
+        """One observation and its Health."""
         obs = observe(self.cl, self.cfg, self.mem)
-        if recovery.needs_reboot(self.state):
-            return self.memory_wait(obs)
-        verdict, evidence = judge(self.cfg, obs, self.mem, self.cl.recipe)
-        if verdict in ACT_ON:
-            self.incident(verdict, evidence, obs.time)
+        return obs, assess(self.cfg, obs, self.mem, self.cl.recipe)
+
+    def resume(self):
+        """At start: an incident a watchdog killed mid-recovery left open is closed as interrupted (with
+        what is seen now); it counts in the budget, and all ranks stopped is still DEAD (it ran them)."""
+        _, h = self.look()
+        for inc in record.close_interrupted(self.state, f"{h.verdict}: {h.evidence}"):
+            self.log(f"closed incident {inc['id']} as interrupted: its recovery ended mid-way ({inc.get('phase')})")
+            self.mem.ran = True
+
+    def step(self):
+        """One interval: look, then do what the Health's action says (the gate is part of it)."""
+        obs, h = self.look()
+        if h.action in ("restart", "start"):
+            self.recover(h)
+        elif h.action == "give up":
+            self.give_up(h, obs.time)
         else:
-            self.say(verdict, evidence)
-        self.publish(verdict, evidence)
-        return verdict
+            self.say(h.verdict, h.evidence + (f"; not acting: {h.why}" if h.why and not h.action
+                                               else f"; backing off: {h.why}" if h.action == "wait" else ""))
+            self.publish(h)
+        return h.verdict
 
-    def memory_wait(self, obs):
-        """A restart stopped because a node's memory did not come back: keep looking, and start the
-        ranks once it is back (or once a `doit launch --force` cleared the record)."""
-        check = recovery.check_now(self.cfg, obs.nodes)
-        if check.verdict != OK:
-            line = check.line() or (recovery.needs_reboot(self.state) or {}).get("line", "")
-            self.say(NEEDS_REBOOT, line)
-            self.publish(NEEDS_REBOOT, line)
-            return NEEDS_REBOOT
-        self.log("the memory came back on every node: starting the ranks")
-        self.recover(NEEDS_REBOOT, "the memory came back", obs.time, "start",
-                     lambda: recovery.start_when_memory_back(self.cl, log=self.log))
-        self.publish(NEEDS_REBOOT if recovery.needs_reboot(self.state) else STARTING, "after the memory came back")
-        return NEEDS_REBOOT
-
-    def incident(self, verdict, evidence, now):
-        why_not = self.blocked(now)
-        if why_not:
-            self.say(verdict, f"{evidence}; not acting: {why_not}")
-            return
-        done = [(i["started"], i["ended"]) for i in self.recoveries_in_window(now)]
-        gate = recovery_gate(now, done, window_s=self.cfg.watchdog_window_s,
-                             max_recoveries=self.cfg.watchdog_max_recoveries, backoff_s=self.cfg.watchdog_backoff_s)
-        if gate.action == "give up":
-            reason = f"{verdict} again after {gate.reason}: {evidence}"
-            write_atomic(self.path(names.WATCHDOG_GAVEUP), json.dumps({"time": now, "reason": reason}) + "\n")
-            self.record({"started": now, "ended": now, "verdict": verdict, "evidence": evidence,
-                         "action": "gave up", "result": reason, "took_s": 0})
-            self.log(f"GAVE UP: {reason}; hands off until `doit launch`")
-            self.last = None
-            return
-        if gate.action == "wait":
-            self.say(verdict, f"{evidence}; backing off: {gate.reason}")
-            return
-        self.log(f"INCIDENT {verdict}: {evidence}; saving the evidence, then restarting the ranks in order "
-                 f"({gate.reason})")
+    def give_up(self, h, now):
+        reason = f"{h.verdict} again after {h.why}: {h.evidence}"
+        record.set_gave_up(self.state, reason, now)
+        inc = record.open_incident(self.state, verdict=h.verdict.value, evidence=h.evidence, fault_at=h.fault_at,
+                                   node=h.node, action="gave up", by=BY, now=now)
+        record.close_incident(self.state, inc, reason, ended=now)
+        self.log(f"GAVE UP: {reason}; hands off until `doit launch`")
         self.last = None
-        fault_at = self.mem.fault_at or now
-        self.recover(verdict, evidence, fault_at, "restart", lambda: recovery.restart(self.cl, log=self.log),
-                     evidence_first=True)
+        self.publish(h)
 
-    def recover(self, verdict, evidence, fault_at, action, do, evidence_first=False):
-        """Under the run lock: the incident folder (evidence_first), do(), the wait for a token; the
-        outcome in incidents.jsonl and the folder."""
-        t0 = self.clock()
+    def recover(self, h):
+        """Under the run lock: the one ordered restart (core.recovery.restart), RECOVERING published
+        before anything is stopped and at each step."""
         try:
             runlock.take(self.state, "dsv41-watchdog recovery")
         except UserError:
             self.log("not acting: a doit run took the run lock just now")
             return
-        folder = None
-        result = "interrupted: the watchdog was stopped"
+        self.log(f"INCIDENT {h.verdict}: {h.evidence}; " + ("starting the ranks" if h.action == "start" else
+                 f"saving the evidence, then restarting the ranks in order ({h.why})"))
+        self.last = None
+        t0 = self.clock()
+        inc = None
+
+        def on_phase(i):
+            nonlocal inc
+            inc = i
+            self.publish(Health(RECOVERING, (f"recovering from {h.verdict}: {i['phase']}",), h.node, h.fault_at,
+                                recovering=i))
         try:
-            if evidence_first:
-                folder = recovery.save_evidence(self.cl, verdict, evidence, fault_at, self.log)
-            do()
-            ranks.wait_ready(self.cl)
-            result = "READY"
-        except recovery.NeedsReboot as err:
-            result = str(err)
-        except UserError as err:
-            result = f"failed: {one_line(err, 300)}"
+            inc = recovery.restart(self.cl, fault=h, by=BY, log=self.log, on_phase=on_phase, clock=self.clock)
+        except UserError:
+            pass                    # the incident has the result
         finally:
             runlock.release()
-            ended = self.clock()
-            took = ended - t0
-            self.record({"started": t0, "ended": ended, "verdict": verdict, "evidence": evidence, "action": action,
-                         "result": result, "took_s": round(took, 1), "fault_at": fault_at, "incident": folder})
-            if folder:
-                incidents.record_result(folder, result, ended=ended)
             self.mem = Memory(ran=True)      # it ran the ranks: all of them ending by themselves is still DEAD
-            self.log(f"RECOVERED from {verdict} in {took:.0f} s: READY" if result == "READY"
+            took = self.clock() - t0
+            result = (inc or {}).get("result", "?")
+            self.log(f"RECOVERED from {h.verdict} in {took:.0f} s: READY" if result == "READY"
                      else f"RECOVERY {'STOPPED' if result.startswith('interrupted') else 'FAILED'} after {took:.0f} s: "
                           f"{result}")
+            self.publish_after()
 
-    def blocked(self, now):
-        """Why the watchdog must not act now, or None."""
-        marker = self.gave_up()
-        if marker:
-            return f"it gave up ({marker.get('reason', '?')}); `doit launch` resumes it"
-        holder = runlock.holder(self.state)
-        if holder:
-            return f"a doit run holds the run lock ({holder})"
-        return None
+    def publish_after(self):
+        try:
+            self.publish(self.look()[1])
+        except Exception as err:  # noqa: BLE001 - the next interval publishes again
+            self.log(f"error: {type(err).__name__}: {one_line(err, 300)}")
 
-    def publish(self, verdict, evidence):
+    def publish(self, h):
         now = self.clock()
-        past = self.incidents()
-        status = {"schema": SCHEMA, "time": now, "verdict": verdict, "evidence": evidence,
-                  "recoveries_in_window": len(self.recoveries_in_window(now, past)),
-                  "max_recoveries": self.cfg.watchdog_max_recoveries, "gave_up": self.gave_up(),
+        past = record.incidents(self.state)
+        restarts = [i for i in past if i.get("action") == record.RESTART]
+        inside = [i for i in restarts if now - i["started"] < self.cfg.watchdog_window_s]
+        status = {"schema": SCHEMA, "time": now, "verdict": h.verdict.value, "evidence": h.evidence,
+                  "health": h.as_json(), "recoveries_in_window": len(inside),
+                  "max_recoveries": self.cfg.watchdog_max_recoveries, "gave_up": record.gave_up(self.state),
                   "last_incident": past[-1] if past else None}
-        write_atomic(self.path(names.WATCHDOG_STATUS), json.dumps(status, indent=1) + "\n")
+        record.publish_status(self.state, status)
         if self.cfg.metrics_dir:
-            write_metrics(self.cfg.metrics_dir, verdict, sum(i.get("action") == "restart" for i in past),
-                          bool(status["gave_up"]), now)
+            ends = [i["ended"] for i in restarts if i.get("ended")]
+            write_metrics(self.cfg.metrics_dir, h, len(restarts), bool(status["gave_up"]), now,
+                          max(ends, default=0))
 
     def run(self):
         c = self.cfg
         self.log(f"watchdog started: every {c.watchdog_interval_s} s; a probe after {c.watchdog_stall_s} s without "
                  f"progress, wedged when it gets no token in {c.watchdog_probe_s} s; at most "
                  f"{c.watchdog_max_recoveries} recoveries per {c.watchdog_window_s // 60} min")
+        first = True
         while not self.stop.is_set():
             t0 = time.monotonic()
             try:
+                if first:
+                    self.resume()
+                    first = False
                 self.step()
             except Exception as err:  # noqa: BLE001 - the watchdog never dies from its own error
                 self.log(f"error: {type(err).__name__}: {one_line(err, 300)}")
             self.stop.wait(max(1.0, c.watchdog_interval_s - (time.monotonic() - t0)))
 
 
-def write_metrics(directory, verdict, recoveries, gave_up, now):
+def write_metrics(directory, h, recoveries, gave_up, now, last_end=0):
     """dsv41_watchdog.prom for node_exporter's textfile collector, through prometheus_client (imported
-    here: only a watchdog with METRICS_DIR needs it)."""
+    here: only a watchdog with METRICS_DIR needs it). While a recovery runs, dsv41_watchdog_recovering
+    names it (verdict, node, fault_at, incident), so that the alerts of its rank and API stay quiet."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, write_to_textfile
     disable_created_metrics()           # no *_created series: the counter counts from the incidents file
     reg = CollectorRegistry()
     g = Gauge("dsv41_watchdog_verdict", "The watchdog's verdict (1 for the current one).", ["verdict"], registry=reg)
     for v in VERDICTS:
-        g.labels(v).set(int(v == verdict))
+        g.labels(v).set(int(v == h.verdict))
+    rec = Gauge("dsv41_watchdog_recovering", "1 while a recovery runs, naming its incident.",
+                ["verdict", "node", "fault_at", "incident"], registry=reg)
+    if h.recovering:
+        i = h.recovering
+        fault_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(i["fault_at"])) if i.get("fault_at") else ""
+        rec.labels(i.get("verdict") or "", i.get("node") or "", fault_at, i["id"]).set(1)
+    Gauge("dsv41_watchdog_last_recovery_end_timestamp_seconds", "When the last recovery ended (0: none).",
+          registry=reg).set(last_end)
     Counter("dsv41_watchdog_recoveries", "Recoveries the watchdog started.", registry=reg).inc(recoveries)
     Gauge("dsv41_watchdog_gave_up", "Whether the watchdog gave up (hands off until doit launch).",
           registry=reg).set(int(gave_up))

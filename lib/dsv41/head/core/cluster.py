@@ -119,13 +119,14 @@ class Cluster:
         """{node name: NodeState} of every node asked afresh; a node that did not answer has its
         error in its state (the watchdog looks at every node every interval)."""
         self.refresh()
-        out = {}
-        for n in self.nodes:
-            try:
-                out[n.name] = self.probe(n)
-            except (NodeError, state.ProbeError) as err:
-                out[n.name] = state.unreachable(err)
-        return out
+        return {n.name: self.look(n) for n in self.nodes}
+
+    def look(self, node):
+        """The node's NodeState, or one holding the error when it did not answer."""
+        try:
+            return self.probe(node)
+        except (NodeError, state.ProbeError) as err:
+            return state.unreachable(err)
 
     def probe_all(self):
         self.connect()

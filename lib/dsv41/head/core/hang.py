@@ -12,7 +12,7 @@ I/O here; the caller passes /metrics snapshots, times, readings and, for the wai
 from dataclasses import dataclass, field
 
 GIB = 1 << 30
-OK, NEEDS_REBOOT, UNKNOWN = "OK", "NEEDS_REBOOT", "UNKNOWN"
+BACK, SHORT, UNREAD = "BACK", "SHORT", "UNREAD"   # a MemoryCheck's verdicts
 
 
 def signals(snap, series):
@@ -92,7 +92,7 @@ def recovery_gate(now, recoveries, *, window_s, max_recoveries, backoff_s):
 
 @dataclass(frozen=True)
 class MemoryCheck:
-    verdict: str                 # OK, NEEDS_REBOOT (a node is short), UNKNOWN (a node could not be read)
+    verdict: str                 # BACK, SHORT (a node is short: NEEDS_REBOOT), UNREAD (a node could not be read)
     lines: tuple = ()            # one per node that is short or unread
     warnings: tuple = ()         # one per node without a baseline (not checked)
     missing_gib: dict = field(default_factory=dict)   # node -> GiB below its baseline (short nodes)
@@ -121,16 +121,16 @@ def memory_returned(baselines, available, return_gib):
             short.append(f"{node}: MemAvailable {now / GIB:.1f} GiB is {gap:.1f} GiB below its baseline "
                          f"{base / GIB:.1f} GiB (MEM_RETURN_GIB {return_gib:g}): memory did not come back; "
                          f"reboot {node}, or `doit launch --force` to start anyway")
-    verdict = NEEDS_REBOOT if short else UNKNOWN if unread else OK
+    verdict = SHORT if short else UNREAD if unread else BACK
     return MemoryCheck(verdict, tuple(short + unread), tuple(warnings), missing)
 
 
 def wait_memory_back(read, baselines, *, return_gib, return_s, clock, sleep, every_s=2.0):
     """Ask read() -> {node: MemAvailable bytes or None} until every node is back or return_s passed;
-    -> the last MemoryCheck (OK as soon as it is OK). clock and sleep are the caller's."""
+    -> the last MemoryCheck (as soon as it is BACK). clock and sleep are the caller's."""
     end = clock() + return_s
     while True:
         check = memory_returned(baselines, read(), return_gib)
-        if check.verdict == OK or clock() >= end:
+        if check.verdict == BACK or clock() >= end:
             return check
         sleep(min(every_s, max(0.0, end - clock())))

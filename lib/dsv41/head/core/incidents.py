@@ -12,7 +12,8 @@
 Every node is asked at once, each within a deadline; a node that does not answer is named in the
 summary. Nothing secret is written: the evidence never holds environments, and every file is also
 scrubbed of the API key and HF_TOKEN values given to save(). The newest `keep` folders are kept.
-list_lines() and show() print them for `doit incidents` and `doit incidents show [N]`.
+list_lines() and show() print them for `doit incidents` and `doit incidents show [N|NAME]`: every incident
+of the record (core.record, which opens one before its folder exists), each with its folder's summary.
 """
 import json
 import os
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
+from dsv41.head.core import record
 
 SCHEMA = "dsv41.incident/1"
 DIR = "incidents"
@@ -80,14 +82,14 @@ def fetch_metrics(url, timeout_s=5.0):
 
 
 def capture(cl, state_dir, verdict, evidence, *, fault_at, metrics_url, secrets, keep, node_deadline_s=30,
-            pids=None, now=None):
+            pids=None, now=None, name=None):
     """Gather every node's evidence and the engine's /metrics at once, then save(); -> the folder."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         text = pool.submit(fetch_metrics, metrics_url)
         nodes = gather_nodes(cl, node_deadline_s, pids)
         metrics_text = text.result()
     return save(state_dir, verdict, evidence, nodes=nodes, metrics_text=metrics_text, fault_at=fault_at,
-                secrets=secrets, keep=keep, now=now)
+                secrets=secrets, keep=keep, now=now, name=name)
 
 
 # ---- writing ------------------------------------------------------------------------------------------
@@ -103,14 +105,16 @@ def _safe_name(name):
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
 
 
-def save(state_dir, verdict, evidence, *, nodes, metrics_text, fault_at, secrets, keep, now=None):
-    """Write one incident folder (0700, files 0600) and drop the oldest beyond `keep`; -> its path."""
+def folder_of(state_dir, name):
+    return os.path.join(root(state_dir), name)
+
+
+def save(state_dir, verdict, evidence, *, nodes, metrics_text, fault_at, secrets, keep, now=None, name=None):
+    """Write one incident folder (0700, files 0600), named as its incident in the record (name) or by its
+    time, and drop the oldest beyond `keep`; -> its path."""
     now = time.time() if now is None else now
-    base = os.path.join(root(state_dir), time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + "-" + verdict)
-    folder, n = base, 1
-    while os.path.exists(folder):
-        n += 1
-        folder = f"{base}-{n}"
+    taken = set(os.listdir(root(state_dir))) if os.path.isdir(root(state_dir)) else set()
+    folder = folder_of(state_dir, name if name and name not in taken else record.incident_id(verdict, now, taken))
     os.makedirs(root(state_dir), mode=0o700, exist_ok=True)
     os.makedirs(folder, mode=0o700)
 
@@ -164,16 +168,38 @@ def prune(state_dir, keep):
 
 # ---- reading ------------------------------------------------------------------------------------------
 
+def _summary(folder):
+    try:
+        with open(os.path.join(folder, "summary.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"verdict": os.path.basename(folder).split("-", 1)[-1], "result": "unreadable"}
+
+
+def entries(state_dir):
+    """Every incident, newest first, as one dict: the record's incidents (open ones too), each with its
+    folder's summary under it, then the folders no incident of the record names (earlier versions)."""
+    out, named = [], set()
+    for inc in record.incidents(state_dir):
+        folder = inc.get("folder") or (os.path.basename(inc["incident"]) if inc.get("incident") else None)
+        path = folder_of(state_dir, folder) if folder and os.path.isdir(folder_of(state_dir, folder)) else None
+        named.add(folder)
+        summary = _summary(path) if path else {}
+        start = inc.get("fault_at") or inc.get("started")
+        outage = summary.get("outage_s") or (round(inc["ended"] - start, 1) if inc.get("ended") and start else None)
+        out.append({**summary, "time": inc.get("started"), "verdict": inc.get("verdict"),
+                    "evidence": inc.get("evidence"), "fault_at": inc.get("fault_at"), "ended": inc.get("ended"),
+                    "outage_s": outage, "name": inc.get("id"), "folder": path, "action": inc.get("action"),
+                    "result": ("open: " + (inc.get("phase") or "?")) if inc.get("open") else inc.get("result")})
+    for path in folders(state_dir):
+        if os.path.basename(path) not in named:
+            out.append({**_summary(path), "name": os.path.basename(path), "folder": path})
+    return sorted(out, key=lambda e: e.get("time") or 0, reverse=True)
+
+
 def summaries(state_dir):
-    """[(folder, summary)] newest first (a folder without a readable summary is shown as such)."""
-    out = []
-    for folder in folders(state_dir):
-        try:
-            with open(os.path.join(folder, "summary.json")) as f:
-                out.append((folder, json.load(f)))
-        except (OSError, ValueError):
-            out.append((folder, {"verdict": os.path.basename(folder).split("-", 1)[-1], "result": "unreadable"}))
-    return out
+    """[(folder, summary)] of the incident folders, newest first."""
+    return [(folder, _summary(folder)) for folder in folders(state_dir)]
 
 
 def _when(t):
@@ -186,27 +212,29 @@ def _secs(s):
 
 def list_lines(state_dir):
     """`doit incidents`: one line per incident, newest first (N: what `show N` takes)."""
-    rows = summaries(state_dir)
+    rows = entries(state_dir)
     if not rows:
         return [f"no incidents in {root(state_dir)}"]
     lines = [f"{'N':>3}  {'time (UTC)':<20}  {'verdict':<12}  {'outage':>8}  {'result':<24}  evidence"]
-    for i, (_, s) in enumerate(rows, 1):
-        lines.append(f"{i:>3}  {_when(s.get('time')):<20}  {s.get('verdict', '?'):<12}  {_secs(s.get('outage_s')):>8}  "
+    for i, s in enumerate(rows, 1):
+        lines.append(f"{i:>3}  {_when(s.get('time')):<20}  {s.get('verdict') or '?':<12}  {_secs(s.get('outage_s')):>8}  "
                      f"{one_line(s.get('result') or '-', 24):<24}  {one_line(s.get('evidence') or '', 100)}")
     return lines
 
 
 def show(state_dir, n=1):
-    """`doit incidents show [N]`: the N-th newest incident (1: the last) with its stacks; UserError when
-    there is no such incident."""
-    rows = summaries(state_dir)
-    if not 1 <= n <= len(rows):
+    """`doit incidents show [N|NAME]`: the N-th newest incident (1: the last), or the one of that name (its
+    folder's), with its stacks; UserError when there is no such incident."""
+    rows = entries(state_dir)
+    match = [r for r in rows if r.get("name") == n] if isinstance(n, str) else rows[n - 1:n] if n >= 1 else []
+    if not match:
         raise UserError(f"no incident {n}: {len(rows)} saved in {root(state_dir)} (`doit incidents` lists them)")
-    folder, s = rows[n - 1]
-    out = [f"incident {n}: {folder}",
-           f"  verdict   {s.get('verdict')}: {s.get('evidence')}",
+    s = match[0]
+    folder = s.get("folder")
+    out = [f"incident {s.get('name')}: {folder or 'no evidence folder'}",
+           f"  verdict   {s.get('verdict') or '?'}: {s.get('evidence') or '-'}",
            f"  seen      {_when(s.get('time'))}   fault began {_when(s.get('fault_at'))}",
-           f"  result    {s.get('result')}   served again {_when(s.get('ended'))}   outage {_secs(s.get('outage_s'))}"]
+           f"  result    {s.get('result') or '-'}   served again {_when(s.get('ended'))}   outage {_secs(s.get('outage_s'))}"]
     for node, g in (s.get("nodes") or {}).items():
         if "error" in g:
             out.append(f"  {node}: no evidence: {g['error']}")
@@ -214,11 +242,12 @@ def show(state_dir, n=1):
         out.append(f"  {node}: {len(g.get('files', []))} files in {g.get('took_s')} s"
                    + (" (size cap reached)" if g.get("capped") else ""))
         out += [f"    note: {note}" for note in g.get("notes", [])]
-    for dirpath, _, files in sorted(os.walk(folder)):
+    walk = sorted(os.walk(folder)) if folder else []
+    for dirpath, _, files in walk:
         for fname in sorted(files):
             path = os.path.join(dirpath, fname)
             out.append(f"    {os.path.relpath(path, folder):<40} {os.path.getsize(path):>9} bytes")
-    for dirpath, _, files in sorted(os.walk(folder)):
+    for dirpath, _, files in walk:
         for fname in sorted(f for f in files if f.startswith("pyspy-")):
             with open(os.path.join(dirpath, fname)) as f:
                 out += ["", f"== {os.path.relpath(os.path.join(dirpath, fname), folder)}", f.read().rstrip()]

@@ -1,13 +1,9 @@
-"""The engine's units across the cluster, in the recipe's order: the ordered restart launch and the
-watchdog both perform (every unit stopped in the stop order, then started in the start order), the
-readiness wait, and which unit is down."""
-import json
+"""The engine's units across the cluster, in the recipe's order: kill, stop and start them (the steps of
+core.recovery.restart, the one ordered restart), the readiness wait, and which unit is down."""
 import time
 
-from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.files import write_atomic
-from dsv41.head.core import progress
+from dsv41.head.core import progress, record
 from dsv41.head.core.cluster import say
 
 
@@ -26,12 +22,6 @@ def kill_ranks(cl):
                 cl.docker_kill(cl.node(spec), name)
             except UserError:
                 pass
-
-
-def restart_ranks(cl):
-    """Stop every engine unit in the recipe's stop order, then start them in its start order."""
-    stop_ranks(cl)
-    start_ranks(cl)
 
 
 def start_ranks(cl):
@@ -58,7 +48,7 @@ def wait_ready(cl):
                 show_rank_logs(cl)
                 raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
             if cl.recipe.ready(client):
-                mark_ready(cfg.state_dir)
+                record.mark_ready(cfg.state_dir)
                 return
             now = time.monotonic()
             wait.update(now - last)
@@ -69,24 +59,6 @@ def wait_ready(cl):
                 raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
                                 "(START_TIMEOUT_MIN); the ranks' journals are above")
             time.sleep(2)
-
-
-def mark_ready(state_dir):
-    """$STATE_DIR/ready.json on the head: when a readiness wait last saw a token. The watchdog reads it, so
-    that an engine that stops generating right after a launch is a fault, not a start-up."""
-    try:
-        write_atomic(names.state_path(state_dir, names.READY), json.dumps({"time": time.time()}) + "\n")
-    except OSError:
-        pass
-
-
-def ready_at(state_dir):
-    """When a readiness wait last saw a token (the head's clock), or None."""
-    try:
-        with open(names.state_path(state_dir, names.READY)) as f:
-            return float(json.load(f)["time"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def ranks_down(cl):

@@ -1,19 +1,24 @@
-"""A restart of the engine's ranks after a fault, as the watchdog and `doit launch` perform it: the
-evidence saved first (an incident folder, core.incidents), then the ranks' containers killed and their
-units stopped in the recipe's order (no stop grace for processes that cannot take it),
-then every node's memory checked against the baseline recorded before its first rank started
-(core.hang.memory_returned); only when it came back are the ranks started again. When it did not,
-nothing starts: $STATE_DIR/needs-reboot.json on the head names the node and the missing GiB, the
-watchdog stops acting and `doit launch` refuses (until the memory is back, or `--force`)."""
+"""The one ordered restart of the engine's ranks, as `doit launch` and the watchdog both perform it:
+
+    1. for a fault: the incident opened in the record, then its evidence saved (core.incidents), then the
+       ranks' containers killed (a stopped or wedged process never takes a graceful stop's SIGTERM)
+    2. every engine unit stopped in the recipe's stop order
+    3. each node's memory baseline recorded where the rule allows (record_baselines), then every node's
+       memory checked against it (core.hang.memory_returned): when a node's did not come back nothing
+       starts, $STATE_DIR/needs-reboot.json names it (NeedsReboot; --force starts anyway)
+    4. every engine unit started in the recipe's start order
+    5. the readiness wait: a generated token (core.ranks.wait_ready)
+
+Each step is written to the incident before it is taken, so `doit status` shows what a recovery waits
+for, and an incident whose process died mid-way is found open and closed as interrupted."""
 import json
 import os
 import time
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.files import write_atomic
-from dsv41.head.core import apikey, hang, incidents, ranks
-from dsv41.head.core.cluster import say
+from dsv41.head.core import apikey, hang, incidents, ranks, record
+from dsv41.head.core.health import node_memory
 
 EVIDENCE_DEADLINE_S = 30          # per node
 
@@ -22,14 +27,14 @@ class NeedsReboot(UserError):
     pass
 
 
-def save_evidence(cl, verdict, evidence, fault_at, log=print):
+def save_evidence(cl, health, log=print, name=None):
     """The incident folder (before anything is stopped), or None when it could not be written (a
     recovery never waits on its evidence failing)."""
     cfg = cl.cfg
     try:
-        folder = incidents.capture(cl, cfg.state_dir, verdict, evidence, fault_at=fault_at,
+        folder = incidents.capture(cl, cfg.state_dir, health.verdict.value, health.evidence, fault_at=health.fault_at,
                                    metrics_url=cl.recipe.metrics_url(), secrets=(apikey.read_key(cfg), cfg.hf_token),
-                                   keep=cfg.incidents_keep, node_deadline_s=EVIDENCE_DEADLINE_S)
+                                   keep=cfg.incidents_keep, node_deadline_s=EVIDENCE_DEADLINE_S, name=name)
     except Exception as err:  # noqa: BLE001 - evidence is best effort
         log(f"could not save the incident's evidence: {type(err).__name__}: {one_line(err, 200)}")
         return None
@@ -39,82 +44,93 @@ def save_evidence(cl, verdict, evidence, fault_at, log=print):
 
 # ---- memory ---------------------------------------------------------------------------------------------
 
-def memory_now(states):
-    """({node: baseline bytes}, {node: MemAvailable bytes or None}) from NodeStates."""
-    base = {n: f.mem_baseline_bytes for n, f in states.items() if f.mem_baseline_bytes}
-    avail = {n: (None if f.error or not f.mem_available_kib else f.mem_available_kib * 1024)
-             for n, f in states.items()}
-    return base, avail
+def never_ran(f, units):
+    """No engine unit has been active on this node since it booted (systemd keeps no activation time)."""
+    return all(f.unit(u).active_enter in ("", "@0") and f.unit(u).active not in ("active", "activating")
+               for u in units)
 
 
-def check_now(cfg, states):
-    """hang.MemoryCheck of the nodes' states as they are."""
-    base, avail = memory_now(states)
-    return hang.memory_returned(base, avail, cfg.mem_return_gib)
+def record_baselines(cl, states, log=print):
+    """The one baseline rule: a node's MemAvailable becomes its baseline only while no engine unit has run
+    on it since it booted (its memory is as the boot left it). Every other restart only compares, so
+    memory a restart did not get back never becomes the new baseline, with or without --force."""
+    for node in cl.nodes:
+        f = states[node.name]
+        if f.error or not f.mem_available_kib or not never_ran(f, cl.engine_units(node)):
+            continue
+        data = {"mem_available_bytes": f.mem_available_kib * 1024, "time": time.time()}
+        node.write_file(f"{cl.paths(node).state_dir}/{names.MEM_BASELINE}", json.dumps(data) + "\n")
+        log(f"{node.label}: recorded MemAvailable {f.mem_available_kib / 2**20:.1f} GiB, before its first rank since it "
+                  "booted, as the baseline its memory must come back to after a restart")
 
 
 def wait_memory(cl, log=print):
     """After the ranks stopped: wait up to MEM_RETURN_S for every node's memory -> hang.MemoryCheck."""
     def read():
-        return memory_now(cl.observe())[1]
-    check = hang.wait_memory_back(read, memory_now(cl.observe())[0], return_gib=cl.cfg.mem_return_gib,
+        return node_memory(cl.observe())[1]
+    check = hang.wait_memory_back(read, node_memory(cl.observe())[0], return_gib=cl.cfg.mem_return_gib,
                                   return_s=cl.cfg.mem_return_s, clock=time.monotonic, sleep=time.sleep)
     for w in check.warnings:
         log(f"warning: {w}")
     return check
 
 
-def record_baselines(cl, states, force=False):
-    """Before the ranks start: each node without a baseline (every node with force) whose engine units
-    are all stopped gets its MemAvailable now as its baseline."""
-    for node in cl.nodes:
-        f = states[node.name]
-        if f.error or not f.mem_available_kib or (f.mem_baseline_bytes and not force):
-            continue
-        if any(f.unit(u).active in ("active", "activating") for u in cl.engine_units(node)):
-            continue
-        data = {"mem_available_bytes": f.mem_available_kib * 1024, "time": time.time()}
-        node.write_file(f"{cl.paths(node).state_dir}/{names.MEM_BASELINE}", json.dumps(data) + "\n")
-        say(node, f"recorded MemAvailable {f.mem_available_kib / 2**20:.1f} GiB as the baseline its memory "
-                  "must come back to after a restart")
-
-
-def needs_reboot(state_dir):
-    """The head's NEEDS_REBOOT record ({"time", "line"}) or None."""
-    try:
-        with open(names.state_path(state_dir, names.NEEDS_REBOOT)) as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def set_needs_reboot(state_dir, line):
-    write_atomic(names.state_path(state_dir, names.NEEDS_REBOOT), json.dumps({"time": time.time(), "line": line}) + "\n")
-
-
-def clear_needs_reboot(state_dir):
-    try:
-        os.unlink(names.state_path(state_dir, names.NEEDS_REBOOT))
-    except FileNotFoundError:
-        pass
-
-
 # ---- the restart ----------------------------------------------------------------------------------------
 
-def restart(cl, *, force=False, log=print):
-    """Kill the ranks' containers and stop their units in order, wait for every node's memory, then start
-    them in order. NeedsReboot (nothing started) when a node's memory did not come back, unless force."""
-    ranks.kill_ranks(cl)
-    ranks.stop_ranks(cl)
-    start_when_memory_back(cl, force=force, log=log)
+def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phase=None, clock=time.time):
+    """The ordered restart above. fault: the Health that calls for it (None: a planned restart, no
+    incident). by: who restarts ("dsv41-watchdog" for the watchdog, whose restarts its budget counts).
+    on_phase(incident) is called each time the incident moves on (the watchdog publishes it); clock
+    times the incident (the caller's).
+    -> the closed incident (None without a fault). Raises NeedsReboot (nothing started), or UserError
+    when a step failed; the incident is closed with that result either way."""
+    state_dir = cl.cfg.state_dir
+    inc = None
+    if fault is not None:
+        action = record.RESTART if by == "dsv41-watchdog" else ("start" if fault.action == "start" else by)
+        inc = record.open_incident(state_dir, verdict=fault.verdict.value, evidence=fault.evidence,
+                                   fault_at=fault.fault_at, node=fault.node, action=action, by=by, now=clock())
 
+    def phase(what, **fields):
+        nonlocal inc
+        if inc is not None:
+            inc = record.set_phase(state_dir, inc, what, **fields)
+            if on_phase:
+                on_phase(inc)
 
-def start_when_memory_back(cl, *, force=False, log=print):
-    check = wait_memory(cl, log)
-    if check.verdict == hang.NEEDS_REBOOT and not force:
-        set_needs_reboot(cl.cfg.state_dir, check.line())
-        raise NeedsReboot(f"NEEDS_REBOOT: {check.line()}")
-    if check.verdict != hang.OK:
-        log(f"warning: {check.line()}; starting anyway" if force or check.verdict == hang.UNKNOWN else check.line())
-    clear_needs_reboot(cl.cfg.state_dir)
-    ranks.start_ranks(cl)
+    if inc is not None and on_phase:
+        on_phase(inc)
+    result = "interrupted: the recovery was stopped"
+    try:
+        if fault is not None and fault.action != "start":
+            folder = save_evidence(cl, fault, log, name=inc["id"])
+            phase("killing the broken containers", folder=folder and os.path.basename(folder))
+            ranks.kill_ranks(cl)
+        phase("stopping the ranks in order")
+        ranks.stop_ranks(cl)
+        record_baselines(cl, cl.observe(), log)
+        phase("waiting for every node's memory to come back (MEM_RETURN_S)")
+        check = wait_memory(cl, log)
+        if check.verdict == hang.SHORT and not force:
+            record.set_needs_reboot(state_dir, check.line())
+            result = f"NEEDS_REBOOT: {check.line()}"
+            raise NeedsReboot(result)
+        if check.verdict != hang.BACK:
+            log(f"warning: {check.line()}; starting anyway")
+        record.clear_needs_reboot(state_dir)
+        phase("starting the ranks in order")
+        ranks.start_ranks(cl)
+        phase("waiting for a token (START_TIMEOUT_MIN)")
+        ranks.wait_ready(cl)
+        result = "READY"
+    except NeedsReboot:
+        raise
+    except UserError as err:
+        result = f"failed: {one_line(err, 300)}"
+        raise
+    finally:
+        if inc is not None:
+            inc = record.close_incident(state_dir, inc, result, ended=clock())
+            if inc.get("folder"):
+                incidents.record_result(incidents.folder_of(state_dir, inc["folder"]), result, ended=inc["ended"])
+    return inc

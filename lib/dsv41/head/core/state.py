@@ -36,6 +36,11 @@ class UnitState:
         """When it became active (unix seconds on its node's clock), 0 when unknown."""
         return float(self.active_enter[1:]) if self.active_enter.startswith("@") else 0.0
 
+    @property
+    def inactive_since(self):
+        """When it last became inactive (unix seconds on its node's clock), 0 when unknown."""
+        return float(self.inactive_enter[1:]) if self.inactive_enter.startswith("@") else 0.0
+
 
 ABSENT = UnitState()
 

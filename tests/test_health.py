@@ -1,0 +1,208 @@
+"""One health: recorded fact sets (every node's probe answer, the API's answers, the record) run through
+`doit status --json`, `doit top --once --json` and the watchdog's look, and each gives the same verdict.
+The nodes' answers are probe states recorded here (no node can be made to fail on cue in a unit test);
+the API is a real HTTP server on 127.0.0.1 answering /health, /v1/models, /metrics and a streamed token
+as recorded; the record is real files. The lab tests do the same on real nodes."""
+import io
+import json
+import threading
+from contextlib import redirect_stdout
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dsv41.head import status, top, watchdog
+from dsv41.head.config import load_config
+from dsv41.head.core import record, runlock
+from dsv41.head.core.cluster import Cluster
+from dsv41.head.core.health import EXIT_CODES, WORDS, Verdict
+from dsv41.head.core.state import parse, unreachable
+
+METRICS = ('vllm:num_requests_running{engine="0"} 0\nvllm:num_requests_waiting{engine="0"} 0\n'
+           'vllm:prompt_tokens_total{engine="0"} 100\nvllm:generation_tokens_total{engine="0"} 50\n'
+           'vllm:kv_cache_usage_perc{engine="0"} 0.0\n')
+
+
+class Api(ThreadingHTTPServer):
+    daemon_threads = True
+    health = 200
+    serving = True
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def send(self, code, body, ctype="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        srv = self.server
+        if self.path == "/health":
+            return self.send(srv.health, "")
+        if self.path == "/metrics":
+            return self.send(200, METRICS, "text/plain; version=0.0.4")
+        if self.path == "/v1/models" and srv.serving:
+            return self.send(200, json.dumps({"object": "list", "data": [{"id": "deepseek-v4.1-flash"}]}))
+        self.send(503 if srv.health >= 500 else 404, '{"error": "not serving"}')
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.server.health >= 500 or not self.server.serving:
+            return self.send(500, '{"error": {"message": "EngineDeadError"}}')
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices": [{"index": 0, "text": "tok"}]}\n\ndata: [DONE]\n\n')
+
+
+@pytest.fixture
+def api():
+    srv = Api(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+NOW = 1_900_000_000.0
+
+
+def unit(active="active", result="success", since=NOW - 600, left=""):
+    return {"installed": True, "ActiveState": active, "SubState": "running" if active == "active" else "dead",
+            "Result": result, "ActiveEnterTimestamp": f"@{since}", "InactiveEnterTimestamp": left, "NRestarts": "0"}
+
+
+def node(rank, **kw):
+    mem = kw.pop("mem_gib", 100)
+    return {"uid": 0, "time": NOW, "units": {f"dsv41-r{rank}.service": unit(**kw)}, "tripped": None,
+            "mem_available_kib": int(mem * 2**20), "mem_baseline_bytes": 100 << 30}
+
+
+SERVING = {"head": node(0), "worker1": node(1)}
+FACT_SETS = {           # name: (node facts, API /health or None (no server), record set-up, verdict)
+    "serving": (SERVING, 200, "ready", Verdict.HEALTHY),
+    "starting": (SERVING, "up, not serving", None, Verdict.STARTING),
+    "a worker rank failed": ({"head": node(0), "worker1": node(1, active="failed", result="exit-code",
+                                                                   left=f"@{NOW - 30}")}, 200, None, Verdict.DEGRADED),
+    "nothing installed": ({"head": {"uid": 0, "time": NOW, "units": {}}, "worker1": {"uid": 0, "time": NOW, "units": {}}},
+                          None, None, Verdict.STOPPED),
+    "guard tripped": ({"head": node(0), "worker1": {**node(1, active="inactive"),
+                                                    "tripped": {"line": "tripped at 1.0 GiB", "time": NOW}}},
+                      None, None, Verdict.TRIPPED),
+    "worker unreachable": ({"head": node(0), "worker1": "ssh: connect to host w port 22: No route to host"},
+                           200, None, Verdict.UNKNOWN),
+    "API 503": (SERVING, 503, "ready", Verdict.SUSPECT),
+    "memory not back": ({"head": node(0, active="inactive"), "worker1": node(1, active="inactive", mem_gib=70)},
+                        None, "needs reboot", Verdict.NEEDS_REBOOT),
+    "recovery under way": ({"head": node(0, active="inactive"), "worker1": node(1, active="inactive")},
+                           None, "recovering", Verdict.RECOVERING),
+}
+
+
+def states(facts):
+    return {n: unreachable(f) if isinstance(f, str) else parse(f, n) for n, f in facts.items()}
+
+
+@pytest.fixture
+def cluster(tmp_path, api, monkeypatch):
+    """A Config whose API is the recorded server, and Cluster.probe answering from the fact set in use."""
+    port = api.server_address[1]
+    (tmp_path / "key").write_text("sk-test-0123456789abcdef\n")
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "HEAD_IP": "127.0.0.1", "PORT": str(port),
+                       "API_KEY_FILE": str(tmp_path / "key"), "WATCHDOG_PROBE_S": "5", "SSH_TIMEOUT_S": "2"})
+    current = {}
+
+    def probe(self, n):
+        f = current["states"][n.name]
+        if f.error:
+            raise record_error(f.error)
+        self.states[n.name] = f
+        return f
+    monkeypatch.setattr(Cluster, "probe", probe)
+    monkeypatch.setattr(Cluster, "connect", lambda self: [])
+    monkeypatch.setattr(Cluster, "refresh", lambda self: None, raising=False)
+    monkeypatch.setattr(top.Top, "start_node", lambda self, w: seen(w, current["states"][w.node.name]))
+    return cfg, current
+
+
+def record_error(line):
+    from dsv41.head.core.nodes import NodeError
+    return NodeError(line)
+
+
+def seen(w, f):
+    import time
+    w.seen, w.at, w.error = (None, None, f.error) if f.error else (f, time.time(), None)
+
+
+def set_up(cfg, how):
+    if how == "ready":                  # a readiness wait saw this start of rank 0 generate, as launch's does
+        record.mark_ready(cfg.state_dir, NOW - 500)
+    if how == "needs reboot":
+        record.set_needs_reboot(cfg.state_dir, "worker1: MemAvailable 70.0 GiB is 30.0 GiB below its baseline")
+    if how == "recovering":
+        record.open_incident(cfg.state_dir, verdict="DEAD", evidence="/health does not answer", fault_at=NOW - 20,
+                             node="head")
+        runlock.take(cfg.state_dir, "dsv41-watchdog recovery")       # this process runs the recovery
+
+
+def status_json(cfg):
+    out = io.StringIO()
+    code = 0
+    with redirect_stdout(out):
+        try:
+            status.status(cfg, json=True)
+        except SystemExit as e:
+            code = e.code
+    doc = json.loads(out.getvalue())
+    assert doc["exit_code"] == code and doc["schema"] == "dsv41.status/2"
+    return doc
+
+
+def top_json(cfg):
+    out = io.StringIO()
+    with redirect_stdout(out):
+        top.top(cfg, json=True, once=True, interval=0)
+    doc = json.loads(out.getvalue())
+    assert doc["schema"] == "dsv41.top/2"
+    return doc
+
+
+@pytest.mark.parametrize("name", list(FACT_SETS))
+def test_status_top_and_the_watchdog_give_one_verdict_for_each_fact_set(name, cluster, api):
+    cfg, current = cluster
+    facts, health, how, want = FACT_SETS[name]
+    current["states"] = states(facts)
+    if health is None:
+        api.shutdown()
+        api.server_close()
+    else:
+        api.health, api.serving = (200, False) if health == "up, not serving" else (health, True)
+    set_up(cfg, how)
+    try:
+        st = status_json(cfg)
+        tp = top_json(cfg)
+        w = watchdog.Watchdog(cfg, log=lambda m: None)
+        w.cl.observe = lambda: current["states"]
+        _, h = w.look()
+    finally:
+        runlock.release()
+    assert (st["health"]["verdict"], tp["health"]["verdict"], h.verdict) == (want,) * 3, name
+    word, code = WORDS[want]
+    assert st["state"] == word and st["exit_code"] == code and tp["health"]["word"] == word
+    if want == Verdict.RECOVERING:      # the step it is on, for a person who would otherwise interfere
+        assert "saving the evidence" in st["health"]["conditions"][0] and st["exit_code"] == 8
+    if want == Verdict.NEEDS_REBOOT:
+        assert st["health"]["node"] == "worker1" and "30.0 GiB below" in st["health"]["conditions"][0]
+
+
+def test_status_words_and_exit_codes_are_one_table():
+    assert EXIT_CODES == {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6,
+                          "NEEDS_REBOOT": 7, "RECOVERING": 8}
+    assert set(WORDS) == set(Verdict)
