@@ -63,9 +63,21 @@ def test_a_record_holds_what_launch_writes_but_never_a_secret(tmp_path):
     assert r.state == rel.ROLLING_OUT and r.changes == ["first release"]
     assert r.secret_files == {"head": [names.SECRET_KEY]}
     assert r.settings["port"] == cfg.port and r.files["head"][names.WATCHDOG_SETTINGS] == ["{}\n", 0o600]
+    assert rel.changes(rel.load_all(str(tmp_path))[0], f) == ["nothing"]        # the same launch again
     # to run it again exactly as recorded: the same units and files, and the key read now goes back in its file
     again = rel.to_desired(rel.load_all(str(tmp_path))[0], key)
     assert again.units == want.units and again.files == want.files
+
+
+def test_the_checkpoint_on_disk_is_named_by_its_manifest(tmp_path):
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "MODEL_DIR": str(tmp_path / "m"),
+                       "REVISION": "abc123"})
+    assert rel.checkpoint_on_disk(cfg) == {"repo": cfg.hf_repo, "revision": "abc123", "manifest_digest": ""}
+    os.makedirs(tmp_path / "m")
+    (tmp_path / "m" / "sha256-manifest.txt").write_text("00  a.safetensors\n")
+    one = rel.checkpoint_on_disk(cfg)["manifest_digest"]
+    (tmp_path / "m" / "sha256-manifest.txt").write_text("11  a.safetensors\n")
+    assert one.startswith("sha256:") and rel.checkpoint_on_disk(cfg)["manifest_digest"] != one
 
 
 def test_what_changed_is_said_in_plan_words_and_show_diffs_the_text():
@@ -101,6 +113,8 @@ def test_pruning_keeps_the_newest_and_never_the_one_in_service_or_the_last_good(
     assert [r.number for r in rel.load_all(d)] == [1, 4, 5]
     assert rel.in_service(d)[0].number == 1 and rel.in_service(d)[1].number == 5
     assert rel.to_prune([release(n, rel.GOOD) for n in (1, 2, 3)], 1, serving=1) == [2]
+    failing = [release(1, rel.GOOD), release(2, rel.FAILED), release(3, rel.FAILED)]
+    assert rel.to_prune(failing, 1, serving=None) == [2]                 # the last good one stays
 
 
 # ---- the learned deadline ------------------------------------------------------------------------

@@ -12,7 +12,7 @@ USAGE = ("expected `doit releases` or `doit releases show [N]` (N: a number `doi
 
 def _image(r):
     m = re.search(r"@sha256:([0-9a-f]{12})", r.image)
-    return m.group(1) if m else rel._short_id(next(iter(r.image_ids.values()), None))
+    return m.group(1) if m else rel.short_id(next(iter(r.image_ids.values()), None))
 
 
 def _secs(s):
@@ -27,7 +27,7 @@ def list_lines(history, serving):
     for r in history:
         mark = "*" if r.number == serving else " "
         more = f" (+{len(r.changes) - 1} more)" if len(r.changes) > 1 else ""
-        lines.append(f"{mark} {r.number:>4}  {rel._when(r.time):<20}  {_image(r):<12}  "
+        lines.append(f"{mark} {r.number:>4}  {rel.when(r.time):<20}  {_image(r):<12}  "
                      f"{one_line(r.checkpoint.get('revision') or 'latest', 12):<12}  {_secs(r.startup_s):>8}  "
                      f"{one_line(r.shown_state, 24):<24}  {one_line(r.changes[0], 80)}{more}")
     lines.append("* in service" if serving is not None else "none in service")
@@ -42,8 +42,8 @@ def show_lines(history, serving, number):
     r = by[number]
     ck = r.checkpoint
     out = [f"release {r.number}: {r.shown_state}" + (" (in service)" if r.number == serving else ""),
-           f"  began       {rel._when(r.time)}   finished {rel._when(r.finished_at)}   start-up {_secs(r.startup_s)}",
-           f"  result      {r.result or '-'}" + (f"   failed at {rel._when(r.failed_at)}" if r.failed_at else ""),
+           f"  began       {rel.when(r.time)}   finished {rel.when(r.finished_at)}   start-up {_secs(r.startup_s)}",
+           f"  result      {r.result or '-'}" + (f"   failed at {rel.when(r.failed_at)}" if r.failed_at else ""),
            f"  image       {r.image}"]
     out += [f"    on {node:<10} {image_id}" for node, image_id in sorted(r.image_ids.items())]
     out.append(f"  checkpoint  {ck.get('repo')}@{ck.get('revision') or 'latest'}   "

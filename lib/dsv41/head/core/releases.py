@@ -44,6 +44,9 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import fsync_dir, write_atomic
+from dsv41.head.config import resolved
+from dsv41.head.core.desired import Desired
+from dsv41.node.checkpoint import MANIFEST
 
 SCHEMA = "dsv41.release/1"
 DIR = "releases"
@@ -97,10 +100,14 @@ def record_fields(cfg, want, image_ids, checkpoint, node_versions):
     secret = {names.SECRET_KEY}
     files = {node: {rel: [text, mode] for rel, (text, mode) in fs.items() if rel not in secret}
              for node, fs in want.files.items()}
-    return {"image": cfg.image, "image_ids": dict(image_ids), "checkpoint": dict(checkpoint),
-            "settings": resolved(cfg), "node_versions": {n: dict(v) for n, v in node_versions.items()},
-            "units": {node: dict(us) for node, us in want.units.items()}, "files": files,
-            "secret_files": {node: sorted(secret & set(fs)) for node, fs in want.files.items() if secret & set(fs)}}
+    return _plain({"image": cfg.image, "image_ids": image_ids, "checkpoint": checkpoint, "settings": resolved(cfg),
+                   "node_versions": node_versions, "units": want.units, "files": files,
+                   "secret_files": {node: sorted(secret & set(fs)) for node, fs in want.files.items()
+                                    if secret & set(fs)}})
+
+
+def _plain(data):
+    return json.loads(json.dumps(data))
 
 
 def fingerprint(fields):
@@ -116,7 +123,7 @@ def _short(value, limit=60):
     return one_line(json.dumps(value) if not isinstance(value, str) else value, limit)
 
 
-def _short_id(image_id):
+def short_id(image_id):
     return (image_id or "-").split(":")[-1][:12]
 
 
@@ -133,10 +140,10 @@ def changes(prev, new):
     for node in sorted(set(p["image_ids"]) | set(n["image_ids"])):
         a, b = p["image_ids"].get(node), n["image_ids"].get(node)
         if a != b:
-            out.append(f"image on {node} {_short_id(a)} -> {_short_id(b)}")
+            out.append(f"image on {node} {short_id(a)} -> {short_id(b)}")
     if p["checkpoint"] != n["checkpoint"]:
         def ck(c):
-            return f"{c.get('repo')}@{c.get('revision') or '-'} ({_short_id(c.get('manifest_digest'))})"
+            return f"{c.get('repo')}@{c.get('revision') or '-'} ({short_id(c.get('manifest_digest'))})"
         out.append(f"checkpoint {ck(p['checkpoint'])} -> {ck(n['checkpoint'])}")
     for what in ("units", "files"):
         for node in sorted(set(p[what]) | set(n[what])):
@@ -212,7 +219,7 @@ def rollout_deadline_s(releases, start_timeout_s, min_timeout_s):
     return min(start_timeout_s, max(min_timeout_s, 2 * good.startup_s))
 
 
-def _when(t):
+def when(t):
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z" if t else "-"
 
 
@@ -223,11 +230,11 @@ def _ago(s):
 def refuse_flapping(releases, fp, retry_failed, now):
     """UserError when the newest release failed and this launch is the same release (fingerprint fp),
     unless retry_failed; None otherwise."""
-    last = next((r for r in reversed(releases) if r.state != INTERRUPTED), None)
+    last = next((r for r in reversed(releases) if r.state in (GOOD, FAILED)), None)
     if retry_failed or last is None or last.state != FAILED or fingerprint(last) != fp:
         return None
     at = last.failed_at or last.time
-    raise UserError(f"release {last.number} failed at {_when(at)} ({_ago(now - at)}: {one_line(last.result, 160)}) "
+    raise UserError(f"release {last.number} failed at {when(at)} ({_ago(now - at)}: {one_line(last.result, 160)}) "
                     "and this launch is the same release: fix the cause, or `doit launch --retry-failed` to try it "
                     "anyway")
 
@@ -254,7 +261,7 @@ def resume(releases, fp):
     r = unfinished(releases)
     if r is None:
         return None
-    said = f"release {r.number} was interrupted half-way (began {_when(r.time)})"
+    said = f"release {r.number} was interrupted half-way (began {when(r.time)})"
     if fingerprint(r) == fp:
         return Resume("finish", r, None, f"{said}: this launch finishes its rollout")
     back = next((x for x in releases if x.number == r.changes_from and x.state == GOOD), None)
@@ -267,7 +274,6 @@ def to_desired(release, key):
     """What to write on each node to run `release` exactly as recorded, as core.desired.Desired (for
     decide()): its units and files, and the API key file where the release had one (`key`: the key
     itself, read now: it is never stored). The image ids to run are release.image_ids."""
-    from dsv41.head.core.desired import Desired
     files = {node: {rel: (text, mode) for rel, (text, mode) in fs.items()} for node, fs in release.files.items()}
     for node, rels in release.secret_files.items():
         for rel in rels:
@@ -344,7 +350,7 @@ def begin(state_dir, fields, keep, now=None):
     prev = next((r for r in history if r.number == serving), history[-1] if history else None)
     number = history[-1].number + 1 if history else 1
     release = Release(number=number, time=time.time() if now is None else now, state=ROLLING_OUT,
-                      changes=changes(prev, fields), changes_from=prev and prev.number, **fields)
+                      changes=changes(prev, _plain(fields)), changes_from=prev and prev.number, **_plain(fields))
     os.makedirs(root(state_dir), mode=0o700, exist_ok=True)
     os.makedirs(folder(state_dir, number), mode=0o700, exist_ok=True)
     _write(state_dir, release)
@@ -404,7 +410,6 @@ def in_service(state_dir):
 def checkpoint_on_disk(cfg):
     """The checkpoint in MODEL_DIR on the head: repo, revision (as configured: "" is the latest) and the
     sha256 of its manifest ("" when there is none yet)."""
-    from dsv41.node.checkpoint import MANIFEST
     try:
         with open(os.path.join(cfg.model_dir, MANIFEST), "rb") as f:
             digest = "sha256:" + hashlib.sha256(f.read()).hexdigest()
