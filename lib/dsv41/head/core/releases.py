@@ -13,23 +13,25 @@ anything on a node changes), "good" (the API answered and the cluster stayed hea
 launch found it unfinished and did something else). The newest RELEASES_KEEP are kept, never the one in
 service nor the last good one.
 
-How launch uses it, in order (every function but the storage ones is pure):
+How launch uses it, in order (the storage functions, at the end, are the only I/O):
 
     fields = record_fields(cfg, want, image_ids, checkpoint_on_disk(cfg), node_versions)
-    history = load_all(state_dir)
-    fp = fingerprint(fields)
-    r = resume(history, fp)              # a launch killed half-way: finish it, roll back, or replace it
-    refuse_flapping(history, fp, retry_failed, now)  # UserError when this is the release that just failed
+    history, fp = load_all(state_dir), fingerprint(fields)
+    r = resume(history, fp)      # a launch killed half-way: print r.line; "finish" goes on under
+                                 # r.release.number (no begin); else finish(..., INTERRUPTED, r.line) first,
+                                 # and "roll back" applies r.target as below
+    refuse_flapping(history, fp, retry_failed, now)   # UserError when this is the release that just failed
     warn = checkpoint_warning(history, fields["checkpoint"])   # print it first when not None
-    target = last_good(history, fields["checkpoint"])  # where a failure goes back to (None: nowhere)
+    target = last_good(history, fields["checkpoint"])          # where a failure goes back to (None: nowhere)
     deadline = rollout_deadline_s(history, cfg.start_timeout_s, cfg.rollout_min_timeout_s)
-    rel = begin(state_dir, fields, cfg.releases_keep)   # BEFORE any node changes
+    release = begin(state_dir, fields, cfg.releases_keep)      # BEFORE any node changes
     ... apply, wait for the API within `deadline`, hold ROLLOUT_HOLD_S ...
-    finish(state_dir, rel.number, GOOD, "ready, healthy for 60 s", startup_s=...)   # marks it in service
-    or: finish(state_dir, rel.number, FAILED, "dsv41-r1.service failed")   # recorded before going back
-        then (unless ROLLBACK=0, and when target) apply to_desired(target, key) on target.image_ids;
-        once it serves: rolled_back(state_dir, rel.number, target.number)
+    finish(state_dir, release.number, GOOD, "ready, healthy for 60 s", startup_s=...)   # now in service
+    or: finish(state_dir, release.number, FAILED, "dsv41-r1.service failed")   # recorded before going back
+        then, unless ROLLBACK=0 or target is None: decide() and apply to_desired(target, key) with
+        target.image_ids on each node; once it serves: rolled_back(state_dir, release.number, target.number)
 
+`doit status` and `doit top` call in_service(state_dir); `doit releases` is head/releases.py.
 Two releases are "the same" when their fingerprint is: image ids, units, files and settings.
 """
 import dataclasses
