@@ -65,7 +65,7 @@ def test_a_record_holds_what_launch_writes_but_never_a_secret(tmp_path):
     assert r.settings["port"] == cfg.port and r.files["head"][names.WATCHDOG_SETTINGS] == ["{}\n", 0o600]
     assert rel.changes(rel.load_all(str(tmp_path))[0], f) == ["nothing"]        # the same launch again
     # to run it again exactly as recorded: the same units and files, and the key read now goes back in its file
-    again = rel.to_desired(rel.load_all(str(tmp_path))[0], key)
+    again = Desired(*rel.recorded_state(rel.load_all(str(tmp_path))[0], key))
     assert again.units == want.units and again.files == want.files
 
 

@@ -28,8 +28,8 @@ How launch uses it, in order (the storage functions, at the end, are the only I/
     ... apply, wait for the API within `deadline`, hold ROLLOUT_HOLD_S ...
     finish(state_dir, release.number, GOOD, "ready, healthy for 60 s", startup_s=...)   # now in service
     or: finish(state_dir, release.number, FAILED, "dsv41-r1.service failed")   # recorded before going back
-        then, unless ROLLBACK=0 or target is None: decide() and apply to_desired(target, key) with
-        target.image_ids on each node; once it serves: rolled_back(state_dir, release.number, target.number)
+        then, unless ROLLBACK=0 or target is None: decide() and apply Desired(*recorded_state(target,
+        key)) with target.image_ids on each node; once it serves: rolled_back(state_dir, release.number, target.number)
 
 `doit status` and `doit top` call in_service(state_dir); `doit releases` is head/releases.py.
 Two releases are "the same" when their fingerprint is: image ids, units, files and settings.
@@ -47,7 +47,6 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import fsync_dir, write_atomic
 from dsv41.head.config import resolved
-from dsv41.head.core.desired import Desired
 from dsv41.node.checkpoint import MANIFEST
 
 SCHEMA = "dsv41.release/1"
@@ -272,15 +271,16 @@ def resume(releases, fp):
     return Resume("replace", r, None, f"{said}: it is recorded as interrupted and this launch replaces it")
 
 
-def to_desired(release, key):
-    """What to write on each node to run `release` exactly as recorded, as core.desired.Desired (for
-    decide()): its units and files, and the API key file where the release had one (`key`: the key
-    itself, read now: it is never stored). The image ids to run are release.image_ids."""
+def recorded_state(release, key):
+    """(units, files) to write on each node to run `release` exactly as recorded, in core.desired's
+    shape (`Desired(*recorded_state(r, key))` is what decide() takes): its units and files, and the API
+    key file where the release had one (`key`: the key itself, read now: it is never stored). The image
+    ids to run are release.image_ids."""
     files = {node: {rel: (text, mode) for rel, (text, mode) in fs.items()} for node, fs in release.files.items()}
     for node, rels in release.secret_files.items():
         for rel in rels:
             files.setdefault(node, {})[rel] = (f"{key}\n" if key else None, 0o600)
-    return Desired(units={node: dict(us) for node, us in release.units.items()}, files=files)
+    return {node: dict(us) for node, us in release.units.items()}, files
 
 
 def to_prune(releases, keep, serving):
