@@ -351,8 +351,9 @@ def begin(state_dir, fields, keep, now=None):
     serving = serving_number(state_dir)
     prev = next((r for r in history if r.number == serving), history[-1] if history else None)
     number = history[-1].number + 1 if history else 1
+    fields = _plain(fields)
     release = Release(number=number, time=time.time() if now is None else now, state=ROLLING_OUT,
-                      changes=changes(prev, _plain(fields)), changes_from=prev and prev.number, **_plain(fields))
+                      changes=changes(prev, fields), changes_from=prev and prev.number, **fields)
     os.makedirs(root(state_dir), mode=0o700, exist_ok=True)
     os.makedirs(folder(state_dir, number), mode=0o700, exist_ok=True)
     _write(state_dir, release)
@@ -400,8 +401,9 @@ def mark_serving(state_dir, number):
 
 
 def in_service(state_dir):
-    """(the release in service or None, the newest release when it failed after it, or None): what
-    `doit status` and `doit top` name."""
+    """(the release in service or None, the newest release that failed after it or None): what `doit
+    status` and `doit top` name; UserError (one line) when a record cannot be read. A rollout under way
+    (or left unfinished) is unfinished(load_all(state_dir))."""
     history = load_all(state_dir)
     serving = serving_number(state_dir)
     current = next((r for r in history if r.number == serving), None)
