@@ -13,7 +13,7 @@ from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (completion, config, copy_checkpoint, download, fabric_bench, incident_log,  # noqa: E402
-                        launch, logs, monitoring, pi, plan, render, smoke_bench, status, stop)
+                        launch, logs, monitoring, pi, plan, releases, render, smoke_bench, status, stop)
 from dsv41.head.core import image, preflight, verify  # noqa: E402
 from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
 
@@ -139,6 +139,11 @@ def task_logs():
 def task_incidents():
     """Incidents saved before each restart, newest first: doit incidents [show [N]] (N=1: the last)."""
     return {"actions": [call(incident_log.incidents)], "pos_arg": "words", "uptodate": [False]}
+
+
+def task_releases():
+    """What ran after each launch that changed it, and which one serves: doit releases [show [N]]."""
+    return {"actions": [call(releases.releases)], "pos_arg": "words", "uptodate": [False]}
 
 
 def task_stop():

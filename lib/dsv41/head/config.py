@@ -85,6 +85,10 @@ class Config:
     mem_return_gib: float
     mem_return_s: int
     incidents_keep: int
+    releases_keep: int
+    rollout_hold_s: int
+    rollout_min_timeout_s: int
+    rollback: bool
     free_gib_head: int
     free_gib_worker: int
     # ---- monitoring settings (doit monitoring, head/monitoring.py): read by _monitoring() ----------
@@ -214,6 +218,8 @@ def load_config(env=None):
         watchdog_max_recoveries=v["WATCHDOG_MAX_RECOVERIES"], watchdog_window_s=60 * v["WATCHDOG_WINDOW_MIN"],
         watchdog_backoff_s=v["WATCHDOG_BACKOFF_S"], mem_return_gib=v["MEM_RETURN_GIB"],
         mem_return_s=v["MEM_RETURN_S"], incidents_keep=v["INCIDENTS_KEEP"],
+        releases_keep=v["RELEASES_KEEP"], rollout_hold_s=v["ROLLOUT_HOLD_S"],
+        rollout_min_timeout_s=60 * v["ROLLOUT_MIN_TIMEOUT_MIN"], rollback=v["ROLLBACK"],
         free_gib_head=v["FREE_GIB_HEAD"], free_gib_worker=v["FREE_GIB_WORKER"], gpus=v["GPUS"],
         memlock=v["MEMLOCK"], privileged=v["PRIVILEGED"], skip_checks=v["SKIP_CHECKS"],
         prometheus_port=v["PROMETHEUS_PORT"], exporter_port=v["EXPORTER_PORT"],

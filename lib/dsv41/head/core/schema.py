@@ -131,6 +131,13 @@ SETTINGS = (
       "of its baseline (recorded before its first rank started), else NEEDS_REBOOT", lo=0, hi=1024),
     S("MEM_RETURN_S", "int", 120, "how long a restart waits for the memory to come back", lo=0, hi=3600),
     S("INCIDENTS_KEEP", "int", 20, "incident folders kept in `$STATE_DIR/incidents` (the newest)", lo=1, hi=10000),
+    S("RELEASES_KEEP", "int", 10, "releases kept in `$STATE_DIR/releases` (the newest; never the one in service "
+      "or the last good one)", lo=1, hi=10000),
+    S("ROLLOUT_HOLD_S", "int", 60, "a release is good once the API answered and the cluster stayed healthy this long",
+      lo=0, hi=24 * 3600),
+    S("ROLLOUT_MIN_TIMEOUT_MIN", "int", 10, "the rollout deadline (twice the last good release's start-up, at most "
+      "`START_TIMEOUT_MIN`) is at least this", lo=1, hi=24 * 60),
+    S("ROLLBACK", "bool", True, "a failed rollout restarts the ranks on the last good release (0: leaves it as it is)"),
     S("PROMETHEUS_PORT", "int", 9090, "`doit monitoring --install`: dsv41-prometheus's web UI and API on the head",
       lo=1, hi=65535),
     S("EXPORTER_PORT", "int", 9100, "prometheus-node-exporter's port on every node", lo=1, hi=65535),

@@ -1,0 +1,422 @@
+"""Releases: what ran on the cluster after each launch that changed it, kept on the head.
+
+    $STATE_DIR/releases/<NNNN>/release.json   schema dsv41.release/1, one per release (dir 0700, file 0600)
+    $STATE_DIR/releases/current.json          {"number": N}: the release in service
+
+A record holds when it began, the image reference and the image id on each node, the checkpoint (repo,
+revision, manifest digest), every rendered unit and state file launch writes on each node (the API key
+file is never stored: only its name, in `secret_files`), the resolved settings (config.resolved: no
+secret), each node's kernel, driver and Docker version, what changed against the release it replaced
+(`changes_from`), the start-up time, the state and a result line. States: "rolling out" (written before
+anything on a node changes), "good" (the API answered and the cluster stayed healthy ROLLOUT_HOLD_S),
+"failed" (with `failed_at`, and `rolled_back_to` when the ranks went back), "interrupted" (a later
+launch found it unfinished and did something else). The newest RELEASES_KEEP are kept, never the one in
+service nor the last good one.
+
+How launch uses it, in order (the storage functions, at the end, are the only I/O):
+
+    fields = record_fields(cfg, want, image_ids, checkpoint_on_disk(cfg), node_versions)
+    history, fp = load_all(state_dir), fingerprint(fields)
+    r = resume(history, fp)      # a launch killed half-way: print r.line; "finish" goes on under
+                                 # r.release.number (no begin); else finish(..., INTERRUPTED, r.line) first,
+                                 # and "roll back" applies r.target as below
+    refuse_flapping(history, fp, retry_failed, now)   # UserError when this is the release that just failed
+    warn = checkpoint_warning(history, fields["checkpoint"])   # print it first when not None
+    target = last_good(history, fields["checkpoint"])          # where a failure goes back to (None: nowhere)
+    deadline = rollout_deadline_s(history, cfg.start_timeout_s, cfg.rollout_min_timeout_s)
+    release = begin(state_dir, fields, cfg.releases_keep)      # BEFORE any node changes
+    ... apply, wait for the API within `deadline`, hold ROLLOUT_HOLD_S ...
+    finish(state_dir, release.number, GOOD, "ready, healthy for 60 s", startup_s=...)   # now in service
+    or: finish(state_dir, release.number, FAILED, "dsv41-r1.service failed")   # recorded before going back
+        then, unless ROLLBACK=0 or target is None: decide() and apply Desired(*recorded_state(target,
+        key)) with target.image_ids on each node; once it serves: rolled_back(state_dir, release.number, target.number)
+
+`doit status` and `doit top` call in_service(state_dir); `doit releases` is head/releases.py.
+Two releases are "the same" when their fingerprint is: image ids, units, files and settings.
+"""
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+
+from dsv41 import names
+from dsv41.errors import UserError, one_line
+from dsv41.files import fsync_dir, write_atomic
+from dsv41.head.config import resolved
+from dsv41.node.checkpoint import MANIFEST
+
+SCHEMA = "dsv41.release/1"
+DIR = "releases"
+RECORD = "release.json"
+CURRENT = "current.json"
+FOLDER_RE = re.compile(r"^\d{4,}$")
+ROLLING_OUT, GOOD, FAILED, INTERRUPTED = "rolling out", "good", "failed", "interrupted"
+SAME = ("image_ids", "units", "files", "settings")          # what makes two releases the same
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    number: int
+    time: float                     # when it began (the head's clock)
+    state: str                      # ROLLING_OUT, GOOD, FAILED, INTERRUPTED
+    image: str                      # the image reference
+    image_ids: dict                 # {node: image id}
+    checkpoint: dict                # {"repo", "revision", "manifest_digest"}
+    settings: dict                  # config.resolved(cfg): no secret
+    node_versions: dict             # {node: {"kernel", "driver", "docker"}}
+    units: dict                     # {node: {unit file name: text}}
+    files: dict                     # {node: {path under the state dir: [text, mode]}}, no secret file
+    secret_files: dict              # {node: [path under the state dir]}: written by launch, never stored
+    changes: list                   # lines, in `doit plan`'s words
+    changes_from: int | None        # the release they are measured against (None: the first)
+    startup_s: float | None = None  # from the first rank's start to the API's first token
+    result: str = ""
+    failed_at: float | None = None
+    finished_at: float | None = None
+    rolled_back_to: int | None = None
+
+    @property
+    def shown_state(self):
+        return f"{FAILED}, rolled back to {self.rolled_back_to}" if self.rolled_back_to else self.state
+
+
+def root(state_dir):
+    return os.path.join(state_dir, DIR)
+
+
+def folder(state_dir, number):
+    return os.path.join(root(state_dir), f"{number:04d}")
+
+
+# ---- the record's content: pure ----------------------------------------------------------------------
+
+def record_fields(cfg, want, image_ids, checkpoint, node_versions):
+    """The fields of a release from launch's Config and desired state (core.desired.desired): the
+    secret key file is named, not stored; the settings are config.resolved (no secret)."""
+    from dsv41.head.config import resolved
+    secret = {names.SECRET_KEY}
+    files = {node: {rel: [text, mode] for rel, (text, mode) in fs.items() if rel not in secret}
+             for node, fs in want.files.items()}
+    return _plain({"image": cfg.image, "image_ids": image_ids, "checkpoint": checkpoint, "settings": resolved(cfg),
+                   "node_versions": node_versions, "units": want.units, "files": files,
+                   "secret_files": {node: sorted(secret & set(fs)) for node, fs in want.files.items()
+                                    if secret & set(fs)}})
+
+
+def _plain(data):
+    return json.loads(json.dumps(data))
+
+
+def fingerprint(fields):
+    """What makes two releases the same (image ids, units, files, settings), as one sha256; takes a
+    Release or record_fields()."""
+    if isinstance(fields, Release):
+        fields = dataclasses.asdict(fields)
+    same = {k: fields[k] for k in SAME}
+    return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()
+
+
+def _short(value, limit=60):
+    return one_line(json.dumps(value) if not isinstance(value, str) else value, limit)
+
+
+def short_id(image_id):
+    return (image_id or "-").split(":")[-1][:12]
+
+
+def changes(prev, new):
+    """What differs from release `prev` (None: the first) to `new` (a Release or record_fields()), one
+    line each, in `doit plan`'s words."""
+    if prev is None:
+        return ["first release"]
+    p = dataclasses.asdict(prev) if isinstance(prev, Release) else prev
+    n = dataclasses.asdict(new) if isinstance(new, Release) else new
+    out = []
+    if p["image"] != n["image"]:
+        out.append(f"image {p['image']} -> {n['image']}")
+    for node in sorted(set(p["image_ids"]) | set(n["image_ids"])):
+        a, b = p["image_ids"].get(node), n["image_ids"].get(node)
+        if a != b:
+            out.append(f"image on {node} {short_id(a)} -> {short_id(b)}")
+    if p["checkpoint"] != n["checkpoint"]:
+        def ck(c):
+            return f"{c.get('repo')}@{c.get('revision') or '-'} ({short_id(c.get('manifest_digest'))})"
+        out.append(f"checkpoint {ck(p['checkpoint'])} -> {ck(n['checkpoint'])}")
+    for what in ("units", "files"):
+        for node in sorted(set(p[what]) | set(n[what])):
+            a, b = p[what].get(node, {}), n[what].get(node, {})
+            for name in sorted(set(a) | set(b)):
+                if name not in a:
+                    out.append(f"{name} on {node} added")
+                elif name not in b:
+                    out.append(f"{name} on {node} removed")
+                elif a[name] != b[name]:
+                    out.append(f"{name} changed on {node}")
+    for key in sorted(set(p["settings"]) | set(n["settings"])):
+        a, b = p["settings"].get(key), n["settings"].get(key)
+        if a != b:
+            out.append(f"{key} {_short(a)} -> {_short(b)}")
+    for node in sorted(set(p["node_versions"]) | set(n["node_versions"])):
+        a, b = p["node_versions"].get(node, {}), n["node_versions"].get(node, {})
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                out.append(f"{key} on {node} {a.get(key) or '-'} -> {b.get(key) or '-'}")
+    return out or ["nothing"]
+
+
+def text_diff(prev, new):
+    """Unified diffs of every unit and file that differs from `prev` to `new` (Releases)."""
+    out = []
+    for what in ("units", "files"):
+        a_all, b_all = getattr(prev, what), getattr(new, what)
+        for node in sorted(set(a_all) | set(b_all)):
+            a, b = a_all.get(node, {}), b_all.get(node, {})
+            for name in sorted(set(a) | set(b)):
+                ta, tb = a.get(name), b.get(name)
+                if what == "files":
+                    ta, tb = ta and ta[0], tb and tb[0]
+                if ta != tb:
+                    out += difflib.unified_diff((ta or "").splitlines(), (tb or "").splitlines(),
+                                                f"{prev.number}/{node}/{name}", f"{new.number}/{node}/{name}",
+                                                lineterm="")
+    return out
+
+
+# ---- decisions: pure -------------------------------------------------------------------------------
+
+def same_checkpoint(a, b):
+    return a.get("repo") == b.get("repo") and a.get("manifest_digest") == b.get("manifest_digest")
+
+
+def last_good(releases, checkpoint):
+    """The rollback target: the newest good release on this checkpoint (the one on disk now); None when
+    there is none (the first release, or every good one ran another checkpoint)."""
+    return next((r for r in reversed(releases) if r.state == GOOD and same_checkpoint(r.checkpoint, checkpoint)),
+                None)
+
+
+def checkpoint_warning(releases, checkpoint):
+    """One line when this launch runs a checkpoint other than the last good release's: a failure
+    cannot go back past it. None otherwise (and for the first release)."""
+    good = next((r for r in reversed(releases) if r.state == GOOD), None)
+    if good is None or same_checkpoint(good.checkpoint, checkpoint):
+        return None
+    return (f"warning: this launch runs checkpoint {checkpoint.get('repo')}@{checkpoint.get('revision') or '-'}, "
+            f"not release {good.number}'s {good.checkpoint.get('repo')}@{good.checkpoint.get('revision') or '-'}: "
+            "a failure cannot be rolled back past the checkpoint")
+
+
+def rollout_deadline_s(releases, start_timeout_s, min_timeout_s):
+    """How long a rollout waits for the API: twice the last good release's start-up, at least
+    min_timeout_s (ROLLOUT_MIN_TIMEOUT_MIN), at most start_timeout_s (START_TIMEOUT_MIN); the latter
+    when no good release measured one."""
+    good = next((r for r in reversed(releases) if r.state == GOOD and r.startup_s), None)
+    if good is None:
+        return start_timeout_s
+    return min(start_timeout_s, max(min_timeout_s, 2 * good.startup_s))
+
+
+def when(t):
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z" if t else "-"
+
+
+def _ago(s):
+    return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.0f} h ago"
+
+
+def refuse_flapping(releases, fp, retry_failed, now):
+    """UserError when the newest release failed and this launch is the same release (fingerprint fp),
+    unless retry_failed; None otherwise."""
+    last = next((r for r in reversed(releases) if r.state in (GOOD, FAILED)), None)
+    if retry_failed or last is None or last.state != FAILED or fingerprint(last) != fp:
+        return None
+    at = last.failed_at or last.time
+    raise UserError(f"release {last.number} failed at {when(at)} ({_ago(now - at)}: {one_line(last.result, 160)}) "
+                    "and this launch is the same release: fix the cause, or `doit launch --retry-failed` to try it "
+                    "anyway")
+
+
+def unfinished(releases):
+    """The release a killed launch left "rolling out", or None."""
+    return next((r for r in reversed(releases) if r.state == ROLLING_OUT), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    action: str                      # "finish", "roll back" or "replace"
+    release: Release                 # the unfinished one
+    target: Release | None           # "roll back": the release to go back to
+    line: str                        # what to tell the user
+
+
+def resume(releases, fp):
+    """What a launch does about a release a killed launch left unfinished (None: there is none):
+    "finish" it when this launch is that release (go on under its number: no begin(), finish() it);
+    "roll back" when this launch is the release in service before it (record the unfinished one
+    INTERRUPTED, apply the target as recorded, mark_serving); "replace" otherwise (record it
+    INTERRUPTED, then begin() a new release)."""
+    r = unfinished(releases)
+    if r is None:
+        return None
+    said = f"release {r.number} was interrupted half-way (began {when(r.time)})"
+    if fingerprint(r) == fp:
+        return Resume("finish", r, None, f"{said}: this launch finishes its rollout")
+    back = next((x for x in releases if x.number == r.changes_from and x.state == GOOD), None)
+    if back is not None and fingerprint(back) == fp:
+        return Resume("roll back", r, back, f"{said}: this launch goes back to release {back.number} as recorded")
+    return Resume("replace", r, None, f"{said}: it is recorded as interrupted and this launch replaces it")
+
+
+def recorded_state(release, key):
+    """(units, files) to write on each node to run `release` exactly as recorded, in core.desired's
+    shape (`Desired(*recorded_state(r, key))` is what decide() takes): its units and files, and the API
+    key file where the release had one (`key`: the key itself, read now: it is never stored). The image
+    ids to run are release.image_ids."""
+    files = {node: {rel: (text, mode) for rel, (text, mode) in fs.items()} for node, fs in release.files.items()}
+    for node, rels in release.secret_files.items():
+        for rel in rels:
+            files.setdefault(node, {})[rel] = (f"{key}\n" if key else None, 0o600)
+    return {node: dict(us) for node, us in release.units.items()}, files
+
+
+def to_prune(releases, keep, serving):
+    """The numbers beyond the newest `keep`, never the release in service (number `serving`) nor the
+    newest good one."""
+    good = next((r.number for r in reversed(releases) if r.state == GOOD), None)
+    return [r.number for r in releases[:max(0, len(releases) - max(1, keep))] if r.number not in (serving, good)]
+
+
+# ---- storage: the only I/O ---------------------------------------------------------------------------
+
+def _read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} cannot be read ({one_line(err, 120)}): move it away (the other releases "
+                        "stay) or restore it") from None
+
+
+def _load(path, number):
+    data = _read_json(path)
+    if data is None:
+        return None
+    try:
+        if data.pop("schema") != SCHEMA or data["number"] != number:
+            raise ValueError(f"not a {SCHEMA} record of release {number}")
+        return Release(**data)
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise UserError(f"{path} is not a release record ({one_line(err, 120)}): move its folder away (the other "
+                        "releases stay) or restore it") from None
+
+
+def load_all(state_dir):
+    """Every release, oldest first; UserError (one line) naming a record that cannot be read. A folder
+    without a record (a launch killed while creating it, before anything changed) is skipped."""
+    try:
+        found = sorted(int(d) for d in os.listdir(root(state_dir)) if FOLDER_RE.match(d))
+    except FileNotFoundError:
+        return []
+    out = [_load(os.path.join(folder(state_dir, n), RECORD), n) for n in found]
+    return [r for r in out if r is not None]
+
+
+def serving_number(state_dir):
+    data = _read_json(os.path.join(root(state_dir), CURRENT))
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("number"), int):
+        raise UserError(f"{os.path.join(root(state_dir), CURRENT)} does not name a release: remove it "
+                        "(the next good launch writes it again)")
+    return data["number"]
+
+
+def _write(state_dir, release):
+    write_atomic(os.path.join(folder(state_dir, release.number), RECORD),
+                 json.dumps({"schema": SCHEMA, **dataclasses.asdict(release)}, indent=1) + "\n", mode=0o600)
+    fsync_dir(folder(state_dir, release.number))
+
+
+def begin(state_dir, fields, keep, now=None):
+    """Record a new release "rolling out" (fields: record_fields()), with what changed against the
+    release in service (else the newest); durable when it returns, so call it before any node changes.
+    Drops the oldest beyond `keep` (never the one in service or the last good one). -> the Release."""
+    history = load_all(state_dir)
+    serving = serving_number(state_dir)
+    prev = next((r for r in history if r.number == serving), history[-1] if history else None)
+    number = history[-1].number + 1 if history else 1
+    fields = _plain(fields)
+    release = Release(number=number, time=time.time() if now is None else now, state=ROLLING_OUT,
+                      changes=changes(prev, fields), changes_from=prev and prev.number, **fields)
+    os.makedirs(root(state_dir), mode=0o700, exist_ok=True)
+    os.makedirs(folder(state_dir, number), mode=0o700, exist_ok=True)
+    _write(state_dir, release)
+    fsync_dir(root(state_dir))
+    for n in to_prune([*history, release], keep, serving):
+        shutil.rmtree(folder(state_dir, n), ignore_errors=True)
+    return release
+
+
+def finish(state_dir, number, state, result, startup_s=None, now=None):
+    """A rollout's end: GOOD (then it is the release in service), FAILED (failed_at: now) or
+    INTERRUPTED. Record a failure before going back (then rolled_back()). -> the updated Release."""
+    if state not in (GOOD, FAILED, INTERRUPTED):
+        raise ValueError(f"a rollout ends {GOOD}, {FAILED} or {INTERRUPTED}, not {state!r}")
+    now = time.time() if now is None else now
+    release = _update(state_dir, number, state=state, result=result, finished_at=now,
+                      failed_at=now if state == FAILED else None,
+                      **({} if startup_s is None else {"startup_s": round(startup_s, 1)}))
+    if state == GOOD:
+        mark_serving(state_dir, number)
+    return release
+
+
+def rolled_back(state_dir, number, target):
+    """The ranks of failed release `number` went back to release `target` and it serves again: both
+    recorded (the failed one says where it went, the target is in service). -> the failed Release."""
+    release = _update(state_dir, number, rolled_back_to=target)
+    mark_serving(state_dir, target)
+    return release
+
+
+def _update(state_dir, number, **changed):
+    old = _load(os.path.join(folder(state_dir, number), RECORD), number)
+    if old is None:
+        raise UserError(f"release {number} is not in {root(state_dir)}: `doit releases` lists them")
+    release = dataclasses.replace(old, **changed)
+    _write(state_dir, release)
+    return release
+
+
+def mark_serving(state_dir, number):
+    """Name the release in service (after a good rollout, or a rollback that served again)."""
+    write_atomic(os.path.join(root(state_dir), CURRENT), json.dumps({"number": number}) + "\n", mode=0o600)
+    fsync_dir(root(state_dir))
+
+
+def in_service(state_dir):
+    """(the release in service or None, the newest release that failed after it or None): what `doit
+    status` and `doit top` name; UserError (one line) when a record cannot be read. A rollout under way
+    (or left unfinished) is unfinished(load_all(state_dir))."""
+    history = load_all(state_dir)
+    serving = serving_number(state_dir)
+    current = next((r for r in history if r.number == serving), None)
+    failed = next((r for r in reversed(history) if r.state == FAILED and r.number > (serving or 0)), None)
+    return current, failed
+
+
+def checkpoint_on_disk(cfg):
+    """The checkpoint in MODEL_DIR on the head: repo, revision (as configured: "" is the latest) and the
+    sha256 of its manifest ("" when there is none yet)."""
+    try:
+        with open(os.path.join(cfg.model_dir, MANIFEST), "rb") as f:
+            digest = "sha256:" + hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        digest = ""
+    return {"repo": cfg.hf_repo, "revision": cfg.revision, "manifest_digest": digest}

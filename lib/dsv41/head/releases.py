@@ -1,0 +1,83 @@
+"""doit releases [show [N]]: the releases launch recorded ($STATE_DIR/releases/, core/releases.py), oldest
+first: number, when, image digest, checkpoint revision, what changed, start-up, result, and which one
+serves; `show N` prints release N (default: the one in service) with its difference from the one before."""
+import re
+
+from dsv41.errors import UserError, one_line
+from dsv41.head.core import releases as rel
+
+USAGE = ("expected `doit releases` or `doit releases show [N]` (N: a number `doit releases` lists; "
+         "default the one in service)")
+
+
+def _image(r):
+    m = re.search(r"@sha256:([0-9a-f]{12})", r.image)
+    return m.group(1) if m else rel.short_id(next(iter(r.image_ids.values()), None))
+
+
+def _secs(s):
+    return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def list_lines(history, serving):
+    if not history:
+        return ["no releases yet: `doit launch` records one each time it changes what runs"]
+    lines = [f"  {'N':>4}  {'when (UTC)':<20}  {'image':<12}  {'revision':<12}  {'start-up':>8}  "
+             f"{'result':<24}  changes"]
+    for r in history:
+        mark = "*" if r.number == serving else " "
+        more = f" (+{len(r.changes) - 1} more)" if len(r.changes) > 1 else ""
+        lines.append(f"{mark} {r.number:>4}  {rel.when(r.time):<20}  {_image(r):<12}  "
+                     f"{one_line(r.checkpoint.get('revision') or 'latest', 12):<12}  {_secs(r.startup_s):>8}  "
+                     f"{one_line(r.shown_state, 24):<24}  {one_line(r.changes[0], 80)}{more}")
+    lines.append("* in service" if serving is not None else "none in service")
+    return lines
+
+
+def show_lines(history, serving, number):
+    by = {r.number: r for r in history}
+    if number not in by:
+        raise UserError(f"no release {number}: {len(history)} kept in the release history "
+                        "(`doit releases` lists them)")
+    r = by[number]
+    ck = r.checkpoint
+    out = [f"release {r.number}: {r.shown_state}" + (" (in service)" if r.number == serving else ""),
+           f"  began       {rel.when(r.time)}   finished {rel.when(r.finished_at)}   start-up {_secs(r.startup_s)}",
+           f"  result      {r.result or '-'}" + (f"   failed at {rel.when(r.failed_at)}" if r.failed_at else ""),
+           f"  image       {r.image}"]
+    out += [f"    on {node:<10} {image_id}" for node, image_id in sorted(r.image_ids.items())]
+    out.append(f"  checkpoint  {ck.get('repo')}@{ck.get('revision') or 'latest'}   "
+               f"manifest {ck.get('manifest_digest') or '-'}")
+    for node, v in sorted(r.node_versions.items()):
+        out.append(f"  {node:<11} kernel {v.get('kernel') or '-'}, driver {v.get('driver') or '-'}, "
+                   f"docker {v.get('docker') or '-'}")
+    for node in sorted(set(r.units) | set(r.files)):
+        out.append(f"  {node:<11} units {', '.join(sorted(r.units.get(node, {}))) or '-'}; "
+                   f"files {', '.join(sorted(r.files.get(node, {}))) or '-'}")
+    for node, secret in sorted(r.secret_files.items()):
+        out.append(f"  {node:<11} {', '.join(secret)}: written by launch, not stored here")
+    out.append("changes" + (f" against release {r.changes_from}:" if r.changes_from else ":"))
+    out += [f"  {line}" for line in r.changes]
+    prev = by.get(r.changes_from)
+    if prev is not None:
+        out += rel.text_diff(prev, r)
+    elif r.changes_from:
+        out.append(f"  (release {r.changes_from} is no longer kept: no text difference)")
+    return out
+
+
+def releases(cfg, words=()):
+    words = list(words)
+    history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
+    if not words:
+        print("\n".join(list_lines(history, serving)))
+        return
+    if words[0] != "show" or len(words) > 2 or (len(words) == 2 and not words[1].isdigit()):
+        raise UserError(f"`doit releases {' '.join(words)}`: {USAGE}")
+    if len(words) == 2:
+        number = int(words[1])
+    elif serving is not None or history:
+        number = serving if serving is not None else history[-1].number
+    else:
+        raise UserError("no releases yet: `doit launch` records one each time it changes what runs")
+    print("\n".join(show_lines(history, serving, number)))
