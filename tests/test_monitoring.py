@@ -232,7 +232,9 @@ def project_series(tmp_path):
     from dsv41.head import watchdog
     cfg = cfg_for(tmp_path, METRICS_DIR=str(tmp_path / "metrics"), WORKERS="")
     os.makedirs(cfg.state_dir, exist_ok=True)
-    watchdog.Watchdog(cfg, log=lambda m: None).publish("HEALTHY", "test")
+    from dsv41.head.core.health import Health, Verdict
+    watchdog.Watchdog(cfg, log=lambda m: None).publish(Health(Verdict.RECOVERING, ("test",), recovering={
+        "id": "20300317T174650Z-DEAD", "verdict": "DEAD", "node": "worker1", "fault_at": 1_900_000_000}))
     lines += (tmp_path / "metrics" / "dsv41_watchdog.prom").read_text().splitlines()
     return {re.split(r"[{ ]", line)[0] for line in lines if line and not line.startswith("#")}
 

@@ -106,6 +106,7 @@ class Watchdog:
         for inc in record.close_interrupted(self.state, f"{h.verdict}: {h.evidence}"):
             self.log(f"closed incident {inc['id']} as interrupted: its recovery ended mid-way ({inc.get('phase')})")
             self.mem.ran = True
+        self.publish(h)
 
     def step(self):
         """One interval: look, then do what the Health's action says (the gate is part of it)."""
