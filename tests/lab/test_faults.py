@@ -115,7 +115,7 @@ def test_launch_repairs_a_wedged_engine_with_its_evidence_when_nothing_changed(l
     lab.on("head", "docker kill --signal USR1 dsv41-r0")
     r, took = timed(lab, "launch", {"WATCHDOG_PROBE_S": "4"})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "WEDGED: every rank is up, but no token came back within 4 s" in r.stdout
+    assert "(re)starting the ranks: WEDGED: the idle probe got no token within 4 s" in r.stdout
     assert "saved the evidence in" in r.stdout and "ready:" in r.stdout
     assert lab.on("head", f"ls {STATE}/incidents").stdout.strip().endswith("-WEDGED")
     r = lab.doit("smoke", check=False)

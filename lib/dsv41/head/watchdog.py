@@ -139,8 +139,8 @@ class Watchdog:
         except UserError:
             self.log("not acting: a doit run took the run lock just now")
             return
-        self.log(f"INCIDENT {h.verdict}: {h.evidence}; " + ("starting the ranks" if h.action == "start" else
-                 f"saving the evidence, then restarting the ranks in order ({h.why})"))
+        self.log(f"{h.why}: starting the ranks ({h.verdict}: {h.evidence})" if h.action == "start" else
+                 f"INCIDENT {h.verdict}: {h.evidence}; saving the evidence, then restarting the ranks in order ({h.why})")
         self.last = None
         t0 = self.clock()
         inc = None
