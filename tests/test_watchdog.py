@@ -276,7 +276,7 @@ def test_after_a_recovery_that_failed_every_rank_stopped_is_still_dead(tmp_path,
     for t in (0, 15):
         clock.t = START + t
         w.step()
-    assert starts == [0, 15] and any("RECOVERY FAILED" in m for m in w.lines)
+    assert starts == [0, 15] and any("RECOVERY FAILED" in m and "failed: cannot reach worker1" in m for m in w.lines)
     assert any(m.startswith("INCIDENT DEAD: every rank exited by itself") for m in w.lines)
 
 
@@ -308,6 +308,8 @@ def test_a_node_whose_memory_did_not_come_back_gets_no_ranks_until_it_does(tmp_p
     clock.t = START + 45
     w.step()
     assert started == [START + 45] and record.needs_reboot(str(tmp_path)) is None   # cleared as it starts
+    [inc] = record.incidents(str(tmp_path))
+    assert inc["action"] == "start" and record.recoveries(str(tmp_path)) == []        # not a restart of the budget
     clock.t = START + 60
     assert w.step() == HEALTHY
 

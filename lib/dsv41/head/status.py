@@ -7,7 +7,7 @@ import time
 from dsv41 import names
 from dsv41.head.core import record
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.health import EXIT_CODES, MEANING, Memory, Observation, assess, stale_workers  # noqa: F401
+from dsv41.head.core.health import MEANING, Memory, Observation, assess, stale_workers
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 
 SCHEMA = "dsv41.status/2"

@@ -23,6 +23,7 @@ marker or null), "rank_unit", "rank_state", "rank_uptime_s", "gpu_memory" (nvidi
 "preemptions_in_interval", "interval_s"}, "watchdog": what `doit status --json` shows}. Sizes are
 bytes, times seconds; a figure that is not known is null.
 """
+import copy
 import json as _json
 import os
 import pickle
@@ -240,7 +241,8 @@ class Top:
         self.prev = self.snap = None     # the last two snapshots that came back
         self.engine_error = None
         self.health = None               # the API's /health at the last scrape
-        self.mem = Memory()              # what core.health remembers between refreshes
+        self.mem = Memory()              # what core.health remembers between scrapes
+        self.scrapes = self.judged = 0   # scrapes that came back; the last one the memory has taken in
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -286,7 +288,7 @@ class Top:
             (self.prepared if kind == "prepare" else self.probed)(w, *res)
         if self.scrape is not None and not self.scrape.is_alive():
             s, self.scrape, changed = self.scrape, None, True
-            self.health = s.health
+            self.health, self.scrapes = s.health, self.scrapes + 1
             if s.snap is not None:
                 self.prev, self.snap, self.engine_error = self.snap, s.snap, None
             else:
@@ -340,7 +342,11 @@ class Top:
                   for name, w in self.watches.items()}
         obs = Observation(now, states, self.health, None if self.engine_error else self.snap, None,
                           ready_at=record.ready_at(self.cfg.state_dir), record=record.view(self.cfg.state_dir))
-        return assess(self.cfg, obs, self.mem, self.cl.recipe)
+        mem = copy.deepcopy(self.mem)    # the screen is redrawn more often than it learns anything new:
+        h = assess(self.cfg, obs, mem, self.cl.recipe)      # one look per scrape moves the memory on
+        if self.scrapes != self.judged:
+            self.mem, self.judged = mem, self.scrapes
+        return h
 
     def view(self):
         now = time.time()

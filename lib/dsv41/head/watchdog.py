@@ -148,10 +148,11 @@ class Watchdog:
         def on_phase(i):
             nonlocal inc
             inc = i
-            self.publish(Health(RECOVERING, (f"recovering from {h.verdict}: {i['phase']}",), h.node, h.fault_at,
-                                recovering=i))
+            if i["open"]:
+                self.publish(Health(RECOVERING, (f"recovering from {h.verdict}: {i['phase']}",), h.node, h.fault_at,
+                                    recovering=i))
         try:
-            inc = recovery.restart(self.cl, fault=h, by=BY, log=self.log, on_phase=on_phase, clock=self.clock)
+            recovery.restart(self.cl, fault=h, by=BY, log=self.log, on_phase=on_phase, clock=self.clock)
         except UserError:
             pass                    # the incident has the result
         finally:

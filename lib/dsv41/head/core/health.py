@@ -15,7 +15,7 @@ import dataclasses
 import enum
 
 from dsv41.head.core.decide import stale_workers  # noqa: F401 (also for status)
-from dsv41.head.core.hang import BACK, SHORT, Progress, memory_returned, recovery_gate  # noqa: F401 (BACK, SHORT: for callers)
+from dsv41.head.core.hang import BACK, Progress, memory_returned, recovery_gate  # noqa: F401 (BACK: for launch)
 
 
 class Verdict(str, enum.Enum):
@@ -87,7 +87,7 @@ class Observation:
 
 @dataclasses.dataclass
 class Memory:
-    """What judge() remembers between intervals."""
+    """What assess() remembers between looks."""
     dead_streak: int = 0             # intervals in a row the API did not answer or answered 5xx
     progress: Progress | None = None  # the recipe's progress signals last seen, and since when flat
     ready_start: float | None = None  # rank 0's start (its node's clock) for which a token came back

@@ -197,11 +197,6 @@ def entries(state_dir):
     return sorted(out, key=lambda e: e.get("time") or 0, reverse=True)
 
 
-def summaries(state_dir):
-    """[(folder, summary)] of the incident folders, newest first."""
-    return [(folder, _summary(folder)) for folder in folders(state_dir)]
-
-
 def _when(t):
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z" if t else "-"
 

@@ -225,16 +225,18 @@ def close_interrupted(state_dir, seen, now=None):
             for inc in open_incidents(state_dir) if not live(inc, lock)]
 
 
-def recoveries(state_dir, now=None):
-    """(started, ended) of the watchdog's restarts, open ones included (ended: now), for the budget."""
+def recoveries(state_dir, now=None, known=None):
+    """(started, ended) of the watchdog's restarts, open ones included (ended: now), for the budget
+    (known: the incidents when already read)."""
     now = time.time() if now is None else now
-    return [(i["started"], i.get("ended") or now) for i in incidents(state_dir)
+    return [(i["started"], i.get("ended") or now) for i in (incidents(state_dir) if known is None else known)
             if i.get("action") == RESTART and "started" in i]
 
 
 def view(state_dir, now=None):
     """What the record holds that bears on the cluster's health (core.health.Record)."""
     lock = runlock.holder(state_dir)
-    running = [i for i in open_incidents(state_dir) if live(i, lock)]
+    known = incidents(state_dir)
+    running = [i for i in known if i["open"] and live(i, lock)]
     return Record(recovering=running[-1] if running else None, needs_reboot=needs_reboot(state_dir),
-                  gave_up=gave_up(state_dir), lock=lock, recoveries=tuple(recoveries(state_dir, now)))
+                  gave_up=gave_up(state_dir), lock=lock, recoveries=tuple(recoveries(state_dir, now, known)))

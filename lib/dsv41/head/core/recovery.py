@@ -80,14 +80,15 @@ def wait_memory(cl, log=print):
 def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phase=None, clock=time.time):
     """The ordered restart above. fault: the Health that calls for it (None: a planned restart, no
     incident). by: who restarts ("dsv41-watchdog" for the watchdog, whose restarts its budget counts).
-    on_phase(incident) is called each time the incident moves on (the watchdog publishes it); clock
+    on_phase(incident) is called each time the incident moves on, and once it closed (the watchdog
+    publishes it); clock
     times the incident (the caller's).
     -> the closed incident (None without a fault). Raises NeedsReboot (nothing started), or UserError
     when a step failed; the incident is closed with that result either way."""
     state_dir = cl.cfg.state_dir
     inc = None
     if fault is not None:
-        action = record.RESTART if by == "dsv41-watchdog" else ("start" if fault.action == "start" else by)
+        action = "start" if fault.action == "start" else record.RESTART if by == "dsv41-watchdog" else by
         inc = record.open_incident(state_dir, verdict=fault.verdict.value, evidence=fault.evidence,
                                    fault_at=fault.fault_at, node=fault.node, action=action, by=by, now=clock())
 
@@ -133,4 +134,6 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
             inc = record.close_incident(state_dir, inc, result, ended=clock())
             if inc.get("folder"):
                 incidents.record_result(incidents.folder_of(state_dir, inc["folder"]), result, ended=inc["ended"])
+            if on_phase:
+                on_phase(inc)
     return inc
