@@ -113,23 +113,31 @@ class Node:
 
 
 def test_a_baseline_is_taken_only_before_the_first_rank_since_the_node_booted(cl, monkeypatch):
-    """Memory a restart did not get back never becomes the baseline: a node whose rank ran since it booted is
-    only compared; one whose ranks never ran since boot (a first launch, a reboot) records its memory now."""
+    """Memory a restart did not get back never becomes the baseline: a node whose baseline is of this boot
+    (or of an earlier version, which recorded no boot) is only compared; one without a baseline, or whose
+    baseline is of an earlier boot (it rebooted), records its memory now, with the boot it is of."""
     nodes = [Node("head"), Node("worker1")]
     monkeypatch.setattr(type(cl), "nodes", property(lambda self: nodes), raising=False)
     monkeypatch.setattr(cl, "paths", lambda n: type("P", (), {"state_dir": "/s"})())
     monkeypatch.setattr(cl, "engine_units", lambda n: ["dsv41-r0.service" if n.name == "head" else "dsv41-r1.service"])
-    ran = states(80)                                         # ActiveEnterTimestamp @1000: both ranks ran
-    fresh = {n: parse({"units": {u: {**unit("inactive"), "ActiveEnterTimestamp": ""}}, "time": 2000.0,
-                       "mem_available_kib": 95 * 2**20}) for n, u in (("head", "dsv41-r0.service"),
-                                                                      ("worker1", "dsv41-r1.service"))}
+
+    def node_state(rank, boot, base_boot, base=100 * GIB, active="inactive"):
+        return parse({"units": {f"dsv41-r{rank}.service": unit(active)}, "time": 2000.0, "boot_id": boot,
+                      "mem_available_kib": 80 * 2**20, "mem_baseline_bytes": base, "mem_baseline_boot": base_boot})
     lines = []
-    recovery.record_baselines(cl, ran, log=lines.append)
-    assert nodes[1].written == {} and lines == []            # 20 GiB short, and it stays the baseline's problem
-    recovery.record_baselines(cl, {"head": ran["head"], "worker1": fresh["worker1"]}, log=lines.append)
-    assert list(nodes[1].written) == ["/s/mem-baseline.json"] and nodes[0].written == {}
-    assert '"mem_available_bytes": 102005473280' in nodes[1].written["/s/mem-baseline.json"]
-    assert "worker1" in lines[0] and "since it booted" in lines[0]
+    this_boot = {"head": node_state(0, "b2", "b2"), "worker1": node_state(1, "b2", None)}   # None: an earlier version's
+    recovery.record_baselines(cl, this_boot, log=lines.append)
+    assert nodes[0].written == nodes[1].written == {} and lines == []      # 20 GiB short stays the baseline's problem
+    rebooted = {"head": node_state(0, "b2", "b2"), "worker1": node_state(1, "b3", "b2")}
+    recovery.record_baselines(cl, {**rebooted, "head": node_state(0, "b2", None, base=None)}, log=lines.append)
+    assert sorted(n.name for n in nodes if n.written) == ["head", "worker1"]
+    assert '"mem_available_bytes": 85899345920' in nodes[1].written["/s/mem-baseline.json"]
+    assert '"boot_id": "b3"' in nodes[1].written["/s/mem-baseline.json"]
+    assert "worker1" in lines[1] and "since it booted" in lines[1]
+    nodes[1].written.clear()
+    recovery.record_baselines(cl, {"head": this_boot["head"], "worker1": node_state(1, "b3", "b2", active="active")},
+                              log=lines.append)
+    assert nodes[1].written == {}                              # a rank runs: its memory is not the boot's
 
 
 def test_an_incident_is_open_before_its_evidence_and_a_killed_recovery_is_closed_as_interrupted(cl, monkeypatch):

@@ -133,11 +133,22 @@ def newest_change(model_dir):
 
 
 def mem_baseline(state_dir):
-    """MemAvailable (bytes) launch recorded before the node's first rank started, None without one."""
+    """(MemAvailable bytes, the boot it was recorded in) of the node's baseline, (None, None) without one; the
+    boot is None for a baseline of an earlier version (it recorded none)."""
     try:
         with open(os.path.join(state_dir, MEM_BASELINE)) as f:
-            return int(json.load(f)["mem_available_bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
+            data = json.load(f)
+        return int(data["mem_available_bytes"]), data.get("boot_id")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, None
+
+
+def boot_id():
+    """This boot's id (a new one at every boot: a node's memory is as the boot left it until a rank ran)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
         return None
 
 
@@ -146,6 +157,7 @@ def main():
     state = req["state_dir"]
     files = {name: _sha(os.path.join(state, name)) for name in req.get("files", [])}
     memory = meminfo()
+    baseline, baseline_boot = mem_baseline(state)
     print(json.dumps({
         "uid": os.getuid(), "home": os.path.expanduser("~"), "time": time.time(),
         "units": units(req.get("units", [])),
@@ -160,7 +172,7 @@ def main():
         "files": files,
         "memory": memory,
         "guard_settings": guard_settings(state),
-        "mem_baseline_bytes": mem_baseline(state),
+        "mem_baseline_bytes": baseline, "mem_baseline_boot": baseline_boot, "boot_id": boot_id(),
     }))
 
 

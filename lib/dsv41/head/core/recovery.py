@@ -44,21 +44,23 @@ def save_evidence(cl, health, log=print, name=None):
 
 # ---- memory ---------------------------------------------------------------------------------------------
 
-def never_ran(f, units):
-    """No engine unit has been active on this node since it booted (systemd keeps no activation time)."""
-    return all(f.unit(u).active_enter in ("", "@0") and f.unit(u).active not in ("active", "activating")
-               for u in units)
+def first_since_boot(f, units):
+    """Is this the node's first rank start since it booted: no baseline yet, or one recorded in an earlier
+    boot (a baseline of an earlier version, without its boot, is kept and compared), with its engine units
+    stopped? (systemd forgets a stopped unit's timestamps, so the boot id is what tells.)"""
+    fresh = not f.mem_baseline_bytes or (f.mem_baseline_boot is not None and f.mem_baseline_boot != f.boot_id)
+    return fresh and all(f.unit(u).active not in ("active", "activating") for u in units)
 
 
 def record_baselines(cl, states, log=print):
-    """The one baseline rule: a node's MemAvailable becomes its baseline only while no engine unit has run
-    on it since it booted (its memory is as the boot left it). Every other restart only compares, so
-    memory a restart did not get back never becomes the new baseline, with or without --force."""
+    """The one baseline rule: a node's MemAvailable becomes its baseline only before its first rank start
+    since it booted (its memory is as the boot left it). Every other restart only compares, so memory a
+    restart did not get back never becomes the new baseline, with or without --force."""
     for node in cl.nodes:
         f = states[node.name]
-        if f.error or not f.mem_available_kib or not never_ran(f, cl.engine_units(node)):
+        if f.error or not f.mem_available_kib or not f.boot_id or not first_since_boot(f, cl.engine_units(node)):
             continue
-        data = {"mem_available_bytes": f.mem_available_kib * 1024, "time": time.time()}
+        data = {"mem_available_bytes": f.mem_available_kib * 1024, "time": time.time(), "boot_id": f.boot_id}
         node.write_file(f"{cl.paths(node).state_dir}/{names.MEM_BASELINE}", json.dumps(data) + "\n")
         log(f"{node.label}: recorded MemAvailable {f.mem_available_kib / 2**20:.1f} GiB, before its first rank since it "
                   "booted, as the baseline its memory must come back to after a restart")

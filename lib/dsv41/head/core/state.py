@@ -69,6 +69,8 @@ class NodeState:
     memory: Mapping = dataclasses.field(default_factory=dict)         # /proc/meminfo figures (bytes)
     guard_settings: dict | None = None      # memguard.json as launch wrote it
     mem_baseline_bytes: int | None = None   # MemAvailable before its first rank started (names.MEM_BASELINE)
+    mem_baseline_boot: str | None = None    # the boot that baseline was recorded in (None: not recorded)
+    boot_id: str | None = None              # this boot's id (/proc/sys/kernel/random/boot_id)
     system: str | None = None               # systemd's is-system-running: "stopping" while it shuts down
 
     def unit(self, name):
@@ -122,7 +124,8 @@ def parse(report, node="node"):
             mem_available_kib=int(report.get("mem_available_kib") or 0), gpu_memory=report.get("gpu_memory"),
             files=dict(report.get("files") or {}), memory=dict(report.get("memory") or {}),
             guard_settings=report.get("guard_settings"),
-            mem_baseline_bytes=report.get("mem_baseline_bytes"), system=report.get("system"))
+            mem_baseline_bytes=report.get("mem_baseline_bytes"), mem_baseline_boot=report.get("mem_baseline_boot"),
+            boot_id=report.get("boot_id"), system=report.get("system"))
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ProbeError(f"{node}: the probe's answer is not what this version expects ({type(err).__name__}: "
                         f"{err}); run `doit launch` to ship the node code again") from None
