@@ -134,7 +134,7 @@ def chart(rep, records, path):
         if f["healed_at"]:
             ax.axvspan(x, f["healed_at"] - t0, color="grey", alpha=0.15, linewidth=0)
     for inc in rep["incidents"]:
-        if inc.get("action") == "restart":
+        if inc.get("action") == "restart" and inc.get("ended"):     # one still open has not ended
             ax.axvline(inc["ended"] - t0, color="tab:blue", linestyle="--", linewidth=0.8)
     ax.plot([], [], color="black", label="fault")
     ax.plot([], [], color="tab:blue", linestyle="--", label="recovery ended")
