@@ -110,7 +110,9 @@ def task_launch():
     Does nothing when everything is already up and unchanged."""
     return {"actions": [call(launch.launch, mutates=True)], "task_dep": ["copy"], "uptodate": [False],
             "params": [{"name": "force", "long": "force", "type": bool, "default": False,
-                        "help": "start the ranks although a node's memory did not come back (NEEDS_REBOOT)"}]}
+                        "help": "start the ranks although a node's memory did not come back (NEEDS_REBOOT)"},
+                       {"name": "retry_failed", "long": "retry-failed", "type": bool, "default": False,
+                        "help": "launch the release that just failed and was rolled back, anyway"}]}
 
 
 def task_status():
@@ -144,6 +146,11 @@ def task_incidents():
 def task_releases():
     """What ran after each launch that changed it, and which one serves: doit releases [show [N]]."""
     return {"actions": [call(releases.releases)], "pos_arg": "words", "uptodate": [False]}
+
+
+def task_rollback():
+    """Go back to release N (default: the last good one before the one in service), checked as a launch is."""
+    return {"actions": [call(releases.rollback, mutates=True)], "pos_arg": "words", "uptodate": [False]}
 
 
 def task_stop():

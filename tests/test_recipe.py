@@ -8,6 +8,7 @@ import pytest
 
 from dsv41.client import metrics
 from dsv41.head import launch, stop
+from dsv41.head.core import rollout
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import Kind, decide
@@ -133,7 +134,7 @@ def test_launch_restarts_in_the_recipes_order_and_waits_on_its_readiness_probe(t
     w = want(cl, KEY, PLAN)
     now = states({**facts_of(cl, w), "worker1": {**facts_of(cl, w)["worker1"], "units": {}}})
     step = decide(cl.cfg.nodes, w, now, cl.recipe)
-    launch.apply(cl, w, [s for s in step if s.kind is Kind.RESTART_RANKS], now)
+    rollout.apply(cl, w, [s for s in step if s.kind is Kind.RESTART_RANKS], now)
     assert systemctl(recorded, "stop") == [("worker1", "fake-serve-1.service"), ("worker1", "fake-store-1.service"),
                                            ("head", "fake-serve-0.service"), ("head", "fake-store-0.service")]
     assert systemctl(recorded, "start") == [("head", "fake-store-0.service"), ("head", "fake-serve-0.service"),

@@ -86,7 +86,7 @@ def test_what_changed_is_said_in_plan_words_and_show_diffs_the_text():
                 kv_bytes=2)
     got = rel.changes(a, b)
     assert "dsv41-r0.service changed on head" in got and "dsv41-r1.service changed on worker1" in got
-    assert "image on head aaaaaaaaaaaa -> bbbbbbbbbbbb" in got and "kv_bytes 1 -> 2" in got
+    assert "image on head aaaaaaaaaaaa -> bbbbbbbbbbbb" in got and "KV_BYTES 1 -> 2" in got
     assert "kernel on worker1 6.11.0 -> 6.14.0" in got and not any("memguard.json" in x for x in got)
     assert rel.changes(None, b) == ["first release"] and rel.changes(a, a) == ["nothing"]
     moved = rel.changes(a, release(3, rel.GOOD, checkpoint=CK2))
@@ -100,7 +100,7 @@ def test_begin_measures_changes_against_the_release_in_service(tmp_path):
     launch(d, fields(), rel.GOOD)
     launch(d, fields(unit="v2\n"), rel.FAILED, result="dsv41-r1.service failed")     # went back to 1
     third = rel.begin(d, fields(unit="v3\n", kv_bytes=3), 10)
-    assert third.changes_from == 1 and "kv_bytes 1 -> 3" in third.changes
+    assert third.changes_from == 1 and "KV_BYTES 1 -> 3" in third.changes
 
 
 # ---- pruning -----------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_doit_releases_lists_and_shows_them(tmp_path):
     r = doit(["releases", "show", "2"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "release 2: failed, rolled back to 1" in r.stdout and "changes against release 1:" in r.stdout
-    assert "  kv_bytes 1 -> 2" in r.stdout and "+ExecStart=run --kv 2" in r.stdout
+    assert "  KV_BYTES 1 -> 2" in r.stdout and "+ExecStart=run --kv 2" in r.stdout
     assert "secrets/api_key: written by launch, not stored here" in r.stdout
     r = doit(["releases", "show"], tmp_path)
     assert "release 1: good (in service)" in r.stdout

@@ -220,7 +220,7 @@ def watchdog_on(tmp_path, monkeypatch, looks, restart, **settings):
     monkeypatch.setattr(recovery, "record_baselines", lambda cl, states, log=print: None)
     monkeypatch.setattr(recovery, "wait_memory", lambda cl, log: memory_check(cfg, looks(clock.t - START).nodes))
     monkeypatch.setattr(recovery, "save_evidence", lambda *a, **k: None)
-    monkeypatch.setattr(ranks, "wait_ready", lambda cl: None)
+    monkeypatch.setattr(ranks, "wait_ready", lambda cl, within=None: None)
     lines = []
     w = watchdog.Watchdog(cfg, log=lines.append, clock=clock)
     w.lines = lines

@@ -3,30 +3,34 @@ token. The ranks restart through the one ordered restart the watchdog also perfo
 A broken cluster (core.health: a rank down, an API that does not answer, or every rank up but no token
 within WATCHDOG_PROBE_S although it generated since it started: wedged) is restarted with an incident and
 its evidence saved first, and no rank starts on a node whose memory did not come back after the ranks
-stopped (NEEDS_REBOOT, refused until it is back or `--force`)."""
+stopped (NEEDS_REBOOT, refused until it is back or `--force`). A launch that changes what runs is a
+release rolled out through core.rollout: checked, and rolled back to the last good release when it fails;
+the release that just failed is refused without `--retry-failed`."""
 import time
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import exporter, image, preflight, record, recovery, units
+from dsv41.head.core import image, preflight, record, rollout, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.core.decide import Kind, Step, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
 from dsv41.head.core.health import BACK, DEGRADED, NO_TOKEN, REPAIR, TOKEN, Memory, Observation, assess, memory_check
-from dsv41.head.core.ranks import wait_ready
 
 
-def launch(cfg, force=False):
-    t0 = time.monotonic()
+def launch(cfg, force=False, retry_failed=False):
+    t0, began = time.monotonic(), time.time()
     cfg.require_workers()
     cl = Cluster(cfg)
     fab = preflight.for_launch(cl)
-    states = cl.probe_all()
+    states = cl.probe_all(versions=True)
     refuse_if_tripped(cl, states)
     refuse_if_needs_reboot(cl, states, force)
-    resume_watchdog(cfg)
-    image.ensure(cl, states)
+    image_ids = image.ensure(cl, states)
     want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
+    ro = rollout.prepare(cfg, want, states, image_ids, retry_failed)     # refuses the release that just failed
+    for line in ro.lines:
+        print(line)
+    resume_watchdog(cfg)
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
     steps = decide(cfg.nodes, want, states, cl.recipe)
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
@@ -34,10 +38,9 @@ def launch(cfg, force=False):
     fault = h if h.verdict in ((DEGRADED,) if restarting else REPAIR) else None
     if fault and not restarting:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", f"{h.verdict}: {h.evidence}"))
-    paused = pause_watchdog(cl, states, steps)
-    apply(cl, want, steps, states, force, fault)
-    wait_ready(cl)
-    apply_watchdog(cl, steps, paused)
+    paused = rollout.pause_watchdog(cl, states, steps)
+    rollout.run(cl, ro, want, steps, states, force=force, fault=fault, paused=paused, began=began)
+    rollout.apply_watchdog(cl, steps, paused)
     print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
           + done(steps, time.monotonic() - t0))
 
@@ -98,74 +101,6 @@ def resume_watchdog(cfg):
     """A watchdog that gave up stays hands-off until a launch: this one."""
     if record.clear_gave_up(cfg.state_dir):
         print(f"[head] cleared {names.state_path(cfg.state_dir, names.WATCHDOG_GAVEUP)}: the watchdog acts again")
-
-
-def apply(cl, want, steps, states, force=False, fault=None):
-    by_name = {n.name: n for n in cl.nodes}
-    for s in steps:
-        node = by_name.get(s.node)
-        if s.kind is Kind.WRITE:
-            state = cl.paths(node).state_dir
-            text, mode = want.files[node.name][s.target]
-            node.write_file(f"{state}/{s.target}", text, mode=mode)
-            if s.target == names.SECRET_KEY:      # the key's old place (an env file): gone
-                cl.remove(node, f"{state}/{names.KEY_ENV}")
-            say(node, f"wrote {state}/{s.target}" + (f" (mode {mode:o})" if mode != 0o644 else ""))
-        elif s.kind is Kind.INSTALL:
-            install_unit(cl, node, s.target, want.units[node.name][s.target])
-    for name in {s.node for s in steps if s.kind is Kind.INSTALL}:
-        cl.systemctl(by_name[name], "daemon-reload")
-    for s in steps:
-        if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
-            control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
-    for s in steps:
-        if s.kind is Kind.RESTART_RANKS:
-            print(f"(re)starting the ranks: {s.reason}")
-            recovery.restart(cl, fault=fault, by="doit launch", force=force, log=lambda m: print(f"[head] {m}"))
-    for s in steps:
-        if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
-            exporter.start(cl, by_name[s.node])
-
-
-WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
-
-
-def pause_watchdog(cl, states, steps):
-    """A running watchdog stops while launch restarts the ranks (it would take their start-up for a
-    fault); apply_watchdog starts it again once the API is ready, so a failed launch leaves it stopped."""
-    running = states[cl.head.name].unit(names.WATCHDOG_UNIT).active == "active"
-    if running and any(s.kind is Kind.RESTART_RANKS for s in steps):
-        cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT)
-        say(cl.head, "paused the watchdog while the ranks restart")
-        return True
-    return False
-
-
-def apply_watchdog(cl, steps, paused):
-    """The watchdog steps, after the API is ready (a paused watchdog starts again, unless WATCHDOG=0)."""
-    kinds = [s.kind for s in steps if s.kind in WATCHDOG_STEPS] or ([Kind.START_WATCHDOG] if paused else [])
-    for kind in kinds:                           # restart starts a stopped one
-        control(cl, cl.head, kind, names.WATCHDOG_UNIT, "watchdog")
-
-
-def control(cl, node, kind, unit, what):
-    """systemctl start, restart, reload or stop of a service kept enabled (disabled when stopped)."""
-    verb = kind.value.split("-")[0]
-    cl.systemctl(node, verb, unit)
-    cl.systemctl(node, "disable" if verb == "stop" else "enable", "--quiet", unit)
-    say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
-
-
-def install_unit(cl, node, name, text):
-    """Write /etc/systemd/system/<name> atomically; through sudo -n when the node's user is not root."""
-    path = f"{names.UNIT_DIR}/{name}"
-    if cl.uid(node) == 0:
-        node.write_file(path, text)
-    else:
-        tmp = f"{cl.paths(node).state_dir}/{names.RUN}/.{name.replace('/', '_')}.tmp"
-        node.write_file(tmp, text)
-        node.run(["sudo", "-n", "install", "-D", "-m", "0644", tmp, path])   # -D: a drop-in's dir
-    say(node, f"installed {path}")
 
 
 def fmt_elapsed(s):

@@ -1,8 +1,9 @@
 """doit plan: the dry run. Resolved settings, each node's fabric and state, unit diffs and the steps launch would
-take, each with its reason; nothing on any node changes."""
+take, each with its reason, and what the release history would record; nothing on any node changes."""
 import difflib
+import time
 
-from dsv41.head.core import preflight
+from dsv41.head.core import preflight, releases as rel
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import changed_units, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_key
@@ -42,3 +43,22 @@ def plan(cfg):
         print(f"  {s.line()}")
     if not steps and not missing:
         print("  nothing: everything is installed, running and unchanged")
+    for line in release_lines(cfg, want, {n.name: states[n.name].image_id for n in cl.nodes}):
+        print(line)
+
+
+def release_lines(cfg, want, image_ids):
+    """What launch would record in the release history, and what it would refuse or could not undo."""
+    history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
+    current = next((r for r in history if r.number == serving), None)
+    fields = rel.record_fields(cfg, want, image_ids, rel.checkpoint_on_disk(cfg),       # versions: as recorded
+                               current.node_versions if current else {})
+    fp = rel.fingerprint(fields)
+    refusal = rel.flapping(history, fp, time.time())
+    if refusal:
+        return [f"launch would refuse: {refusal}"]
+    warn = rel.checkpoint_warning(history, fields["checkpoint"])
+    if current is not None and rel.fingerprint(current) == fp:
+        return [f"release: what would run is release {current.number}, in service"]
+    changes = rel.changes(current or (history[-1] if history else None), fields)
+    return ([warn] if warn else []) + [f"release: launch would record a new release ({'; '.join(changes[:6])})"]

@@ -1,10 +1,11 @@
 """doit releases [show [N]]: the releases launch recorded ($STATE_DIR/releases/, core/releases.py), oldest
 first: number, when, image digest, checkpoint revision, what changed, start-up, result, and which one
-serves; `show N` prints release N (default: the one in service) with its difference from the one before."""
+serves; `show N` prints release N (default: the one in service) with its difference from the one before.
+`doit rollback [N]` goes back to release N (default: the last good one before the one in service)."""
 import re
 
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import releases as rel
+from dsv41.head.core import releases as rel, rollout
 
 USAGE = ("expected `doit releases` or `doit releases show [N]` (N: a number `doit releases` lists; "
          "default the one in service)")
@@ -81,3 +82,35 @@ def releases(cfg, words=()):
     else:
         raise UserError("no releases yet: `doit launch` records one each time it changes what runs")
     print("\n".join(show_lines(history, serving, number)))
+
+
+def rollback_target(history, serving, number=None):
+    """The release `doit rollback [N]` applies: N, else the last good release before the one in service;
+    UserError naming why there is none."""
+    if number is None:
+        below = serving if serving is not None else float("inf")
+        target = next((r for r in reversed(history) if r.state == rel.GOOD and r.number < below), None)
+        if target is None:
+            raise UserError("no good release before the one in service to go back to (`doit releases` lists them)")
+        return target
+    target = next((r for r in history if r.number == number), None)
+    if target is None:
+        raise UserError(f"no release {number}: `doit releases` lists the {len(history)} kept")
+    if target.state != rel.GOOD:
+        raise UserError(f"release {number} is {target.shown_state}, not good: `doit rollback` goes back only to a "
+                        "release that served")
+    if target.number == serving:
+        raise UserError(f"release {number} is the one in service: nothing to go back to")
+    return target
+
+
+def rollback(cfg, words=()):
+    words = list(words)
+    if len(words) > 1 or (words and not words[0].isdigit()):
+        raise UserError(f"`doit rollback {' '.join(words)}`: expected `doit rollback` or `doit rollback N` "
+                        "(N: a good release `doit releases` lists)")
+    history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
+    if rel.unfinished(history):
+        raise UserError(f"release {rel.unfinished(history).number} was interrupted half-way: `doit launch` finishes "
+                        "it or goes back first")
+    rollout.rollback(cfg, history, rollback_target(history, serving, int(words[0]) if words else None))

@@ -1,16 +1,17 @@
 """doit status: every node's guard, rank unit, container and memory, the API's health, and the cluster's
 Health (core.health, as the watchdog, top and launch judge it) as one word and an exit code a monitor can
-use (core.health.WORDS; README lists them). A recovery under way is RECOVERING, with the step it is on."""
+use (core.health.WORDS; README lists them). A recovery under way is RECOVERING, with the step it is on.
+The release in service, and one that failed after it, come from core.releases."""
 import json as _json
 import time
 
 from dsv41 import names
-from dsv41.head.core import record
+from dsv41.head.core import record, releases
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import MEANING, Memory, Observation, assess, stale_workers
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 
-SCHEMA = "dsv41.status/2"
+SCHEMA = "dsv41.status/3"
 
 
 def _when(stamp):
@@ -86,14 +87,17 @@ def status(cfg, json=False):
                                 api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"),
                                 record=record.view(cfg.state_dir)), Memory(), cl.recipe)
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name))
+    release = releases.service_entry(cfg.state_dir)
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": h.word, "exit_code": h.exit_code, "health": h.as_json(),
-                           "nodes": entries, "api": api, "stale": stale, "watchdog": wd}, indent=2))
+                           "nodes": entries, "api": api, "stale": stale, "watchdog": wd, "release": release},
+                          indent=2))
     else:
         for line in stale:
             print(line)
         print(f"API {api['url']}: health {api['health'] or 'no answer'}, models {', '.join(api['models'] or []) or '-'}")
         print(watchdog_line(wd))
+        print(releases.service_line(release))
         if h.word == "NOT RUNNING" and (api["models"] or api["health"]):
             print(f"(something that is not dsv41 answers on port {cfg.port}: stop it, or set PORT, before `doit launch`)")
         print(f"{h.verdict}: {h.evidence}" + (f" ({h.why})" if h.why and h.verdict.value in ("DEGRADED", "DEAD", "WEDGED") else ""))

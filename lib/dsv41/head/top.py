@@ -12,7 +12,7 @@ a node's first contact (its home, the node code shipped to it) also runs in a ch
 layer is synchronous. A node that has not answered within SSH_TIMEOUT_S shows as STALE with the age of
 its last answer, and is asked again at the next refresh, so it reappears when it answers again.
 
-JSON (schema dsv41.top/2): {"schema", "time", "interval_s", "health": core.health.Health.as_json(), "nodes": {name: {"state": "ok" | "stale"
+JSON (schema dsv41.top/3): {"schema", "time", "interval_s", "health": core.health.Health.as_json(), "nodes": {name: {"state": "ok" | "stale"
 | "connecting", "seen_s_ago" (null: never answered), "error", "mem_total_bytes", "mem_available_bytes",
 "floor_bytes", "above_floor_bytes", "memory": "ok" | "near floor" | "below floor" | null, "swap_total_bytes",
 "swap_used_bytes", "guard": "active" | "observe" | "TRIPPED" | its unit state, "guard_mode", "tripped" (the
@@ -20,7 +20,8 @@ marker or null), "rank_unit", "rank_state", "rank_uptime_s", "gpu_memory" (nvidi
 "gpu_used_bytes", "gpu_total_bytes"}}, "engine": {"url", "state": "ok" | "no answer" | "waiting",
 "error", "seen_s_ago", "running", "waiting", "kv_cache_usage_pct", "prompt_tokens_per_s",
 "generation_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preemptions_total",
-"preemptions_in_interval", "interval_s"}, "watchdog": what `doit status --json` shows}. Sizes are
+"preemptions_in_interval", "interval_s"}, "watchdog": what `doit status --json` shows, "release":
+core.releases.service_entry()}. Sizes are
 bytes, times seconds; a figure that is not known is null.
 """
 import copy
@@ -48,12 +49,12 @@ from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
 from dsv41.head.core.cluster import Cluster, ship_code
 from dsv41.head.config import LIB_DIR
-from dsv41.head.core import record
+from dsv41.head.core import record, releases
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 from dsv41.head.core.health import Memory, Observation, assess
 from dsv41.head.core.state import NodeState, parse, unreachable
 
-SCHEMA = "dsv41.top/2"
+SCHEMA = "dsv41.top/3"
 GIB, MIB = 1 << 30, 1 << 20
 NEAR_FACTOR, NEAR_GIB = 2.0, 4.0    # MemAvailable under 2x the floor, or under 4 GiB above it: "near floor"
 MIN_INTERVAL_S = 0.5
@@ -358,7 +359,8 @@ class Top:
         head = self.watches[self.cl.head.name].seen
         return {"schema": SCHEMA, "time": now, "interval_s": self.interval, "health": self.judge(now).as_json(),
                 "nodes": {name: w.view(now) for name, w in self.watches.items()},
-                "engine": engine, "watchdog": watchdog_entry(self.cfg, head)}
+                "engine": engine, "watchdog": watchdog_entry(self.cfg, head),
+                "release": releases.service_entry(self.cfg.state_dir)}
 
 
 def _tail(text):
@@ -489,6 +491,13 @@ def watchdog_text(view):
     return Text(line, style=style)
 
 
+def release_text(view):
+    e = view.get("release")
+    if e is None:                       # a view of an earlier version (kept frames)
+        return Text("")
+    return Text(releases.service_line(e), style="bold red" if e.get("failed") or "error" in e else "")
+
+
 def render(view, live=False):
     n = len(view["nodes"])
     clock = time.strftime("%H:%M:%S", time.localtime(view["time"]))
@@ -497,7 +506,7 @@ def render(view, live=False):
     if live:
         title.append("   q quits", style="dim")
     return Group(title, Text(""), nodes_table(view), *node_notes(view), Text(""), *engine_lines(view), Text(""),
-                 health_text(view), watchdog_text(view))
+                 health_text(view), watchdog_text(view), release_text(view))
 
 
 # ---- running -----------------------------------------------------------------------------------------

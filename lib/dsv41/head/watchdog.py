@@ -32,7 +32,7 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, cli, one_line
 from dsv41.head.config import from_resolved
-from dsv41.head.core import record, recovery, runlock
+from dsv41.head.core import record, recovery, releases, runlock
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import (NO_TOKEN, RECOVERING, TOKEN, VERDICTS, Health, Memory, Observation, assess,
                                     wants_probe)
@@ -138,6 +138,17 @@ class Watchdog:
             runlock.take(self.state, "dsv41-watchdog recovery")
         except UserError:
             self.log("not acting: a doit run took the run lock just now")
+            return
+        try:
+            unfinished = releases.unfinished(releases.load_all(self.state))
+        except UserError as err:            # an unreadable history never stops a recovery
+            self.log(f"warning: {one_line(err, 200)}")
+            unfinished = None
+        if unfinished is not None:          # a launch died mid-rollout: never heal a release nobody checked
+            runlock.release()
+            self.say(h.verdict, f"{h.evidence}; not acting: release {unfinished.number} was left rolling out by a "
+                                "launch that ended mid-way: `doit launch` finishes it or goes back")
+            self.publish(h)
             return
         self.log(f"{h.why}: starting the ranks ({h.verdict}: {h.evidence})" if h.action == "start" else
                  f"INCIDENT {h.verdict}: {h.evidence}; saving the evidence, then restarting the ranks in order ({h.why})")

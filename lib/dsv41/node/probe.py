@@ -1,10 +1,10 @@
 """Node side: the deployment state of one node in one process, as JSON (stdlib only).
 
 `python3 -m dsv41.node.probe '<json request>'` with {"state_dir", "model_dir", "units": [...], "image",
-"containers": [...], "files": [...]} prints: installed unit files (text and sha256), systemd states,
+"containers": [...], "files": [...], "versions": bool} prints: installed unit files (text and sha256), systemd states,
 containers, the image ID, the trip marker, when the model dir last changed, MemAvailable, GPU memory,
 state file hashes, memory and swap from /proc/meminfo, and the memory guard's settings (memguard.json:
-its floor and mode). Launch, plan, status and top read a node through this one call."""
+its floor and mode), and with "versions" the kernel, driver and Docker versions. Launch, plan, status and top read a node through this one call."""
 import hashlib
 import json
 import os
@@ -81,6 +81,22 @@ def image_id(ref):
         return None
     code, stdout, _ = run_quiet(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
     return stdout.strip() if code == 0 else None
+
+
+def versions():
+    """What outside a release can change what runs: the kernel, the GPU driver and Docker's version
+    (asked only by launch, which records them in the release; None where there is none)."""
+    driver = None
+    try:
+        with open("/sys/module/nvidia/version") as f:
+            driver = f.read().strip() or None
+    except OSError:
+        pass
+    docker = None
+    if shutil.which("docker"):
+        code, stdout, _ = run_quiet(["docker", "version", "--format", "{{.Server.Version}}"])
+        docker = stdout.strip() if code == 0 and stdout.strip() else None
+    return {"kernel": os.uname().release, "driver": driver, "docker": docker}
 
 
 def gpu_memory():
@@ -173,6 +189,7 @@ def main():
         "memory": memory,
         "guard_settings": guard_settings(state),
         "mem_baseline_bytes": baseline, "mem_baseline_boot": baseline_boot, "boot_id": boot_id(),
+        **({"versions": versions()} if req.get("versions") else {}),
     }))
 
 

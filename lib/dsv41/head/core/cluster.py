@@ -80,14 +80,15 @@ class Cluster:
             self._prefix[node.name] = ship_code(node, self.paths(node).state_dir)
         return self._prefix[node.name] + [f"dsv41.node.{name}", *args]
 
-    def probe(self, node):
+    def probe(self, node, versions=False):
         """One call on the node: installed units and their states, containers, image, trip marker,
-        memory, state file hashes (dsv41.node.probe), as a state.NodeState."""
+        memory, state file hashes (dsv41.node.probe), as a state.NodeState; with versions also the
+        kernel, driver and Docker versions (what a release records)."""
         p = self.paths(node)
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
                "image": self.cfg.image, "containers": list(self.recipe.containers(self.spec(node))),
                "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
-                         names.WATCHDOG_SETTINGS]}
+                         names.WATCHDOG_SETTINGS], **({"versions": True} if versions else {})}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
         self.states[node.name] = state.parse(out, node.label)
         self._uid[node.name] = self.states[node.name].uid
@@ -128,9 +129,9 @@ class Cluster:
         except (NodeError, state.ProbeError) as err:
             return state.unreachable(err)
 
-    def probe_all(self):
+    def probe_all(self, versions=False):
         self.connect()
-        return {n.name: self.probe(n) for n in self.nodes}
+        return {n.name: self.probe(n, versions) for n in self.nodes}
 
     def uid(self, node):
         """The node user's uid: from its probe, else asked (never assumed)."""

@@ -7,6 +7,12 @@ from typing import NamedTuple
 
 from dsv41 import names
 
+
+class Desired(NamedTuple):
+    """What every node should have (core.desired computes it; a rollback takes it from a release)."""
+    units: dict     # {node name: {unit file name: text}}
+    files: dict     # {node name: {path under the state dir: (text or None, mode)}}; None: not known yet
+
 STALE_MARGIN_S = 5   # a worker up this much less time than the head restarted on its own (RestartSec=30)
 
 

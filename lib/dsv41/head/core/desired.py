@@ -3,18 +3,13 @@ guard's settings, the EXL3 plan copy, on the head the API key file rank 0 mounts
 settings). Also the API key itself."""
 import json
 import os
-from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core import exporter, units
 from dsv41.head.core.apikey import read_key, read_or_create_key  # noqa: F401 (the verbs' way to the key)
 from dsv41.head.config import resolved
-
-
-class Desired(NamedTuple):
-    units: dict     # {node name: {unit file name: text}}
-    files: dict     # {node name: {path under the state dir: (text or None, mode)}}; None: not known yet
+from dsv41.head.core.decide import Desired  # noqa: F401 (what desired() returns)
 
 
 def guard_settings(cfg):

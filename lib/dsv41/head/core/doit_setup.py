@@ -71,6 +71,10 @@ def action(func, *, name=None, lock_dir=None):
             result = func(*args, **kwargs)
             sys.stdout.flush()          # a closed pipe shows here, inside the guarded stdout
         except UserError as err:
+            if getattr(err, "exit_now", False):      # an outcome with its own exit code (a rollback)
+                sys.stdout.flush()
+                sys.stderr.write(f"dsv41: {run.__name__}: {one_line(err, 2000)}\n")
+                raise SystemExit(err.exit_code) from None
             fail = TaskFailed(one_line(err, 2000))
             fail.dsv41 = True
             return fail

@@ -1,10 +1,10 @@
 """The engine's units across the cluster, in the recipe's order: kill, stop and start them (the steps of
-core.recovery.restart, the one ordered restart), the readiness wait, and which unit is down."""
+core.recovery.restart, the one ordered restart), the readiness wait, a rollout's hold, and which unit is down."""
 import time
 
 from dsv41.errors import UserError
 from dsv41.head.core import progress, record
-from dsv41.head.core.cluster import say
+from dsv41.head.core.nodes import say
 
 
 def stop_ranks(cl):
@@ -32,15 +32,16 @@ def start_ranks(cl):
         say(node, f"started {unit}")
 
 
-def wait_ready(cl):
+def wait_ready(cl, within=None):
     """Ready: the recipe's readiness probe passes (for vLLM: /v1/models answers with the key and one
     token is generated), while every engine unit stays active. A failed unit stops the wait at once
-    with its journal."""
+    with its journal. within: (seconds, what sets them), default START_TIMEOUT_MIN's."""
     cfg = cl.cfg
+    limit, what = within or (cfg.start_timeout_s, "START_TIMEOUT_MIN")
     client = cl.api(read_timeout=60, create_key=True)
     started = last = time.monotonic()
     with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
-                      cfg.start_timeout_s, unit="s") as wait:
+                      limit, unit="s") as wait:
         while True:
             problem = ranks_down(cl)
             if problem:
@@ -53,12 +54,35 @@ def wait_ready(cl):
             now = time.monotonic()
             wait.update(now - last)
             last = now
-            if now - started > cfg.start_timeout_s:
+            if now - started > limit:
                 wait.close()
                 show_rank_logs(cl)
-                raise UserError(f"the API did not become ready within {cfg.start_timeout_s // 60} min "
-                                "(START_TIMEOUT_MIN); the ranks' journals are above")
+                raise UserError(f"the API did not become ready within {limit / 60:.3g} min "
+                                f"({what}); the ranks' journals are above")
             time.sleep(2)
+
+
+def hold(cl, seconds):
+    """The release stays healthy for `seconds` (ROLLOUT_HOLD_S): every engine unit active and /health
+    200 at each look, and a token at the end; UserError naming what failed."""
+    client = cl.api(read_timeout=60)
+    end = time.monotonic() + seconds
+    with progress.bar(f"holding: the release must stay healthy for {seconds:.0f} s (ROLLOUT_HOLD_S)",
+                            seconds, unit="s") as bar:
+        while True:
+            problem = ranks_down(cl)
+            code = None if problem else client.health()
+            if problem or code != 200:
+                bar.close()
+                show_rank_logs(cl)
+                raise UserError(f"{problem or f'/health answered {code}'} during the hold (ROLLOUT_HOLD_S)")
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(2.0, left))
+            bar.update(min(2.0, left))
+    if not cl.recipe.ready(client):
+        raise UserError("no token at the end of the hold (ROLLOUT_HOLD_S)")
 
 
 def ranks_down(cl):

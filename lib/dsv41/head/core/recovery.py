@@ -18,7 +18,7 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import apikey, hang, incidents, ranks, record
-from dsv41.head.core.health import node_memory
+from dsv41.head.core.health import DEGRADED, Health, node_memory
 
 EVIDENCE_DEADLINE_S = 30          # per node
 
@@ -40,6 +40,26 @@ def save_evidence(cl, health, log=print, name=None):
         return None
     log(f"saved the evidence in {folder}")
     return folder
+
+
+def fault(line, at):
+    """The Health of a fault found outside core.health's look (a release that failed): DEGRADED, restart."""
+    return Health(DEGRADED, (line,), fault_at=at, action="restart")
+
+
+def evidence_only(cl, fault, result, by="doit launch", log=print):
+    """A fault nothing restarts (a failed first release): its incident, with the evidence, closed at once
+    with `result`. -> the incident."""
+    sd = cl.cfg.state_dir
+    inc = record.open_incident(sd, verdict=fault.verdict.value, evidence=fault.evidence, fault_at=fault.fault_at,
+                               node=fault.node, action="none", by=by)
+    folder = save_evidence(cl, fault, log, name=inc["id"])
+    if folder:
+        inc = record.set_phase(sd, inc, "evidence saved", folder=os.path.basename(folder))
+    inc = record.close_incident(sd, inc, result)
+    if folder:
+        incidents.record_result(folder, result, ended=inc["ended"])
+    return inc
 
 
 # ---- memory ---------------------------------------------------------------------------------------------
@@ -79,12 +99,14 @@ def wait_memory(cl, log=print):
 
 # ---- the restart ----------------------------------------------------------------------------------------
 
-def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phase=None, clock=time.time):
+def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phase=None, clock=time.time,
+            within=None):
     """The ordered restart above. fault: the Health that calls for it (None: a planned restart, no
     incident). by: who restarts ("dsv41-watchdog" for the watchdog, whose restarts its budget counts).
     on_phase(incident) is called each time the incident moves on, and once it closed (the watchdog
     publishes it); clock
-    times the incident (the caller's).
+    times the incident (the caller's); within: the readiness wait's (seconds, what sets them), default
+    START_TIMEOUT_MIN's (a rollout passes its deadline).
     -> the closed incident (None without a fault). Raises NeedsReboot (nothing started), or UserError
     when a step failed; the incident is closed with that result either way."""
     state_dir = cl.cfg.state_dir
@@ -123,8 +145,8 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
         record.clear_needs_reboot(state_dir)
         phase("starting the ranks in order")
         ranks.start_ranks(cl)
-        phase("waiting for a token (START_TIMEOUT_MIN)")
-        ranks.wait_ready(cl)
+        phase(f"waiting for a token ({within[1] if within else 'START_TIMEOUT_MIN'})")
+        ranks.wait_ready(cl, within)
         result = "READY"
     except NeedsReboot:
         raise

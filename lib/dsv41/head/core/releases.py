@@ -46,7 +46,7 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import fsync_dir, write_atomic
-from dsv41.head.config import resolved
+from dsv41.head.config import ConfigError, from_resolved, resolved
 from dsv41.node.checkpoint import MANIFEST
 
 SCHEMA = "dsv41.release/1"
@@ -97,7 +97,7 @@ def folder(state_dir, number):
 def record_fields(cfg, want, image_ids, checkpoint, node_versions):
     """The fields of a release from launch's Config and desired state (core.desired.desired): the
     secret key file is named, not stored; the settings are config.resolved (no secret)."""
-    from dsv41.head.config import resolved
+    from dsv41.head.config import ConfigError, from_resolved, resolved
     secret = {names.SECRET_KEY}
     files = {node: {rel: [text, mode] for rel, (text, mode) in fs.items() if rel not in secret}
              for node, fs in want.files.items()}
@@ -159,7 +159,7 @@ def changes(prev, new):
     for key in sorted(set(p["settings"]) | set(n["settings"])):
         a, b = p["settings"].get(key), n["settings"].get(key)
         if a != b:
-            out.append(f"{key} {_short(a)} -> {_short(b)}")
+            out.append(f"{key.upper()} {_short(a)} -> {_short(b)}")       # as the setting is spelled
     for node in sorted(set(p["node_versions"]) | set(n["node_versions"])):
         a, b = p["node_versions"].get(node, {}), n["node_versions"].get(node, {})
         for key in sorted(set(a) | set(b)):
@@ -228,16 +228,22 @@ def _ago(s):
     return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.0f} h ago"
 
 
-def refuse_flapping(releases, fp, retry_failed, now):
-    """UserError when the newest release failed and this launch is the same release (fingerprint fp),
-    unless retry_failed; None otherwise."""
+def flapping(releases, fp, now):
+    """The line that refuses this launch when the newest release failed and this launch is the same
+    release (fingerprint fp); None otherwise."""
     last = next((r for r in reversed(releases) if r.state in (GOOD, FAILED)), None)
-    if retry_failed or last is None or last.state != FAILED or fingerprint(last) != fp:
+    if last is None or last.state != FAILED or fingerprint(last) != fp:
         return None
     at = last.failed_at or last.time
-    raise UserError(f"release {last.number} failed at {when(at)} ({_ago(now - at)}: {one_line(last.result, 160)}) "
-                    "and this launch is the same release: fix the cause, or `doit launch --retry-failed` to try it "
-                    "anyway")
+    return (f"release {last.number} failed at {when(at)} ({_ago(now - at)}: {one_line(last.result, 160)}) "
+            "and this launch is the same release: fix the cause, or `doit launch --retry-failed` to try it anyway")
+
+
+def refuse_flapping(releases, fp, retry_failed, now):
+    """UserError with flapping()'s line, unless retry_failed."""
+    line = None if retry_failed else flapping(releases, fp, now)
+    if line:
+        raise UserError(line)
 
 
 def unfinished(releases):
@@ -409,6 +415,46 @@ def in_service(state_dir):
     current = next((r for r in history if r.number == serving), None)
     failed = next((r for r in reversed(history) if r.state == FAILED and r.number > (serving or 0)), None)
     return current, failed
+
+
+def settings_of(release, cfg):
+    """The Config a recorded release ran on (its API port, model name, key file, readiness), else the
+    current one when the release was recorded by another version of dsv41."""
+    try:
+        return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token)
+    except ConfigError:
+        return cfg
+
+
+def _brief(r):
+    return r and {"number": r.number, "state": r.shown_state, "began": r.time, "image": r.image,
+                  "result": r.result, "failed_at": r.failed_at, "rolled_back_to": r.rolled_back_to}
+
+
+def service_entry(state_dir):
+    """What `doit status` and `doit top` show of the history: {"serving", "failed" (the newest that failed
+    after it), "rolling_out"} (each a release's brief or None), or {"error": line}."""
+    try:
+        history = load_all(state_dir)
+        serving, failed = in_service(state_dir)
+    except UserError as err:
+        return {"error": str(err)}
+    return {"serving": _brief(serving), "failed": _brief(failed), "rolling_out": _brief(unfinished(history))}
+
+
+def service_line(e):
+    """The entry as one line."""
+    if "error" in e:
+        return f"release: {e['error']}"
+    s, f, u = e["serving"], e["failed"], e["rolling_out"]
+    line = (f"release {s['number']} in service (began {when(s['began'])}, image {short_id(s['image'])})" if s
+            else "release: none in service yet (`doit launch` records one)")
+    if f:
+        line += (f"; release {f['number']} failed at {when(f['failed_at'])}: {one_line(f['result'], 120)}"
+                 + (f", rolled back to {f['rolled_back_to']}" if f["rolled_back_to"] else ""))
+    if u:
+        line += f"; release {u['number']} is rolling out or was interrupted (`doit launch` finishes it)"
+    return line
 
 
 def checkpoint_on_disk(cfg):

@@ -72,6 +72,7 @@ class NodeState:
     mem_baseline_boot: str | None = None    # the boot that baseline was recorded in (None: not recorded)
     boot_id: str | None = None              # this boot's id (/proc/sys/kernel/random/boot_id)
     system: str | None = None               # systemd's is-system-running: "stopping" while it shuts down
+    versions: dict | None = None            # {"kernel", "driver", "docker"}: asked by launch only
 
     def unit(self, name):
         return self.units.get(name, ABSENT)
@@ -125,7 +126,7 @@ def parse(report, node="node"):
             files=dict(report.get("files") or {}), memory=dict(report.get("memory") or {}),
             guard_settings=report.get("guard_settings"),
             mem_baseline_bytes=report.get("mem_baseline_bytes"), mem_baseline_boot=report.get("mem_baseline_boot"),
-            boot_id=report.get("boot_id"), system=report.get("system"))
+            boot_id=report.get("boot_id"), system=report.get("system"), versions=report.get("versions"))
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ProbeError(f"{node}: the probe's answer is not what this version expects ({type(err).__name__}: "
                         f"{err}); run `doit launch` to ship the node code again") from None

@@ -1,0 +1,286 @@
+"""A checked rollout: how `doit launch` and `doit rollback` change what runs, and go back when it fails.
+
+    ro = prepare(cfg, want, states, image_ids, retry_failed)   # before anything changes: refuses the release that just
+                                                # failed, says what cannot be rolled back, begins the release
+    paused = pause_watchdog(...)
+    run(cl, ro, want, steps, states, ...)       # apply, ready within the deadline, healthy for the hold
+
+A release fails when a rank unit fails, when it is not ready within its deadline (twice the last good
+release's start-up, within ROLLOUT_MIN_TIMEOUT_MIN..START_TIMEOUT_MIN), or when it does not stay healthy
+for ROLLOUT_HOLD_S. It is recorded failed first; then, unless ROLLBACK=0 or there is nothing to go back
+to, go_back() restarts the ranks on the last good release exactly as recorded (its units, files and
+image id, checked on every node first), with an incident and the failed ranks' evidence, starts the
+watchdog again, and ends RolledBack (exit 10: serving again) or Down (exit 11: the way back failed too;
+it never loops). A rollout that only rewrote files without restarting the ranks is recorded, not held.
+The release record itself is core.releases.
+
+apply() takes core.decide's steps on the nodes: state files written, units installed, the memory guards
+started or reloaded, the ranks restarted through the one ordered restart (core.recovery.restart), the
+exporters started; the watchdog is paused while the ranks restart and started again after."""
+import dataclasses
+import time
+
+from dsv41.errors import UserError, one_line
+from dsv41 import names
+from dsv41.head.core import exporter, ranks, recovery, releases as rel
+from dsv41.head.core.cluster import Cluster, read_key, say
+from dsv41.head.core.decide import Desired, Kind, Step, decide
+
+
+class RolledBack(UserError):
+    """The change failed and the last good release serves again."""
+    exit_code = 10
+    exit_now = True
+
+
+class Down(UserError):
+    """The change failed and going back failed too: the cluster is down."""
+    exit_code = 11
+    exit_now = True
+
+
+@dataclasses.dataclass
+class Rollout:
+    release: rel.Release | None     # the release this launch rolls out; None: what runs is the one in service
+    target: rel.Release | None      # where a failure goes back to (None: nowhere)
+    deadline: tuple                 # (seconds, what sets them) for the readiness wait
+    resumed: bool = False           # a killed launch's release, finished now
+    serving_after: int | None = None    # the release in service once ready (a killed launch's way back)
+    lines: tuple = ()               # what to say before anything changes
+
+
+def deadline(history, cfg):
+    """(seconds, what sets them): twice the last good start-up, within the floor and START_TIMEOUT_MIN."""
+    s = rel.rollout_deadline_s(history, cfg.start_timeout_s, cfg.rollout_min_timeout_s)
+    good = next((r for r in reversed(history) if r.state == rel.GOOD and r.startup_s), None)
+    if good is None:
+        return s, "START_TIMEOUT_MIN: no good release measured a start-up yet"
+    return s, (f"the rollout deadline: twice release {good.number}'s start-up, within ROLLOUT_MIN_TIMEOUT_MIN "
+               "and START_TIMEOUT_MIN")
+
+
+def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
+    """What this launch rolls out: `want` (core.desired) on image_ids, on the nodes as probed (with their
+    versions). Refuses (UserError, nothing
+    written) the release that just failed unless retry_failed; records a release a killed launch left
+    unfinished as interrupted unless this launch finishes it; begins a new release when what would run
+    differs from the release in service. -> Rollout."""
+    sd = cfg.state_dir
+    fields = rel.record_fields(cfg, want, image_ids, rel.checkpoint_on_disk(cfg),
+                               {node: f.versions or {} for node, f in states.items()})
+    history, serving = rel.load_all(sd), rel.serving_number(sd)
+    fp = rel.fingerprint(fields)
+    rel.refuse_flapping(history, fp, retry_failed, time.time() if now is None else now)
+    lines = []
+    warn = rel.checkpoint_warning(history, fields["checkpoint"])
+    if warn:
+        lines.append(warn)
+    r = rel.resume(history, fp)
+    if r is not None:
+        lines.append(r.line)
+        if r.action == "finish":
+            rest = [x for x in history if x.number != r.release.number]
+            return Rollout(r.release, rel.last_good(rest, fields["checkpoint"]), deadline(rest, cfg), resumed=True,
+                           lines=tuple(lines))
+        rel.finish(sd, r.release.number, rel.INTERRUPTED, r.line)
+        if r.action == "roll back":
+            return Rollout(None, None, deadline(history, cfg), serving_after=r.target.number, lines=tuple(lines))
+    current = next((x for x in history if x.number == serving), None)
+    if r is None and current is not None and rel.fingerprint(current) == fp:
+        return Rollout(None, None, deadline(history, cfg), lines=tuple(lines))
+    target = rel.last_good(history, fields["checkpoint"])
+    release = rel.begin(sd, fields, cfg.releases_keep)
+    lines.append(f"release {release.number}: " + "; ".join(release.changes[:6])
+                 + (f" (+{len(release.changes) - 6} more: `doit releases show {release.number}`)"
+                    if len(release.changes) > 6 else ""))
+    return Rollout(release, target, deadline(history, cfg), lines=tuple(lines))
+
+
+def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, by="doit launch", began=None):
+    """Apply the steps, wait for the API (within the rollout's deadline when the ranks restart for a new
+    release), hold it, and record the result. A failure of a new release goes back (go_back, which
+    raises RolledBack or Down); a repair of the release in service fails as before. -> start-up seconds
+    (None when the ranks did not restart)."""
+    cfg = cl.cfg
+    began = time.time() if began is None else began
+    restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
+    checked = ro.release is not None and (restarting or ro.resumed)
+    t = time.monotonic()
+    try:
+        apply(cl, want, steps, states, force, fault, within=ro.deadline if checked else None, by=by)
+        ranks.wait_ready(cl, ro.deadline if checked else None)
+        startup = time.monotonic() - t if restarting else None
+        if checked:
+            ranks.hold(cl, cfg.rollout_hold_s)
+    except recovery.NeedsReboot as err:
+        if ro.release is not None:
+            rel.finish(cfg.state_dir, ro.release.number, rel.INTERRUPTED, f"not started: {one_line(err, 200)}")
+        raise
+    except UserError as err:
+        if ro.release is None:
+            raise
+        failed = rel.finish(cfg.state_dir, ro.release.number, rel.FAILED, one_line(err, 300))
+        if not checked:
+            raise
+        if ro.target is None:
+            inc = recovery.evidence_only(cl, recovery.fault(f"release {failed.number} failed: {one_line(failed.result, 200)}", failed.failed_at), "left down: no good release to go back to", by=by,
+                                         log=lambda m: print(f"[head] {m}"))
+            raise UserError(f"release {failed.number} failed ({one_line(err, 300)}); there is no good release to go "
+                            f"back to on this checkpoint (evidence: `doit incidents show {inc['id']}`): fix the cause "
+                            "and launch again") from None
+        if not cfg.rollback:
+            raise UserError(f"release {failed.number} failed ({one_line(err, 300)}); ROLLBACK=0, so it stays as it "
+                            f"is: `doit rollback {ro.target.number}` goes back") from None
+        go_back(cl, failed, ro.target, paused=paused, began=began, by=by)
+    if ro.release is not None:
+        rel.finish(cfg.state_dir, ro.release.number, rel.GOOD,
+                   "ready" + (f", healthy for {cfg.rollout_hold_s:.0f} s" if checked else ", no rank restarted"),
+                   startup_s=startup)
+        print(f"release {ro.release.number} is good and in service")
+    elif ro.serving_after is not None:
+        rel.mark_serving(cfg.state_dir, ro.serving_after)
+    return startup
+
+
+def check_images(release, states):
+    """Every node still holds the release's image under its reference, with the recorded id (the units
+    run with --pull never; states: a probe of a Cluster on the release's settings); UserError otherwise."""
+    for node, want in sorted(release.image_ids.items()):
+        have = states[node].image_id if node in states else None
+        if want and have != want:
+            raise UserError(f"{node} holds {rel.short_id(have) if have else 'no image'} as {release.image}, not "
+                            f"release {release.number}'s {rel.short_id(want)}: `docker tag {want} {release.image}` "
+                            "there (or pull it) first")
+
+
+def recorded(cl, release):
+    """(Desired, steps) that run `release` exactly as recorded, from the nodes as they are now; the ranks
+    restart whatever else differs."""
+    want = Desired(*rel.recorded_state(release, read_key(cl.cfg)))
+    states = cl.probe_all(versions=True)
+    check_images(release, states)
+    steps = decide(cl.cfg.nodes, want, states, cl.recipe)
+    if not any(s.kind is Kind.RESTART_RANKS for s in steps):
+        steps.append(Step(Kind.RESTART_RANKS, "all", "", f"release {release.number} as recorded"))
+    return want, steps, states
+
+
+def go_back(cl, failed, target, *, paused, began, by):
+    """Restart the ranks on `target` as recorded after `failed` failed; raises RolledBack or Down."""
+    why = one_line(failed.result, 200)
+    print(f"release {failed.number} failed ({why}): going back to release {target.number} as recorded")
+    back = Cluster(rel.settings_of(target, cl.cfg))
+    fault = recovery.fault(f"release {failed.number} failed: {one_line(failed.result, 200)}", failed.failed_at)
+    try:
+        want, steps, states = recorded(back, target)
+        apply(back, want, steps, states, fault=fault, by=by)
+        ranks.wait_ready(back)
+    except UserError as err:
+        raise Down(f"release {failed.number} failed ({why}) and going back to release {target.number} failed too "
+                   f"({one_line(err, 200)}): the cluster is down; `doit incidents show 1` has the evidence, "
+                   "`doit releases` the history") from None
+    rel.rolled_back(cl.cfg.state_dir, failed.number, target.number)
+    apply_watchdog(back, steps, paused)
+    now = time.time()
+    raise RolledBack(f"release {failed.number} failed ({why}); rolled back to release {target.number}, serving "
+                     f"again at {rel.when(now)} ({now - began:.0f} s after this {by} began)")
+
+
+# ---- applying the steps ----------------------------------------------------------------------------
+
+def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch"):
+    """decide()'s steps in order; the ranks restart through recovery.restart (fault: the Health that calls
+    for it; within: the readiness wait's deadline; by: who restarts)."""
+    by_name = {n.name: n for n in cl.nodes}
+    for s in steps:
+        node = by_name.get(s.node)
+        if s.kind is Kind.WRITE:
+            state = cl.paths(node).state_dir
+            text, mode = want.files[node.name][s.target]
+            node.write_file(f"{state}/{s.target}", text, mode=mode)
+            if s.target == names.SECRET_KEY:      # the key's old place (an env file): gone
+                cl.remove(node, f"{state}/{names.KEY_ENV}")
+            say(node, f"wrote {state}/{s.target}" + (f" (mode {mode:o})" if mode != 0o644 else ""))
+        elif s.kind is Kind.INSTALL:
+            install_unit(cl, node, s.target, want.units[node.name][s.target])
+    for name in {s.node for s in steps if s.kind is Kind.INSTALL}:
+        cl.systemctl(by_name[name], "daemon-reload")
+    for s in steps:
+        if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
+            control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
+    for s in steps:
+        if s.kind is Kind.RESTART_RANKS:
+            print(f"(re)starting the ranks: {s.reason}")
+            recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
+                             within=within)
+    for s in steps:
+        if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
+            exporter.start(cl, by_name[s.node])
+
+
+WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
+
+
+def pause_watchdog(cl, states, steps):
+    """A running watchdog stops while launch restarts the ranks (it would take their start-up for a
+    fault); apply_watchdog starts it again once the API is ready, so a failed launch leaves it stopped."""
+    running = states[cl.head.name].unit(names.WATCHDOG_UNIT).active == "active"
+    if running and any(s.kind is Kind.RESTART_RANKS for s in steps):
+        cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT)
+        say(cl.head, "paused the watchdog while the ranks restart")
+        return True
+    return False
+
+
+def apply_watchdog(cl, steps, paused):
+    """The watchdog steps, after the API is ready (a paused watchdog starts again, unless WATCHDOG=0)."""
+    kinds = [s.kind for s in steps if s.kind in WATCHDOG_STEPS] or ([Kind.START_WATCHDOG] if paused else [])
+    for kind in kinds:                           # restart starts a stopped one
+        control(cl, cl.head, kind, names.WATCHDOG_UNIT, "watchdog")
+
+
+def control(cl, node, kind, unit, what):
+    """systemctl start, restart, reload or stop of a service kept enabled (disabled when stopped)."""
+    verb = kind.value.split("-")[0]
+    cl.systemctl(node, verb, unit)
+    cl.systemctl(node, "disable" if verb == "stop" else "enable", "--quiet", unit)
+    say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
+
+
+def install_unit(cl, node, name, text):
+    """Write /etc/systemd/system/<name> atomically; through sudo -n when the node's user is not root."""
+    path = f"{names.UNIT_DIR}/{name}"
+    if cl.uid(node) == 0:
+        node.write_file(path, text)
+    else:
+        tmp = f"{cl.paths(node).state_dir}/{names.RUN}/.{name.replace('/', '_')}.tmp"
+        node.write_file(tmp, text)
+        node.run(["sudo", "-n", "install", "-D", "-m", "0644", tmp, path])   # -D: a drop-in's dir
+    say(node, f"installed {path}")
+
+
+def rollback(cfg, history, target):
+    """`doit rollback [N]`: release `target` applied as recorded, through the checked rollout, as a new
+    release; the last good release on this checkpoint is where its failure goes back."""
+    began = time.time()
+    sd = cfg.state_dir
+    on_disk = rel.checkpoint_on_disk(cfg)
+    if not rel.same_checkpoint(target.checkpoint, on_disk):
+        raise UserError(f"release {target.number} ran checkpoint {target.checkpoint.get('repo')}@"
+                        f"{target.checkpoint.get('revision') or 'latest'}, not the one in {cfg.model_dir}: a rollback "
+                        "never starts a release on a checkpoint it did not record")
+    cl = Cluster(rel.settings_of(target, cfg))
+    cl.cfg.require_workers()
+    want, steps, states = recorded(cl, target)
+    fields = {k: getattr(target, k) for k in ("image", "image_ids", "settings", "units", "files", "secret_files")}
+    fields.update(checkpoint=on_disk, node_versions={n: states[n].versions or {} for n in states})
+    back = rel.last_good(history, on_disk)
+    release = rel.begin(sd, fields, cfg.releases_keep)
+    print(f"release {release.number}: release {target.number} as recorded; if it fails, back to release "
+          f"{back.number if back else '-'}")
+    paused = pause_watchdog(cl, states, steps)
+    ro = Rollout(release, back, deadline(history, cl.cfg))
+    run(cl, ro, want, steps, states, paused=paused, by="doit rollback", began=began)
+    apply_watchdog(cl, steps, paused)
+    print(f"release {target.number}'s state serves again as release {release.number}; conf/ still says what "
+          "`doit plan` shows: the next `doit launch` applies it")
