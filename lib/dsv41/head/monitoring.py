@@ -19,6 +19,7 @@ import requests
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
+from dsv41.head.core import alertmanager as am
 from dsv41.head.core import commands, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.config import ROOT
@@ -61,10 +62,6 @@ def _template(name):
         raise UserError(f"conf/monitoring/{name} is missing: restore it from the repository") from None
 
 
-def alertmanager_url(cfg):
-    return f"http://127.0.0.1:{cfg.alertmanager_port}"
-
-
 def render_config(cfg, rules_path):
     return _template(CONFIG + ".j2").render(
         interval=f"{cfg.scrape_interval_s}s", rules=rules_path, engine=engine_target(cfg),
@@ -80,18 +77,13 @@ def render_rules(cfg):
         grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s)
 
 
-def receivers(cfg):
-    """The integrations set: "webhook", "email" (empty: alerts go nowhere)."""
-    return [k for k, on in (("webhook", cfg.alert_webhook_url), ("email", cfg.alert_email_to)) if on]
-
-
 def render_alertmanager(cfg, templates_path):
     email = cfg.alert_email_to and {
         "to": cfg.alert_email_to, "sender": cfg.alert_email_from, "smarthost": cfg.alert_smtp_smarthost,
         "user": cfg.alert_smtp_user, "password_file": cfg.alert_smtp_password_file,
         "require_tls": cfg.alert_smtp_require_tls}
     return _template(AM_CONFIG + ".j2").render(
-        templates=templates_path, receiver="dsv41" if receivers(cfg) else "nowhere", webhook=cfg.alert_webhook_url,
+        templates=templates_path, receiver="dsv41" if am.receivers(cfg) else "nowhere", webhook=cfg.alert_webhook_url,
         email=email, group_wait=f"{cfg.alert_group_wait_s}s", group_interval=f"{cfg.alert_group_interval_s}s",
         repeat_interval=f"{cfg.alert_repeat_interval_min}m")
 
@@ -181,10 +173,10 @@ def monitoring(cfg, install=False):
           + ", ".join(f"{n['name']} {n['target']}" for n in node_targets(cfg)))
     print(f"  {RULES:<24} alert rules (README \"Monitoring\")")
     print(f"  {AM_CONFIG:<24} Alertmanager: alerts of cluster {cfg.cluster_name} to "
-          + (", ".join(receivers(cfg)) or "nowhere") + " (mode 0600)")
+          + (", ".join(am.receivers(cfg)) or "nowhere") + " (mode 0600)")
     print(f"  {DASHBOARD:<24} Grafana dashboard: import it with a Prometheus data source")
     print(f"  {names.PROMETHEUS_UNIT:<24} and {names.ALERTMANAGER_UNIT}: the units --install runs")
-    if not receivers(cfg):
+    if not am.receivers(cfg):
         print("note: no alert receiver is set, alerts go nowhere (set ALERT_WEBHOOK_URL or ALERT_EMAIL_TO: "
               "README \"Alerts\")")
     if not cfg.metrics_dir:
@@ -209,13 +201,13 @@ def run_installed(cfg, paths):
     head.run(cl.priv(head, commands.systemctl("mask", "--now", "--quiet", names.DEBIAN_ALERTMANAGER_UNIT)))
     for unit in (names.ALERTMANAGER_UNIT, names.PROMETHEUS_UNIT):
         install_unit(cl, head, unit, paths[unit])
-    wait_ready(f"{alertmanager_url(cfg)}/-/ready", names.ALERTMANAGER_UNIT, "ALERTMANAGER_PORT")
+    wait_ready(f"{am.url(cfg)}/-/ready", names.ALERTMANAGER_UNIT, "ALERTMANAGER_PORT")
     url = f"http://127.0.0.1:{cfg.prometheus_port}"
     targets = wait_targets(url, names.PROMETHEUS_UNIT)
     for t in targets:
         state = t["health"] + (f" ({t['lastError']})" if t.get("lastError") else "")
         print(f"  {t['labels'].get('job', '?'):<13} {t['labels'].get('node', '?'):<9} {t['scrapeUrl']:<40} {state}")
-    print(f"Prometheus: {url} (alerts: {url}/alerts); Alertmanager: {alertmanager_url(cfg)} (`doit alerts`); "
+    print(f"Prometheus: {url} (alerts: {url}/alerts); Alertmanager: {am.url(cfg)} (`doit alerts`); "
           f"dashboard: {paths[DASHBOARD]}")
 
 
