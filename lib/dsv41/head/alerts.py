@@ -49,12 +49,14 @@ def listing(cfg):
 
 
 def verdicts(before, after, integrations):
-    """{integration: "delivered" | "not delivered" | None (no attempt yet)} from two counter snapshots."""
+    """{integration: "delivered" | "not delivered" | None (still trying)} from two snapshots of
+    Alertmanager's counters: an attempt that ended well is delivered, a notification it gave up on is not."""
+    def delta(i, name):
+        return after.get((i, name), 0) - before.get((i, name), 0)
     out = {}
     for i in integrations:
-        total = after.get((i, "total"), 0) - before.get((i, "total"), 0)
-        failed = after.get((i, "failed"), 0) - before.get((i, "failed"), 0)
-        out[i] = "delivered" if total > failed else "not delivered" if failed else None
+        ok = delta(i, "notification_requests") - delta(i, "notification_requests_failed")
+        out[i] = "delivered" if ok > 0 else "not delivered" if delta(i, "notifications_failed") else None
     return out
 
 

@@ -100,6 +100,11 @@ def check_password_file(cfg):
                         "server's password there (chmod 0600)") from None
     if mode & 0o004:
         raise UserError(f"ALERT_SMTP_PASSWORD_FILE={path} is readable by every user: chmod 0600 it")
+    with open(path, "rb") as f:                  # Alertmanager 0.25 sends the file's bytes as they are
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 1))
+        if f.read(1) in (b"\n", b"\r"):
+            raise UserError(f"ALERT_SMTP_PASSWORD_FILE={path} ends with a newline, which Alertmanager would send "
+                            "as part of the password: write it with printf '%s' PASSWORD > FILE")
 
 
 def dashboard():

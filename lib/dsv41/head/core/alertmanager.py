@@ -7,7 +7,9 @@ from datetime import datetime, timezone
 import requests
 
 TIMEOUT = (1.0, 4.0)                    # connect, read: a command is never held up for long
-COUNTER_RE = re.compile(r'^(alertmanager_notifications(?:_failed)?_total)\{[^}]*integration="([a-z]+)"[^}]*\} (\S+)$')
+# its delivery counters per integration: notifications (counted when one starts; failed when it gave up)
+# and requests (each attempt, counted when it ended; failed when that attempt did)
+COUNTER_RE = re.compile(r'^alertmanager_(notifications|notification_requests)(_failed)?_total\{[^}]*integration="([a-z]+)"[^}]*\} (\S+)$')
 
 
 class AmError(Exception):
@@ -39,13 +41,14 @@ def ts(text):
 
 
 def counters(text):
-    """{(integration, "total" or "failed"): value} from Alertmanager's /metrics."""
+    """{(integration, name): value} from Alertmanager's /metrics; name is "notifications",
+    "notifications_failed", "notification_requests" or "notification_requests_failed"."""
     out = {}
     for line in text.splitlines():
         m = COUNTER_RE.match(line)
         if m:
-            kind = "failed" if "_failed_" in m.group(1) else "total"
-            out[(m.group(2), kind)] = out.get((m.group(2), kind), 0) + float(m.group(3))
+            key = (m.group(3), m.group(1) + (m.group(2) or ""))
+            out[key] = out.get(key, 0) + float(m.group(4))
     return out
 
 
