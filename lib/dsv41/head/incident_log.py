@@ -1,6 +1,7 @@
-"""doit incidents [show [N]]: the incident folders the watchdog and launch saved before a restart
+"""doit incidents [show [N|FOLDER]]: the incident folders the watchdog and launch saved before a restart
 ($STATE_DIR/incidents/), newest first: time, verdict, outage, result, evidence; `show N` prints the N-th
-newest (1: the last) with what was gathered from each node and the stopped processes' stacks."""
+newest (1: the last), `show FOLDER` the one an alert names, with what was gathered from each node and
+the stopped processes' stacks."""
 from dsv41.errors import UserError
 from dsv41.head.core import incidents as folders
 
@@ -10,7 +11,8 @@ def incidents(cfg, words=()):
     if not words:
         print("\n".join(folders.list_lines(cfg.state_dir)))
         return
-    if words[0] != "show" or len(words) > 2 or (len(words) == 2 and not words[1].isdigit()):
+    which = words[1] if len(words) == 2 else "1"
+    if words[0] != "show" or len(words) > 2 or not (which.isdigit() or folders.FOLDER_RE.match(which)):
         raise UserError(f"`doit incidents {' '.join(words)}`: expected `doit incidents` or `doit incidents show [N]` "
-                        "(N: the number `doit incidents` lists, 1 the newest)")
-    print(folders.show(cfg.state_dir, int(words[1]) if len(words) == 2 else 1))
+                        "(N: the number `doit incidents` lists, 1 the newest, or an incident's folder name)")
+    print(folders.show(cfg.state_dir, int(which) if which.isdigit() else which))

@@ -197,9 +197,15 @@ def list_lines(state_dir):
 
 
 def show(state_dir, n=1):
-    """`doit incidents show [N]`: the N-th newest incident (1: the last) with its stacks; UserError when
-    there is no such incident."""
+    """`doit incidents show [N]`: the N-th newest incident (1: the last), or the one of that folder name
+    (as an alert names it), with its stacks; UserError when there is no such incident."""
     rows = summaries(state_dir)
+    if isinstance(n, str):
+        named = [i for i, (folder, _) in enumerate(rows, 1) if os.path.basename(folder) == n]
+        if not named:
+            raise UserError(f"no incident {n} in {root(state_dir)} (kept: the newest INCIDENTS_KEEP; "
+                            "`doit incidents` lists them)")
+        n = named[0]
     if not 1 <= n <= len(rows):
         raise UserError(f"no incident {n}: {len(rows)} saved in {root(state_dir)} (`doit incidents` lists them)")
     folder, s = rows[n - 1]
