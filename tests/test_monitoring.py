@@ -163,6 +163,13 @@ CASES = [
                        series("node_systemd_unit_state", {**R1, "state": "active"}, "1x9 0x30")],
      [("3m30s", []), ("6m", [W1])]),
     ("DSV41ApiDown", [series("up", ENGINE, "1x9 0x3 1x30"), ENDED_180S], [("3m30s", []), ("6m", [])]),
+    # while the recovery's series is there, the rank and API alerts are not raised at all
+    ("DSV41RankDown", [series("up", W1, "1x40"), series("node_systemd_unit_state", {**R1, "state": "active"}, "0x40"),
+                       series("dsv41_watchdog_recovering", RECOVERING, "1x40")], [("4m", [])]),
+    ("DSV41ApiDown", [series("up", ENGINE, "0x40"), series("dsv41_watchdog_recovering", RECOVERING, "1x40")],
+     [("4m", [])]),
+    ("DSV41RankRestarted", [series("node_systemd_service_restart_total", R1, "0x8 1x100"),
+                            series("dsv41_watchdog_recovering", RECOVERING, "1x40")], [("3m", [])]),
     ("DSV41RankRestarted", [series("node_systemd_service_restart_total", R1, "0x8 1x100"), ENDED_180S],
      [("3m", []), ("10m", [])]),
     # TTFT: 5 min of 45 s first tokens (p95 58.5 s), then 25 min of 0.5 s ones; a second engine idle
