@@ -439,3 +439,23 @@ def test_the_webhook_url_is_hidden_and_never_resolved_for_the_watchdog(tmp_path)
     with pytest.raises(config.ConfigError, match="may be set only in the environment"):
         config._profile_layer("x", {"alert_webhook_url": "https://ntfy.example.org/t"}, {"args": {}, "env": {}})
     assert not prof.exists()
+
+
+def test_the_monitoring_units_pass_systemd_analyze_verify(tmp_path):
+    from test_units import verify_root
+    analyze = shutil.which("systemd-analyze")
+    if not analyze or not Path("/lib/systemd/system/sysinit.target").exists():
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    cfg = cfg_for(tmp_path, ALERT_WEBHOOK_URL=f"https://ntfy.example.org/{HOOK_TOKEN}")
+    root = verify_root(tmp_path)
+    for exe in ("prometheus", "prometheus-alertmanager"):
+        (root / "usr/bin" / exe).write_text("#!/bin/sh\n")
+        (root / "usr/bin" / exe).chmod(0o755)
+    units = []
+    for unit in ("dsv41-prometheus.service", "dsv41-alertmanager.service"):
+        units.append(root / "etc/systemd/system" / unit)
+        units[-1].write_text(monitoring.render_unit(cfg, unit))
+        assert HOOK_TOKEN not in units[-1].read_text()
+    r = subprocess.run([analyze, "verify", "--man=no", f"--root={root}", *map(str, units)],
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", "")
