@@ -12,8 +12,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib
 from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
-from dsv41.head import (completion, config, copy_checkpoint, download, fabric_bench, incident_log,  # noqa: E402
-                        launch, logs, monitoring, pi, plan, releases, render, smoke_bench, status, stop)
+from dsv41.head import (alerts, completion, config, copy_checkpoint, download, fabric_bench,  # noqa: E402
+                        incident_log, launch, logs, monitoring, pi, plan, releases, render, smoke_bench, status,
+                        stop)
 from dsv41.head.core import image, preflight, verify  # noqa: E402
 from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
 
@@ -173,6 +174,11 @@ def task_monitoring():
     return {"actions": [call(monitoring.monitoring, mutates=True)], "uptodate": [False],
             "params": [{"name": "install", "long": "install", "type": bool, "default": False,
                         "help": "run dsv41-prometheus.service on the head with them"}]}
+
+
+def task_alerts():
+    """What Alertmanager fires and silences: doit alerts [test] (test: a test alert through every receiver)."""
+    return {"actions": [call(alerts.alerts)], "pos_arg": "words", "uptodate": [False]}
 
 
 def task_smoke():

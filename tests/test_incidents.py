@@ -94,6 +94,9 @@ def test_an_incident_holds_every_nodes_evidence_and_no_secret(nodes):
     assert "outage 3.2 min" in shown and "head/meminfo.txt" in shown and "worker1/processes.txt" in shown
     with pytest.raises(UserError, match="no incident 2: 1 saved"):
         incidents.show(nodes.state, 2)
+    assert incidents.show(nodes.state, os.path.basename(folder)) == shown       # the name an alert gives
+    with pytest.raises(UserError, match="no incident 20200101T000000Z-DEAD in "):
+        incidents.show(nodes.state, "20200101T000000Z-DEAD")
 
 
 def sshd_tree(pid):

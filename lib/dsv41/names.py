@@ -49,6 +49,8 @@ NEEDS_REBOOT = "needs-reboot.json"    # on the head: a restart stopped because a
 CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key
 # ---- monitoring (head/monitoring.py, head/exporter.py) ----
 PROMETHEUS_UNIT = "dsv41-prometheus.service"      # the head's Prometheus (doit monitoring --install)
+ALERTMANAGER_UNIT = "dsv41-alertmanager.service"  # the head's Alertmanager (doit monitoring --install)
+DEBIAN_ALERTMANAGER_UNIT = "prometheus-alertmanager.service"   # the package's own: masked, never used
 MONITORING = "monitoring"                          # on the head: its config, rules, dashboard, data/
 EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's, on every node, enabled when METRICS_DIR is set
 EXPORTER_DROPIN = "prometheus-node-exporter.service.d/dsv41.conf"   # its flags, under UNIT_DIR

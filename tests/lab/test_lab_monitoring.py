@@ -73,7 +73,8 @@ def monitored(lab, launched):
     wait_for("every target scraped",
              lambda: all(t["health"] != "unknown" for t in api(lab, "/api/v1/targets")["activeTargets"]))
     yield r.stdout
-    lab.on("head", "systemctl disable --now dsv41-prometheus; rm -f /etc/systemd/system/dsv41-prometheus.service; "
+    lab.on("head", "systemctl disable --now dsv41-prometheus dsv41-alertmanager; rm -f "
+                   "/etc/systemd/system/dsv41-prometheus.service /etc/systemd/system/dsv41-alertmanager.service; "
                    "systemctl daemon-reload", check=False)
     for node in lab.ip:
         lab.on(node, "systemctl disable --now prometheus-node-exporter; "

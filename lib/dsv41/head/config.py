@@ -91,7 +91,7 @@ class Config:
     rollback: bool
     free_gib_head: int
     free_gib_worker: int
-    # ---- monitoring settings (doit monitoring, head/monitoring.py): read by _monitoring() ----------
+    # ---- monitoring settings (doit monitoring, head/monitoring.py; alerts: head/alerts.py) ----------
     prometheus_port: int
     exporter_port: int
     scrape_interval_s: int
@@ -101,6 +101,19 @@ class Config:
     alert_ttft_p95_s: float
     alert_decode_toks_min: float
     alert_mem_margin_gib: float
+    cluster_name: str
+    alertmanager_port: int
+    alert_webhook_url: str     # semi-secret: never in resolved(), only in the mode-0600 alertmanager.yml
+    alert_email_to: tuple[str, ...]
+    alert_email_from: str
+    alert_smtp_smarthost: str
+    alert_smtp_user: str
+    alert_smtp_password_file: str
+    alert_smtp_require_tls: bool
+    alert_group_wait_s: int
+    alert_group_interval_s: int
+    alert_repeat_interval_min: int
+    alert_silence_max_h: int
     # ---- end of the monitoring settings ----------------------------------------------------------
     skip_checks: tuple[str, ...]
     gpus: str
@@ -184,6 +197,8 @@ def load_config(env=None):
         values[s.name] = schema.parse(s, layer.label(s), layer.values[s.name])
         sources[s.key] = layer.source
     values["HF_TOKEN"] = str(env.get("HF_TOKEN", ""))
+    values["ALERT_WEBHOOK_URL"] = schema.parse(schema.BY_NAME["ALERT_WEBHOOK_URL"], "ALERT_WEBHOOK_URL",
+                                               env.get("ALERT_WEBHOOK_URL", ""))
     values["DSV41_PROFILE"] = profile
     targets = _workers(layers, values, sources)
     image = _image(env, values, sources)
@@ -193,6 +208,10 @@ def load_config(env=None):
         raise schema.bad("MPORT", mport, "a port other than PORT")
     if len({port, values["PROMETHEUS_PORT"], values["EXPORTER_PORT"]}) < 3:
         raise schema.bad("PROMETHEUS_PORT", values["PROMETHEUS_PORT"], "a port other than PORT and EXPORTER_PORT")
+    if values["ALERTMANAGER_PORT"] in (port, values["PROMETHEUS_PORT"], values["EXPORTER_PORT"]):
+        raise schema.bad("ALERTMANAGER_PORT", values["ALERTMANAGER_PORT"],
+                         "a port other than PORT, PROMETHEUS_PORT and EXPORTER_PORT")
+    _email(values)
     caps = values["CAPS"] or capture_sizes(values["MAX_SEQS"], values["NSPEC"])
     state_raw = values["STATE_DIR"]
     state_dir = os.path.expanduser(state_raw)
@@ -226,10 +245,31 @@ def load_config(env=None):
         scrape_interval_s=v["SCRAPE_INTERVAL_S"], metrics_with_key=v["METRICS_WITH_KEY"],
         alert_for_s=v["ALERT_FOR_S"], alert_recent_min=v["ALERT_RECENT_MIN"], alert_ttft_p95_s=v["ALERT_TTFT_P95_S"],
         alert_decode_toks_min=v["ALERT_DECODE_TOKS_MIN"], alert_mem_margin_gib=v["ALERT_MEM_MARGIN_GIB"],
+        cluster_name=v["CLUSTER_NAME"], alertmanager_port=v["ALERTMANAGER_PORT"],
+        alert_webhook_url=v["ALERT_WEBHOOK_URL"],
+        alert_email_to=tuple(a for a in v["ALERT_EMAIL_TO"].split(",") if a), alert_email_from=v["ALERT_EMAIL_FROM"],
+        alert_smtp_smarthost=v["ALERT_SMTP_SMARTHOST"], alert_smtp_user=v["ALERT_SMTP_USER"],
+        alert_smtp_password_file=os.path.expanduser(v["ALERT_SMTP_PASSWORD_FILE"]),
+        alert_smtp_require_tls=v["ALERT_SMTP_REQUIRE_TLS"], alert_group_wait_s=v["ALERT_GROUP_WAIT_S"],
+        alert_group_interval_s=v["ALERT_GROUP_INTERVAL_S"], alert_repeat_interval_min=v["ALERT_REPEAT_INTERVAL_MIN"],
+        alert_silence_max_h=v["ALERT_SILENCE_MAX_H"],
         profile=profile, nodes=nodes, sources=sources, values=values,
         engine_args=tuple((k, val, src) for k, (val, src) in engine["args"].items()),
         engine_env=tuple((k, val, src) for k, (val, src) in engine["env"].items()),
     )
+
+
+def _email(values):
+    """E-mail needs its server and From address; a user needs its password file, and the other way round."""
+    if values["ALERT_EMAIL_TO"]:
+        for need in ("ALERT_SMTP_SMARTHOST", "ALERT_EMAIL_FROM"):
+            if not values[need]:
+                raise ConfigError(f"ALERT_EMAIL_TO is set but {need} is empty: set it too (README \"Alerts\"), "
+                                  "or unset ALERT_EMAIL_TO")
+    if bool(values["ALERT_SMTP_USER"]) != bool(values["ALERT_SMTP_PASSWORD_FILE"]):
+        given, missing = (("ALERT_SMTP_USER", "ALERT_SMTP_PASSWORD_FILE") if values["ALERT_SMTP_USER"]
+                          else ("ALERT_SMTP_PASSWORD_FILE", "ALERT_SMTP_USER"))
+        raise ConfigError(f"{given} is set but {missing} is empty: the mail server's login needs both")
 
 
 class Layer(NamedTuple):
@@ -419,7 +459,7 @@ def _nodes(layers, targets, worker_model_dir, sources):
 
 # ---- the watchdog's copy: the resolved values, no secret ------------------------------------------
 
-NOT_RESOLVED = ("hf_token", "sources", "values")
+NOT_RESOLVED = ("hf_token", "alert_webhook_url", "sources", "values")
 
 
 def resolved(cfg):
@@ -438,7 +478,7 @@ def from_resolved(data):
     try:
         values = {k: tuples(v) for k, v in data.items()}
         values["nodes"] = tuple(NodeSpec(**{k: tuples(x) for k, x in n.items()}) for n in data["nodes"])
-        return Config(**values, hf_token="", sources={}, values={})
+        return Config(**values, hf_token="", alert_webhook_url="", sources={}, values={})
     except (TypeError, AttributeError) as err:
         raise ConfigError(f"the resolved settings cannot be read ({err}): run `doit launch`") from None
 
@@ -457,7 +497,7 @@ def describe(cfg):
         src = cfg.sources.get(s.key, "environment" if s.env_only and v else "default")
         if s.name in ("TP_SIZE", "NNODES", "CAPS", "API_KEY_FILE") and not cfg.values[s.name]:
             src = "derived"
-        if s.kind == "secret":
+        if s.kind in schema.HIDDEN_KINDS:
             v = "(set)" if v else "(unset)"
         elif isinstance(v, bool):
             v = int(v)

@@ -1,6 +1,7 @@
 """doit incidents [show [N|NAME]]: the incident folders the watchdog and launch saved before a restart
 ($STATE_DIR/incidents/), newest first: time, verdict, outage, result, evidence; `show N` prints the N-th
-newest (1: the last) with what was gathered from each node and the stopped processes' stacks."""
+newest (1: the last), `show NAME` the one an alert names, with what was gathered from each node and
+the stopped processes' stacks."""
 from dsv41.errors import UserError
 from dsv41.head.core import incidents as folders
 

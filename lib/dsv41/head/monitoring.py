@@ -1,8 +1,10 @@
 """doit monitoring: a Prometheus configuration scraping the engine's /metrics on the head and
-node_exporter on every node, dsv41's alert rules and a Grafana dashboard, rendered from the Config
-into $STATE_DIR/monitoring/ (templates in conf/monitoring/). --install runs them as dsv41-prometheus.service
-on the head: Debian's `prometheus` binary with our own config file and data dir (the distribution's
-/etc/prometheus/prometheus.yml and its service are left alone). Serving needs none of it."""
+node_exporter on every node, dsv41's alert rules, an Alertmanager configuration delivering them (the
+receivers, the grouping per cluster, the inhibition during a recovery) and a Grafana dashboard, rendered
+from the Config into $STATE_DIR/monitoring/ (templates in conf/monitoring/). --install runs them as
+dsv41-prometheus.service and dsv41-alertmanager.service on the head: Debian's `prometheus` and
+`prometheus-alertmanager` binaries with our own config files and data dirs (the distribution's files in
+/etc/prometheus/ are left alone, its alertmanager service is masked). Serving needs none of it."""
 import json
 import os
 import pwd
@@ -15,8 +17,9 @@ import jinja2
 import requests
 
 from dsv41 import names
-from dsv41.errors import UserError
+from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
+from dsv41.head.core import alertmanager as am
 from dsv41.head.core import commands, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.config import ROOT
@@ -24,8 +27,10 @@ from dsv41.head.config import ROOT
 TEMPLATES = ROOT / "conf" / "monitoring"
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "promtool"
-UNIT_TEMPLATE = "dsv41-prometheus.service.j2"
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+AMTOOL = "amtool"
 CONFIG, RULES, DASHBOARD = "prometheus.yml", "rules.yml", "dashboard.json"
+AM_CONFIG, AM_TEMPLATES, AM_DATA = "alertmanager.yml", "alerts.tmpl", "alertmanager"
 READY_S = 60                           # how long --install waits for Prometheus and its first scrapes
 
 
@@ -60,14 +65,46 @@ def _template(name):
 def render_config(cfg, rules_path):
     return _template(CONFIG + ".j2").render(
         interval=f"{cfg.scrape_interval_s}s", rules=rules_path, engine=engine_target(cfg),
-        key_file=cfg.api_key_file if cfg.metrics_with_key else "", nodes=node_targets(cfg))
+        key_file=cfg.api_key_file if cfg.metrics_with_key else "", nodes=node_targets(cfg),
+        cluster=cfg.cluster_name, alertmanager=f"127.0.0.1:{cfg.alertmanager_port}")
 
 
 def render_rules(cfg):
     return _template(RULES + ".j2").render(
         for_s=cfg.alert_for_s, recent_min=cfg.alert_recent_min, ttft_p95_s=f"{cfg.alert_ttft_p95_s:g}",
         decode_toks_min=f"{cfg.alert_decode_toks_min:g}", margin_gib=f"{cfg.alert_mem_margin_gib:g}",
-        margin_bytes=int(cfg.alert_mem_margin_gib * 2**30))
+        margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
+        grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s)
+
+
+def render_alertmanager(cfg, templates_path):
+    email = cfg.alert_email_to and {
+        "to": cfg.alert_email_to, "sender": cfg.alert_email_from, "smarthost": cfg.alert_smtp_smarthost,
+        "user": cfg.alert_smtp_user, "password_file": cfg.alert_smtp_password_file,
+        "require_tls": cfg.alert_smtp_require_tls}
+    return _template(AM_CONFIG + ".j2").render(
+        templates=templates_path, receiver="dsv41" if am.receivers(cfg) else "nowhere", webhook=cfg.alert_webhook_url,
+        email=email, group_wait=f"{cfg.alert_group_wait_s}s", group_interval=f"{cfg.alert_group_interval_s}s",
+        repeat_interval=f"{cfg.alert_repeat_interval_min}m")
+
+
+def check_password_file(cfg):
+    """Alertmanager reads the mail server's password itself: the file must be there, and ours alone."""
+    path = cfg.alert_smtp_password_file
+    if not path:
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        raise UserError(f"ALERT_SMTP_PASSWORD_FILE={path} cannot be read ({err.strerror}): write the mail "
+                        "server's password there (chmod 0600)") from None
+    if mode & 0o004:
+        raise UserError(f"ALERT_SMTP_PASSWORD_FILE={path} is readable by every user: chmod 0600 it")
+    with open(path, "rb") as f:                  # Alertmanager 0.25 sends the file's bytes as they are
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 1))
+        if f.read(1) in (b"\n", b"\r"):
+            raise UserError(f"ALERT_SMTP_PASSWORD_FILE={path} ends with a newline, which Alertmanager would send "
+                            "as part of the password: write it with printf '%s' PASSWORD > FILE")
 
 
 def dashboard():
@@ -89,34 +126,47 @@ def prometheus_argv(cfg):
             f"--web.listen-address=:{cfg.prometheus_port}", "--web.enable-lifecycle"]
 
 
-def render_unit(cfg):
-    return (units.environment().get_template(UNIT_TEMPLATE)
-            .render(user=service_user(), prometheus=prometheus_argv(cfg)))
+def alertmanager_argv(cfg):
+    """On 127.0.0.1 only, clustering off; no secret here: those are in its mode-0600 config file."""
+    d = out_dir(cfg)
+    return [ALERTMANAGER, f"--config.file={d}/{AM_CONFIG}", f"--storage.path={d}/{AM_DATA}",
+            f"--web.listen-address=127.0.0.1:{cfg.alertmanager_port}", "--cluster.listen-address="]
+
+
+def render_unit(cfg, unit=names.PROMETHEUS_UNIT):
+    argv = {names.PROMETHEUS_UNIT: {"prometheus": prometheus_argv(cfg)},
+            names.ALERTMANAGER_UNIT: {"alertmanager": alertmanager_argv(cfg)}}[unit]
+    return units.environment().get_template(unit + ".j2").render(user=service_user(), **argv)
 
 
 def render(cfg):
-    """Write the config, rules, dashboard and unit into $STATE_DIR/monitoring/; returns {name: path}."""
+    """Write the configs, rules, dashboard and units into $STATE_DIR/monitoring/; returns {name: path}.
+    alertmanager.yml is mode 0600 (it may hold the webhook URL)."""
+    check_password_file(cfg)
     d = out_dir(cfg)
-    rules = os.path.join(d, RULES)
-    files = {CONFIG: render_config(cfg, rules), RULES: render_rules(cfg), DASHBOARD: dashboard(),
-             names.PROMETHEUS_UNIT: render_unit(cfg)}
+    files = {CONFIG: render_config(cfg, os.path.join(d, RULES)), RULES: render_rules(cfg), DASHBOARD: dashboard(),
+             AM_CONFIG: render_alertmanager(cfg, os.path.join(d, AM_TEMPLATES)),
+             AM_TEMPLATES: (TEMPLATES / AM_TEMPLATES).read_text(),
+             names.PROMETHEUS_UNIT: render_unit(cfg), names.ALERTMANAGER_UNIT: render_unit(cfg, names.ALERTMANAGER_UNIT)}
     paths = {}
     for name, text in files.items():
         paths[name] = os.path.join(d, name)
-        write_atomic(paths[name], text, 0o644)
+        write_atomic(paths[name], text, 0o600 if name == AM_CONFIG else 0o644)
     return paths
 
 
 def check(paths):
-    """promtool check config (the rules with it); one line naming the problem when it fails. Skipped
-    with a note when promtool is missing (monitoring only renders then)."""
-    if not shutil.which(PROMTOOL):
-        print(f"note: {PROMTOOL} is missing, the files were not checked (apt install prometheus)")
-        return
-    r = subprocess.run([PROMTOOL, "check", "config", paths[CONFIG]], capture_output=True, text=True)
-    if r.returncode:
-        last = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["?"]
-        raise UserError(f"promtool check config {paths[CONFIG]} failed: {last[0]}")
+    """promtool check config (the rules with it) and amtool check-config; one line naming the problem
+    when one fails. Skipped with a note when a tool is missing (monitoring only renders then)."""
+    for tool, argv, package in ((PROMTOOL, ["check", "config", paths[CONFIG]], "prometheus"),
+                                (AMTOOL, ["check-config", paths[AM_CONFIG]], "prometheus-alertmanager")):
+        if not shutil.which(tool):
+            print(f"note: {tool} is missing, {os.path.basename(argv[-1])} was not checked (apt install {package})")
+            continue
+        r = subprocess.run([tool, *argv], capture_output=True, text=True)
+        if r.returncode:
+            last = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or ["?"]
+            raise UserError(f"{tool} {' '.join(argv)} failed: {last[0]}")
 
 
 def monitoring(cfg, install=False):
@@ -127,8 +177,13 @@ def monitoring(cfg, install=False):
     print(f"  {CONFIG:<24} Prometheus: the engine at {engine_target(cfg)}, node_exporter on "
           + ", ".join(f"{n['name']} {n['target']}" for n in node_targets(cfg)))
     print(f"  {RULES:<24} alert rules (README \"Monitoring\")")
+    print(f"  {AM_CONFIG:<24} Alertmanager: alerts of cluster {cfg.cluster_name} to "
+          + (", ".join(am.receivers(cfg)) or "nowhere") + " (mode 0600)")
     print(f"  {DASHBOARD:<24} Grafana dashboard: import it with a Prometheus data source")
-    print(f"  {names.PROMETHEUS_UNIT:<24} the unit --install runs")
+    print(f"  {names.PROMETHEUS_UNIT:<24} and {names.ALERTMANAGER_UNIT}: the units --install runs")
+    if not am.receivers(cfg):
+        print("note: no alert receiver is set, alerts go nowhere (set ALERT_WEBHOOK_URL or ALERT_EMAIL_TO: "
+              "README \"Alerts\")")
     if not cfg.metrics_dir:
         print("note: METRICS_DIR is not set: no node_exporter is enabled, and the guard and watchdog write no "
               "metrics (set it, e.g. METRICS_DIR=/var/lib/dsv41/metrics, and run `doit launch`)")
@@ -137,20 +192,36 @@ def monitoring(cfg, install=False):
 
 
 def run_installed(cfg, paths):
-    """dsv41-prometheus.service on the head: installed, enabled, (re)loaded; waits until it is ready and
-    every target was scraped once, then prints the targets' health."""
-    if not os.access(PROMETHEUS, os.X_OK):
-        raise UserError(f"{PROMETHEUS} is missing on the head: apt install prometheus (its own service "
-                        "is not needed; dsv41 runs dsv41-prometheus.service)")
+    """dsv41-alertmanager.service and dsv41-prometheus.service on the head: installed, enabled, (re)loaded
+    (Debian's prometheus-alertmanager.service masked: it would take the same port); waits until both are
+    ready and every target was scraped once, then prints the targets' health."""
+    for binary, package in ((PROMETHEUS, "prometheus"), (ALERTMANAGER, "prometheus-alertmanager")):
+        if not os.access(binary, os.X_OK):
+            raise UserError(f"{binary} is missing on the head: apt install {package} (its own service is not "
+                            "needed; dsv41 runs its own unit)")
     cl = Cluster(cfg)
     head = cl.head
-    os.makedirs(os.path.join(out_dir(cfg), "data"), exist_ok=True)
-    unit = names.PROMETHEUS_UNIT
+    for d in ("data", AM_DATA):
+        os.makedirs(os.path.join(out_dir(cfg), d), exist_ok=True)
+    head.run(cl.priv(head, commands.systemctl("mask", "--now", "--quiet", names.DEBIAN_ALERTMANAGER_UNIT)))
+    for unit in (names.ALERTMANAGER_UNIT, names.PROMETHEUS_UNIT):
+        install_unit(cl, head, unit, paths[unit])
+    wait_ready(f"{am.url(cfg)}/-/ready", names.ALERTMANAGER_UNIT, "ALERTMANAGER_PORT")
+    url = f"http://127.0.0.1:{cfg.prometheus_port}"
+    targets = wait_targets(url, names.PROMETHEUS_UNIT)
+    for t in targets:
+        state = t["health"] + (f" ({t['lastError']})" if t.get("lastError") else "")
+        print(f"  {t['labels'].get('job', '?'):<13} {t['labels'].get('node', '?'):<9} {t['scrapeUrl']:<40} {state}")
+    print(f"Prometheus: {url} (alerts: {url}/alerts); Alertmanager: {am.url(cfg)} (`doit alerts`); "
+          f"dashboard: {paths[DASHBOARD]}")
+
+
+def install_unit(cl, head, unit, rendered):
     path = f"{names.UNIT_DIR}/{unit}"
-    text = open(paths[unit]).read()
+    text = open(rendered).read()
     have = head.read_file(path)
     if have is None or have.decode() != text:
-        head.run(cl.priv(head, ["install", "-m", "0644", paths[unit], path]))
+        head.run(cl.priv(head, ["install", "-m", "0644", rendered, path]))
         head.run(cl.priv(head, commands.systemctl("daemon-reload")))
         head.run(cl.priv(head, commands.systemctl("enable", "--quiet", unit)))
         head.run(cl.priv(head, commands.systemctl("restart", unit)))
@@ -159,12 +230,20 @@ def run_installed(cfg, paths):
         head.run(cl.priv(head, commands.systemctl("enable", "--quiet", unit)))
         head.run(cl.priv(head, commands.systemctl("reload-or-restart", unit)))
         say(head, f"{unit} re-read its configuration")
-    url = f"http://127.0.0.1:{cfg.prometheus_port}"
-    targets = wait_targets(url, unit)
-    for t in targets:
-        state = t["health"] + (f" ({t['lastError']})" if t.get("lastError") else "")
-        print(f"  {t['labels'].get('job', '?'):<13} {t['labels'].get('node', '?'):<9} {t['scrapeUrl']:<40} {state}")
-    print(f"Prometheus: {url} (alerts: {url}/alerts); dashboard: {paths[DASHBOARD]}")
+
+
+def wait_ready(url, unit, port_setting):
+    deadline = time.monotonic() + READY_S
+    err = None
+    while time.monotonic() < deadline:
+        try:
+            requests.get(url, timeout=5).raise_for_status()
+            return
+        except requests.RequestException as e:
+            err = e
+        time.sleep(1)
+    raise UserError(f"{unit} did not become ready at {url} within {READY_S} s ({one_line(err, 200)}): "
+                    f"journalctl -u {unit}; is {port_setting} taken?")
 
 
 def wait_targets(url, unit):

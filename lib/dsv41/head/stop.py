@@ -1,15 +1,17 @@
-"""doit stop (the watchdog first, so it never fights the stop; then the engine's units in the recipe's
-stop order, then the memory guards) and doit clear-trip.
+"""doit stop (the cluster's alerts silenced first, for ALERT_SILENCE_MAX_H or until `doit launch` is ready;
+the watchdog next, so it never fights the stop; then the engine's units in the recipe's stop order, then
+the memory guards) and doit clear-trip.
 Stop is what people reach for when things are broken: it stops everything on every node it can reach,
 then fails naming each node it could not reach and what may still run there."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import runlock
+from dsv41.head.core import runlock, silences
 from dsv41.head.core.cluster import Cluster, say
 
 
 def stop(cfg):
     cl = Cluster(cfg)
+    say(cl.head, silences.silence(cfg, "doit stop"))
     cl.connect()
     missed = {}
 

@@ -32,6 +32,7 @@ DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
 # user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
 TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
+EMAILS_RE = r"^[^@\s,]+@[^@\s,]+(?:,[^@\s,]+@[^@\s,]+)*$"
 PER_NODE_RE = re.compile(r"^(?:R(\d+)|HEAD|WORKER)_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$")
 
 
@@ -154,6 +155,33 @@ SETTINGS = (
       lo=0, hi=10000),
     S("ALERT_MEM_MARGIN_GIB", "float", 4, "MemAvailable within this much of the memory guard's floor alerts",
       lo=0, hi=1024),
+    S("CLUSTER_NAME", "text", "dsv41", "the cluster's name: Prometheus's external label `cluster`, by which "
+      "Alertmanager groups and silences its alerts", pattern=r"^[A-Za-z0-9_.-]+$",
+      expect="a name of letters, digits and . _ -"),
+    S("ALERTMANAGER_PORT", "int", 9093, "`doit monitoring --install`: dsv41-alertmanager's API on the head "
+      "(127.0.0.1 only)", lo=1, hi=65535),
+    S("ALERT_WEBHOOK_URL", "webhook", "", "Alertmanager POSTs its JSON notifications here, e.g. an ntfy topic "
+      "(semi-secret: only in the mode-0600 alertmanager.yml)", env_only=True, shown="(none)"),
+    S("ALERT_EMAIL_TO", "text", "", "e-mail the alerts to these addresses (comma list)", pattern=EMAILS_RE,
+      expect="e-mail addresses, a comma list", shown="(none)"),
+    S("ALERT_EMAIL_FROM", "text", "", "the alerts' From address", pattern=r"^[^@\s,]+@[^@\s,]+$",
+      expect="one e-mail address", shown="(none)"),
+    S("ALERT_SMTP_SMARTHOST", "text", "", "the mail server the alerts go through, host:port",
+      pattern=r"^(?:[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}$", expect="host:port, e.g. mail.example.org:587",
+      shown="(none)"),
+    S("ALERT_SMTP_USER", "text", "", "the mail server's user (with `ALERT_SMTP_PASSWORD_FILE`)",
+      pattern=r"^[^\s]+$", expect="a user name without spaces", shown="(none)"),
+    S("ALERT_SMTP_PASSWORD_FILE", "path", "", "a file holding the mail server's password, read by Alertmanager "
+      "itself (`auth_password_file`)", shown="(none)"),
+    S("ALERT_SMTP_REQUIRE_TLS", "bool", True, "the mail server must offer STARTTLS"),
+    S("ALERT_GROUP_WAIT_S", "int", 30, "a new incident's first notification waits this long for its other "
+      "alerts (and the watchdog's own)", lo=0, hi=3600),
+    S("ALERT_GROUP_INTERVAL_S", "int", 120, "a change to the cluster's firing alerts is notified after at most "
+      "this long", lo=1, hi=24 * 3600),
+    S("ALERT_REPEAT_INTERVAL_MIN", "int", 240, "alerts still firing are notified again after this long",
+      lo=1, hi=7 * 24 * 60),
+    S("ALERT_SILENCE_MAX_H", "int", 6, "a silence set by `doit stop` (or a restart) ends after at most this long",
+      lo=1, hi=7 * 24),
     S("FREE_GIB_HEAD", "int", 700, "free disk preflight wants on the head (a download plus reassembly)", lo=0),
     S("FREE_GIB_WORKER", "int", 470, "free disk preflight wants on each worker", lo=0),
     S("SKIP_CHECKS", "list", "", "preflight checks to downgrade to WARN (comma list)", choices=CHECK_NAMES,
@@ -272,6 +300,13 @@ def _secret(s, label, v):
     return v
 
 
+def _webhook(s, label, v):
+    v = v.strip()
+    if v and not re.match(r"^https?://[^\s/]+\S*$", v):
+        raise bad(label, "(hidden)", "an http:// or https:// URL")
+    return v
+
+
 def _path(s, label, v):
     """An absolute path or one starting with ~/ (as configured: each node resolves ~ against its home);
     empty when the setting may be empty."""
@@ -371,9 +406,10 @@ def _hcas(s, label, v):
 
 
 KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice": _choice, "text": _text,
-         "secret": _secret, "path": _path, "words": _words, "target": _target, "targets": _targets,
+         "secret": _secret, "webhook": _webhook, "path": _path, "words": _words, "target": _target, "targets": _targets,
          "list": _list, "caps": _caps, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
 # what a profile writes for each kind (TOML types); every other kind is a string
+HIDDEN_KINDS = ("secret", "webhook")     # `doit config` shows these as set or unset
 TOML_TYPES = {"int": (int,), "float": (int, float), "floor": (int, float), "bool": (bool,)}
 TOML_WORDS = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
 

@@ -1,0 +1,105 @@
+"""Silences for planned work: while a command stops the ranks on purpose (`doit stop`, a launch that
+restarts them, a rollback), the cluster's alerts are silenced in the head's Alertmanager. One silence per
+creator (createdBy `dsv41 doit stop`, `dsv41 doit launch`, ...) matching cluster=CLUSTER_NAME, ending at
+most ALERT_SILENCE_MAX_H after it was set or extended. The rules are pure functions of the silences the
+API lists and a clock; silence(), unsilence(), silences() and silence_line() never raise and never hold a
+command up for long: with Alertmanager absent or down they return a line (or nothing) saying so."""
+import time
+
+from dsv41.head.core import alertmanager as am
+
+PREFIX = "dsv41 "                       # createdBy of every silence of ours: "dsv41 " + who set it
+EXTEND_SLACK_S = 60                     # a silence ending within this of the wanted end is kept as it is
+ODD = (am.AmError, LookupError, TypeError, ValueError, AttributeError)   # no answer, or not the answer expected
+
+
+def matchers(cluster):
+    return [{"name": "cluster", "value": cluster, "isRegex": False, "isEqual": True}]
+
+
+def ours(sil, cluster, by=None):
+    """A silence of ours for this cluster, not expired (by: only those that creator set)."""
+    return (sil.get("status", {}).get("state") != "expired" and sil.get("matchers") == matchers(cluster)
+            and sil.get("createdBy", "").startswith(PREFIX) and (by is None or sil["createdBy"] == PREFIX + by))
+
+
+def plan_silence(silences, cluster, by, now, hours, max_h):
+    """The silence to POST for `by` (a new one, or its own extended to the wanted end), or None when
+    its own already lasts that long. The end is now + hours, never more than max_h."""
+    hours = max_h if hours is None else min(hours, max_h)
+    ends = now + hours * 3600
+    mine = sorted((s for s in silences if ours(s, cluster, by)), key=lambda s: am.ts(s["endsAt"]))
+    if mine and am.ts(mine[-1]["endsAt"]) >= ends - EXTEND_SLACK_S:
+        return None
+    body = {"matchers": matchers(cluster), "startsAt": mine[-1]["startsAt"] if mine else am.iso(now),
+            "endsAt": am.iso(ends), "createdBy": PREFIX + by,
+            "comment": f"planned work: {by} silences cluster {cluster}'s alerts until it is done "
+                       f"(at most {hours:g} h)"}
+    if mine:
+        body["id"] = mine[-1]["id"]
+    return body
+
+
+def to_expire(silences, cluster, by=None):
+    """The ids of our silences to end (by: only those that creator set)."""
+    return [s["id"] for s in silences if ours(s, cluster, by)]
+
+
+def clock(t):
+    return time.strftime("%H:%M", time.localtime(t))
+
+
+def describe(silences, cluster):
+    """'alerts silenced since 20:01 by doit stop (ends 02:01)' for the silence of ours that ends last, or None."""
+    mine = sorted((s for s in silences if ours(s, cluster)), key=lambda s: am.ts(s["endsAt"]))
+    if not mine:
+        return None
+    s = mine[-1]
+    return (f"alerts silenced since {clock(am.ts(s['startsAt']))} by {s['createdBy'][len(PREFIX):]} "
+            f"(ends {clock(am.ts(s['endsAt']))})")
+
+
+def silence(cfg, by, hours=None, now=time.time):
+    """Silence the cluster's alerts (matcher cluster=CLUSTER_NAME) for planned work by `by` ("doit stop",
+    "doit launch", "doit rollback"); returns a line to print. Ends after `hours`, never later than
+    ALERT_SILENCE_MAX_H (None: that long); a second call by the same creator extends its own silence.
+    `doit stop` calls it before it stops anything; a launch that restarts the ranks and a rollback call
+    silence(cfg, "doit launch") / silence(cfg, "doit rollback") before their restart and
+    unsilence(cfg, the same by) once the API is ready again."""
+    try:
+        body = plan_silence(am.silences(am.url(cfg)), cfg.cluster_name, by, now(), hours, cfg.alert_silence_max_h)
+        if body is None:
+            return f"alerts of cluster {cfg.cluster_name} were already silenced by {by}"
+        am.post_silence(am.url(cfg), body)
+        return f"alerts of cluster {cfg.cluster_name} silenced by {by} until {clock(am.ts(body['endsAt']))}"
+    except ODD as err:
+        return "alerts not silenced: " + am.absent(cfg, err)
+
+
+def unsilence(cfg, by=None):
+    """End our silences of the cluster's alerts: all of them, or those `by` set; returns a line.
+    `doit launch` calls unsilence(cfg) once the API is ready (the stop's silence and its own end)."""
+    try:
+        ids = to_expire(am.silences(am.url(cfg)), cfg.cluster_name, by)
+        for i in ids:
+            am.expire(am.url(cfg), i)
+    except ODD as err:
+        return "silence not ended: " + am.absent(cfg, err)
+    who = f" set by {by}" if by else ""
+    return f"alerts of cluster {cfg.cluster_name} are no longer silenced{who}" if ids else \
+        f"no silence{who} of cluster {cfg.cluster_name}'s alerts to end"
+
+
+def silences(cfg):
+    """Our silences of the cluster's alerts that are not expired, as the API gives them ([] when
+    Alertmanager does not answer)."""
+    try:
+        return [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name)]
+    except ODD:
+        return []
+
+
+def silence_line(cfg):
+    """'alerts silenced since 20:01 by doit stop (ends 02:01)', or None (none, or no Alertmanager):
+    for `doit status`."""
+    return describe(silences(cfg), cfg.cluster_name)

@@ -1,0 +1,97 @@
+"""Alerts in the two-node lab: `doit monitoring --install` runs dsv41-alertmanager beside dsv41-prometheus
+on the head (Debian's binaries; the package's own service masked), with a webhook recorder on the head's
+127.0.0.1 as the receiver. A worker rank killed while the watchdog runs is one firing and one resolved
+notification naming the verdict, the node, fault_at and the incident; `doit stop` silences the cluster's
+alerts and `doit launch` ends the silence; `doit alerts test` reports the webhook delivered. Timings are
+shortened through the settings (the lab profile's group timings, ALERT_FOR_S, the scrape every 2 s)."""
+import json
+import time
+
+import pytest
+
+import labctl
+from test_lab_monitoring import MON, STATE, WATCHDOG, api
+
+pytestmark = pytest.mark.lab
+
+HOOK_PORT = 9099
+POSTS = "/root/alerts-hook.jsonl"
+HOOK = f"""import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with open("{POSTS}", "a") as f:
+            f.write(json.dumps(json.loads(body)) + "\\n")
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", {HOOK_PORT}), H).serve_forever()
+"""
+ALERTS = {**MON, "ALERT_WEBHOOK_URL": f"http://127.0.0.1:{HOOK_PORT}/lab"}
+
+
+def posts(lab):
+    out = lab.on("head", f"cat {POSTS} 2>/dev/null || true").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def wait_for(what, check, timeout=180):
+    return labctl.wait_for(what, check, timeout)
+
+
+@pytest.fixture(scope="module")
+def alerting(lab, launched):
+    lab.on("head", f"rm -f {POSTS}; systemctl stop dsv41-test-hook 2>/dev/null; "
+                   f"systemd-run --unit dsv41-test-hook python3 -c {json.dumps(HOOK)}")
+    lab.doit("clear-trip", check=False)
+    lab.doit("launch", ALERTS)
+    r = lab.doit("monitoring --install", ALERTS)
+    assert "dsv41-alertmanager.service" in r.stdout and "to webhook" in r.stdout, r.stdout
+    assert lab.on("head", "systemctl is-enabled prometheus-alertmanager", check=False).stdout.strip() == "masked"
+    yield r.stdout
+    lab.on("head", "systemctl stop dsv41-test-hook; systemctl disable --now dsv41-prometheus dsv41-alertmanager; "
+                   "rm -f /etc/systemd/system/dsv41-prometheus.service /etc/systemd/system/dsv41-alertmanager.service; "
+                   "systemctl daemon-reload", check=False)
+    lab.doit("launch")
+
+
+def test_alertmanager_listens_on_loopback_only_without_the_url_in_its_argv(lab, alerting):
+    listen = lab.on("head", "ss -Hltn 'sport = :9093'").stdout
+    assert "127.0.0.1:9093" in listen and "0.0.0.0:9093" not in listen and "*:9093" not in listen
+    argv = lab.on("head", "cat /proc/$(systemctl show -p MainPID --value dsv41-alertmanager)/cmdline | tr '\\0' ' '")
+    assert "--cluster.listen-address= " in argv.stdout and "/lab" not in argv.stdout
+
+
+def test_doit_alerts_test_reports_the_webhook_delivered(lab, alerting):
+    r = lab.doit("alerts test", ALERTS)
+    assert "webhook  delivered" in r.stdout, r.stdout
+
+
+def test_a_healed_fault_pages_once_and_resolves_once(lab, alerting):
+    lab.on("head", f"rm -f {POSTS} {STATE}/watchdog.gaveup")
+    lab.doit("launch", {**ALERTS, **WATCHDOG})
+    wait_for("the watchdog's metrics", lambda: api(lab, "/api/v1/query", query="dsv41_watchdog_gave_up == 0")["result"])
+    lab.on("worker1", "docker kill dsv41-r1")
+    wait_for("a resolved notification", lambda: any(p["status"] == "resolved" for p in posts(lab)), timeout=300)
+    time.sleep(30)                                                  # a few group intervals: nothing more
+    got = [p for p in posts(lab) if p["commonLabels"].get("alertname") != "DSV41Test"]
+    assert [p["status"] for p in got] == ["firing", "resolved"], got
+    (alert,) = got[0]["alerts"]
+    assert alert["labels"]["alertname"] == "DSV41WatchdogRecovering" and alert["labels"]["node"] == "worker1"
+    assert alert["labels"]["verdict"] and alert["labels"]["fault_at"]
+    assert f"`doit incidents show {alert['labels']['incident']}`" in alert["annotations"]["description"]
+    shown = lab.doit(f"incidents show {alert['labels']['incident']}", ALERTS)
+    assert alert["labels"]["verdict"] in shown.stdout
+    lab.doit("launch", ALERTS)
+
+
+def test_stop_silences_and_launch_ends_it(lab, alerting):
+    lab.on("head", f"rm -f {POSTS}")
+    out = lab.doit("stop", ALERTS).stdout
+    assert "silenced by doit stop until" in out, out
+    listing = lab.doit("alerts", ALERTS).stdout
+    assert "by dsv41 doit stop" in listing
+    wait_for("the rank alerts firing, silenced", lambda: "DSV41RankDown" in lab.doit("alerts", ALERTS).stdout)
+    time.sleep(20)
+    assert posts(lab) == []                                          # planned work pages no one
+    lab.doit("launch", ALERTS)
+    assert "no silence" in lab.doit("alerts", ALERTS).stdout, "launch must end the stop's silence (unsilence)"

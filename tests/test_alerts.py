@@ -1,0 +1,461 @@
+"""Alerts reach a person: the rendered alertmanager.yml passes `amtool check-config` with each set of
+receivers, and a real Alertmanager (Debian's 0.25, installed by tests/setup/monitoring.sh, started here on
+127.0.0.1 with our own argv, clustering off) delivers to a real webhook recorder and a real SMTP server
+(aiosmtpd, with a login whose password Alertmanager reads from its file): a healed fault is one firing
+and one resolved notification, the rank alert inhibited under the recovery's; a silence set by
+silences.silence() stops notifications and unsilence() ends it; `doit alerts test` reports delivery per
+integration. No secret reaches an argv, a unit or a world-readable file; no Alertmanager is left running."""
+import email
+import email.policy
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from dsv41.head import config, monitoring
+from dsv41.head.core import alertmanager as am
+from dsv41.head.core import silences
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")
+PASSWORD = "smtp-pass-Zq81"
+HOOK_TOKEN = "hook-token-7Hc2"
+INCIDENT = {"verdict": "DEAD", "node": "worker1", "fault_at": "2026-12-01T20:01:02Z",
+            "incident": "20261201T200102Z-DEAD"}
+
+
+def need(tool):
+    path = shutil.which(tool)
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{tool} is missing: tests/setup/monitoring.sh installs it (Debian's prometheus-alertmanager)")
+    pytest.skip(f"{tool} is missing: run tests/setup/monitoring.sh (as root) to install Debian's prometheus-alertmanager")
+
+
+@pytest.fixture(scope="module")
+def amtool():
+    return need("amtool")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cfg_for(tmp_path, **env):
+    base = {"STATE_DIR": str(tmp_path / "state"), "WORKER": "root@10.10.10.11", "CLUSTER_NAME": "sparks"}
+    return config.load_config({**base, **env})
+
+
+def password_file(tmp_path):
+    p = tmp_path / "smtp-password"
+    p.write_text(PASSWORD)                      # no newline: Alertmanager would send it
+    p.chmod(0o600)
+    return str(p)
+
+
+def email_env(tmp_path, port=2525):
+    return {"ALERT_EMAIL_TO": "oncall@example.org", "ALERT_EMAIL_FROM": "dsv41@example.org",
+            "ALERT_SMTP_SMARTHOST": f"127.0.0.1:{port}", "ALERT_SMTP_USER": "alerts",
+            "ALERT_SMTP_PASSWORD_FILE": password_file(tmp_path), "ALERT_SMTP_REQUIRE_TLS": "0"}
+
+
+# ---- rendering --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["both", "none", "webhook", "email"])
+def test_the_config_passes_amtool_with_each_set_of_receivers(tmp_path, amtool, which):
+    env = {}
+    if which in ("both", "webhook"):
+        env["ALERT_WEBHOOK_URL"] = f"https://ntfy.example.org/{HOOK_TOKEN}"
+    if which in ("both", "email"):
+        env.update(email_env(tmp_path))
+    cfg = cfg_for(tmp_path, **env)
+    paths = monitoring.render(cfg)
+    r = subprocess.run([amtool, "check-config", paths["alertmanager.yml"]], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert stat.S_IMODE(os.stat(paths["alertmanager.yml"]).st_mode) == 0o600
+    conf = yaml.safe_load(Path(paths["alertmanager.yml"]).read_text())
+    receivers = {r["name"]: r for r in conf["receivers"]}
+    assert conf["route"]["group_by"] == ["cluster"]
+    assert conf["route"]["receiver"] == ("nowhere" if which == "none" else "dsv41")
+    dsv41 = receivers.get("dsv41", {})
+    assert bool(dsv41.get("webhook_configs")) == (which in ("both", "webhook"))
+    assert bool(dsv41.get("email_configs")) == (which in ("both", "email"))
+    for e in dsv41.get("email_configs", []):
+        assert e["send_resolved"] is True and e["auth_password_file"] == env["ALERT_SMTP_PASSWORD_FILE"]
+    for w in dsv41.get("webhook_configs", []):
+        assert w["send_resolved"] is True
+    (inhibit,) = conf["inhibit_rules"]
+    assert inhibit["source_matchers"] == ['alertname="DSV41WatchdogRecovering"'] and inhibit["equal"] == ["cluster"]
+    rendered = "".join(Path(p).read_text() for p in paths.values())
+    assert PASSWORD not in rendered
+    world = "".join(Path(p).read_text() for p in paths.values() if os.stat(p).st_mode & 0o004)
+    assert HOOK_TOKEN not in world
+
+
+def test_prometheus_sends_to_it_with_the_cluster_label(tmp_path):
+    promtool = need("promtool")
+    cfg = cfg_for(tmp_path, ALERTMANAGER_PORT="9193")
+    paths = monitoring.render(cfg)
+    r = subprocess.run([promtool, "check", "config", paths["prometheus.yml"]], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    conf = yaml.safe_load(Path(paths["prometheus.yml"]).read_text())
+    assert conf["global"]["external_labels"] == {"cluster": "sparks"}
+    assert conf["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9193"]
+    unit = Path(paths["dsv41-alertmanager.service"]).read_text()
+    assert "--web.listen-address=127.0.0.1:9193 --cluster.listen-address=\n" in unit
+    assert "/etc/prometheus" not in unit
+
+
+@pytest.mark.parametrize("env, word", [({"ALERT_EMAIL_TO": "oncall@example.org"}, "ALERT_SMTP_SMARTHOST"),
+                                        ({"ALERT_SMTP_USER": "alerts"}, "ALERT_SMTP_PASSWORD_FILE"),
+                                        ({"ALERT_WEBHOOK_URL": "ntfy.sh/x"}, "ALERT_WEBHOOK_URL"),
+                                        ({"ALERTMANAGER_PORT": "9090"}, "ALERTMANAGER_PORT"),
+                                        ({"ALERT_GROUP_WAIT_S": "-1"}, "ALERT_GROUP_WAIT_S")])
+def test_bad_alert_settings_are_one_line_and_exit_2(tmp_path, env, word):
+    run = [str(ROOT / ".venv" / "bin" / "doit"), "-f", str(ROOT / "dodo.py"), "monitoring"]
+    r = subprocess.run(run, env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "s"),
+                                 **env}, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and word in r.stderr, r.stderr
+    assert "ntfy.sh/x" not in r.stderr
+    assert not (tmp_path / "s" / "monitoring").exists()
+
+
+def test_a_world_readable_or_newline_ended_password_file_is_refused(tmp_path):
+    env = email_env(tmp_path)
+    os.chmod(env["ALERT_SMTP_PASSWORD_FILE"], 0o644)
+    with pytest.raises(monitoring.UserError, match="readable by every user: chmod 0600"):
+        monitoring.render(cfg_for(tmp_path, **env))
+    os.chmod(env["ALERT_SMTP_PASSWORD_FILE"], 0o600)
+    Path(env["ALERT_SMTP_PASSWORD_FILE"]).write_text(PASSWORD + "\n")
+    with pytest.raises(monitoring.UserError, match="ends with a newline") as e:
+        monitoring.render(cfg_for(tmp_path, **env))
+    assert PASSWORD not in str(e.value)
+    assert not (tmp_path / "state" / "monitoring" / "alertmanager.yml").exists()
+
+
+# ---- the silence lifecycle, on a fake clock ---------------------------------------------------------
+
+T0 = 1_796_155_262.0                     # 2026-12-01T20:01:02Z
+
+
+def listed(body, sid, state="active"):
+    """A silence as the API lists it, from the body that created it."""
+    return {**body, "id": sid, "status": {"state": state}, "updatedAt": body["startsAt"]}
+
+
+def test_silence_lifecycle_on_a_fake_clock():
+    first = silences.plan_silence([], "sparks", "doit stop", T0, None, 6)
+    assert first["matchers"] == [{"name": "cluster", "value": "sparks", "isRegex": False, "isEqual": True}]
+    assert first["createdBy"] == "dsv41 doit stop" and "id" not in first and "doit stop" in first["comment"]
+    assert am.ts(first["startsAt"]) == T0 and am.ts(first["endsAt"]) == T0 + 6 * 3600
+    have = [listed(first, "s1")]
+    assert silences.plan_silence(have, "sparks", "doit stop", T0 + 30, None, 6) is None      # already lasts
+    later = silences.plan_silence(have, "sparks", "doit stop", T0 + 3600, None, 6)           # extended, same id
+    assert later["id"] == "s1" and am.ts(later["startsAt"]) == T0 and am.ts(later["endsAt"]) == T0 + 7 * 3600
+    capped = silences.plan_silence([], "sparks", "doit launch", T0, 48, 6)                    # never past max
+    assert am.ts(capped["endsAt"]) == T0 + 6 * 3600
+    short = silences.plan_silence(have, "sparks", "doit launch", T0, 0.25, 6)                 # another creator
+    assert "id" not in short and am.ts(short["endsAt"]) == T0 + 900
+    others = [listed(first, "s1"), listed(short, "s2"), listed(first, "s3", "expired"),
+              {**listed(first, "s4"), "createdBy": "alice"},
+              {**listed(first, "s5"), "matchers": silences.matchers("other")}]
+    assert silences.to_expire(others, "sparks") == ["s1", "s2"]
+    assert silences.to_expire(others, "sparks", "doit launch") == ["s2"]
+    line = silences.describe(others, "sparks")
+    assert line == f"alerts silenced since {silences.clock(T0)} by doit stop (ends {silences.clock(T0 + 6 * 3600)})"
+    assert silences.describe([listed(first, "s3", "expired")], "sparks") is None
+
+
+def test_without_alertmanager_every_call_is_a_line_at_once(tmp_path):
+    cfg = cfg_for(tmp_path, ALERTMANAGER_PORT=str(free_port()))
+    t = time.monotonic()
+    assert silences.silence(cfg, "doit stop").startswith("alerts not silenced: no answer from Alertmanager at ")
+    assert silences.unsilence(cfg).startswith("silence not ended: no answer from Alertmanager")
+    assert silences.silences(cfg) == [] and silences.silence_line(cfg) is None
+    assert time.monotonic() - t < 5
+
+
+# ---- a real Alertmanager, a real webhook recorder, a real SMTP server -------------------------------
+
+class Recorder(ThreadingHTTPServer):
+    """Records each POST's JSON body."""
+
+    def __init__(self):
+        self.posts = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(h):
+                body = h.rfile.read(int(h.headers.get("Content-Length", 0)))
+                self.posts.append({"path": h.path, "body": json.loads(body)})
+                h.send_response(200)
+                h.end_headers()
+
+            def log_message(h, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class Mailbox:
+    def __init__(self):
+        self.messages = []
+        self.logins = []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append(email.message_from_bytes(envelope.content, policy=email.policy.default))
+        return "250 OK"
+
+    def auth(self, server, session, envelope, mechanism, auth_data):
+        from aiosmtpd.smtp import AuthResult
+        self.logins.append(auth_data.login)
+        return AuthResult(success=(auth_data.login, auth_data.password) == (b"alerts", PASSWORD.encode()))
+
+
+def smtp_server(box, port):
+    pytest.importorskip("aiosmtpd")
+    from aiosmtpd.controller import Controller
+    # on 127.0.0.1 without TLS, as a local relay; PLAIN only: aiosmtpd's LOGIN prompts are not the ones
+    # Alertmanager's client answers ("Username:")
+    c = Controller(box, hostname="127.0.0.1", port=port, authenticator=box.auth, auth_required=True,
+                   auth_require_tls=False, auth_exclude_mechanism=["LOGIN"])
+    c.start()
+    return c
+
+
+@pytest.fixture
+def running(tmp_path):
+    """A real Alertmanager with both receivers and short group timings, started with our own argv."""
+    need("amtool")
+    hook, box = Recorder(), Mailbox()
+    smtp_port = free_port()
+    smtp = smtp_server(box, smtp_port)
+    env = {"ALERTMANAGER_PORT": str(free_port()), "ALERT_GROUP_WAIT_S": "1", "ALERT_GROUP_INTERVAL_S": "2",
+           "ALERT_WEBHOOK_URL": f"http://127.0.0.1:{hook.server_address[1]}/{HOOK_TOKEN}",
+           **email_env(tmp_path, smtp_port)}
+    cfg = cfg_for(tmp_path, **env)
+    paths = monitoring.render(cfg)
+    argv = monitoring.alertmanager_argv(cfg)
+    os.makedirs(os.path.join(monitoring.out_dir(cfg), monitoring.AM_DATA), exist_ok=True)
+    log = open(tmp_path / "alertmanager.log", "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(f"{am.url(cfg)}/-/ready", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "alertmanager.log").read_text()
+            time.sleep(0.2)
+        yield {"cfg": cfg, "env": env, "hook": hook, "box": box, "smtp": smtp, "proc": proc, "paths": paths,
+               "tmp": tmp_path}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+        hook.shutdown()
+        try:
+            smtp.stop()
+        except Exception:           # noqa: BLE001 - a test stopped it already
+            pass
+    assert not [p for p in pgrep_alertmanagers() if str(tmp_path) in p], "an Alertmanager of this test still runs"
+
+
+def pgrep_alertmanagers():
+    r = subprocess.run(["pgrep", "-af", "prometheus-alertmanager"], capture_output=True, text=True)
+    return r.stdout.splitlines()
+
+
+def rules(cfg):
+    text = monitoring.render_rules(cfg)
+    return {r["alert"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
+
+
+def as_prometheus_sends(cfg, name, labels, resolved=False, ago=60):
+    """One alert as Prometheus 2.42 POSTs it: the series' labels, the rule's, the external cluster label,
+    annotations expanded; startsAt when it became active (`ago`), a firing one ends 4 resend delays ahead,
+    a resolved one now."""
+    rule = rules(cfg)[name]
+    now = time.time()
+    ann = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), v)
+           for k, v in rule["annotations"].items()}
+    return {"labels": {**labels, **rule["labels"], "alertname": name, "cluster": cfg.cluster_name},
+            "annotations": ann, "startsAt": am.iso(now - ago), "endsAt": am.iso(now if resolved else now + 240),
+            "generatorURL": f"http://head:9090/graph?g0.expr={name}"}
+
+
+def incident_alerts(cfg, resolved=False):
+    head = {"job": "dsv41-node", "instance": "127.0.0.1:9100"}
+    return [as_prometheus_sends(cfg, "DSV41WatchdogRecovering", {**head, **INCIDENT}, resolved, ago=0),
+            as_prometheus_sends(cfg, "DSV41RankDown", {"job": "dsv41-node", "instance": "10.10.10.11:9100",
+                                                       "node": "worker1"}, resolved)]
+
+
+def wait(running, what, check, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s; Alertmanager's log: " + \
+            (running["tmp"] / "alertmanager.log").read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def text_of(msg):
+    return msg.get_body(preferencelist=("plain",)).get_content()
+
+
+def names_the_incident(text):
+    return all(f"{k}={v}" in text for k, v in INCIDENT.items()) and \
+        "`doit incidents show 20261201T200102Z-DEAD`" in text
+
+
+def test_a_healed_fault_is_one_firing_and_one_resolved_notification(running):
+    """Prometheus sends the recovery's alert on the evaluation after the watchdog published it; the rank
+    alert, pending since the fault (its startsAt a minute back), is sent with it from then on. (The rules
+    raise no new rank alert during a recovery: Alertmanager's inhibitor learns of the source a moment after
+    it is stored, and an alert whose startsAt is older than group_wait is flushed at once.)"""
+    cfg, hook, box = running["cfg"], running["hook"], running["box"]
+    base = am.url(cfg)
+    am.post_alerts(base, incident_alerts(cfg)[:1])
+    wait(running, "the recovery's alert stored", lambda: am.alerts(base))
+    time.sleep(0.5)
+    am.post_alerts(base, incident_alerts(cfg))
+    wait(running, "the firing notification", lambda: hook.posts and box.messages)
+    for _ in range(3):                                 # Prometheus resends while they fire; nothing new pages
+        time.sleep(2)
+        am.post_alerts(base, incident_alerts(cfg))
+    assert len(hook.posts) == 1 and len(box.messages) == 1, [p["body"]["status"] for p in hook.posts]
+    firing = hook.posts[0]
+    assert firing["path"] == f"/{HOOK_TOKEN}" and firing["body"]["status"] == "firing"
+    (alert,) = firing["body"]["alerts"]                 # the rank alert is inhibited under the recovery's
+    assert alert["labels"]["alertname"] == "DSV41WatchdogRecovering"
+    assert {k: alert["labels"][k] for k in INCIDENT} == INCIDENT
+    assert "`doit incidents show 20261201T200102Z-DEAD`" in alert["annotations"]["description"]
+    assert "DEAD on worker1 (fault at 2026-12-01T20:01:02Z)" in alert["annotations"]["summary"]
+    mail = box.messages[0]
+    assert mail["Subject"].startswith("[FIRING] sparks: DSV41WatchdogRecovering") and names_the_incident(text_of(mail))
+    assert "DSV41RankDown" not in mail["Subject"]
+    assert box.logins and set(box.logins) == {b"alerts"}
+
+    am.post_alerts(base, incident_alerts(cfg, resolved=True))
+    wait(running, "the resolved notification", lambda: len(hook.posts) == 2 and len(box.messages) == 2)
+    time.sleep(6)                                      # three group intervals: nothing more
+    assert len(hook.posts) == 2 and len(box.messages) == 2
+    resolved = hook.posts[1]["body"]
+    assert resolved["status"] == "resolved" and {a["status"] for a in resolved["alerts"]} == {"resolved"}
+    assert "DSV41WatchdogRecovering" in {a["labels"]["alertname"] for a in resolved["alerts"]}
+    mail = box.messages[1]
+    assert mail["Subject"].startswith("[RESOLVED] sparks:") and names_the_incident(text_of(mail))
+
+
+def test_a_silence_stops_notifications_and_unsilence_ends_it(running):
+    cfg, hook, box = running["cfg"], running["hook"], running["box"]
+    base = am.url(cfg)
+    line = silences.silence(cfg, "doit stop")
+    assert line.startswith("alerts of cluster sparks silenced by doit stop until "), line
+    assert silences.silence(cfg, "doit stop") == "alerts of cluster sparks were already silenced by doit stop"
+    (sil,) = silences.silences(cfg)
+    assert sil["createdBy"] == "dsv41 doit stop" and am.ts(sil["endsAt"]) <= time.time() + 6 * 3600 + 5
+    assert silences.silence_line(cfg).startswith("alerts silenced since ") and "by doit stop (ends " in \
+        silences.silence_line(cfg)
+    api_down = [as_prometheus_sends(cfg, "DSV41ApiDown", {"job": "dsv41-engine", "instance": "127.0.0.1:8000",
+                                                          "node": "head"})]
+    am.post_alerts(base, api_down)
+    time.sleep(5)
+    assert hook.posts == [] and box.messages == []
+    listing = doit(running, "alerts")
+    assert listing.returncode == 0 and "DSV41ApiDown" in listing.stdout and "silenced" in listing.stdout
+    assert "by dsv41 doit stop" in listing.stdout
+    assert silences.unsilence(cfg, "doit launch") == "no silence set by doit launch of cluster sparks's alerts to end"
+    assert silences.unsilence(cfg) == "alerts of cluster sparks are no longer silenced"
+    assert silences.silences(cfg) == [] and silences.silence_line(cfg) is None
+    am.post_alerts(base, api_down)
+    wait(running, "the notification after the silence ended", lambda: hook.posts and box.messages)
+    assert hook.posts[0]["body"]["alerts"][0]["labels"]["alertname"] == "DSV41ApiDown"
+
+
+def doit(running, *words):
+    env = {"PATH": os.environ["PATH"], "HOME": str(running["tmp"]), "STATE_DIR": str(running["tmp"] / "state"),
+           "WORKER": "root@10.10.10.11", "CLUSTER_NAME": "sparks", **running["env"]}
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "doit"), "-f", str(ROOT / "dodo.py"), *words],
+                          env=env, capture_output=True, text=True, cwd=running["tmp"], timeout=120)
+
+
+def test_doit_alerts_test_reports_delivery_per_integration(running):
+    r = doit(running, "alerts", "test")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^  webhook +delivered$", r.stdout, re.M) and re.search(r"^  email +delivered$", r.stdout, re.M)
+    wait(running, "the test alert, firing and resolved", lambda: len(running["hook"].posts) == 2
+         and len(running["box"].messages) == 2)
+    assert [p["body"]["status"] for p in running["hook"].posts] == ["firing", "resolved"]
+    assert running["hook"].posts[0]["body"]["alerts"][0]["labels"]["alertname"] == "DSV41Test"
+    running["smtp"].stop()
+    r = doit(running, "alerts", "test")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert re.search(r"^  webhook +delivered$", r.stdout, re.M)
+    assert re.search(r"^  email +not delivered", r.stdout, re.M), r.stdout
+    bad = doit(running, "alerts", "tset")
+    errors = [line for line in bad.stderr.splitlines() if not line.startswith(".  ")]   # doit's progress line
+    assert bad.returncode == 2 and len(errors) == 1 and "`doit alerts test`" in errors[0], bad.stderr
+
+
+def test_no_secret_in_argv_unit_or_world_readable_file(running):
+    pid, tmp = running["proc"].pid, running["tmp"]
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    assert "--cluster.listen-address=" in cmdline.split("\0")
+    for secret in (PASSWORD, HOOK_TOKEN):
+        assert secret not in cmdline
+        assert secret not in Path(running["paths"]["dsv41-alertmanager.service"]).read_text()
+        for p in (tmp / "state").rglob("*"):
+            if p.is_file() and p.stat().st_mode & 0o004:
+                assert secret.encode() not in p.read_bytes(), p
+    assert HOOK_TOKEN in Path(running["paths"]["alertmanager.yml"]).read_text()
+    assert stat.S_IMODE(os.stat(running["paths"]["alertmanager.yml"]).st_mode) == 0o600
+    assert f"--web.listen-address=127.0.0.1:{running['cfg'].alertmanager_port}" in cmdline.split("\0")
+
+
+def test_the_webhook_url_is_hidden_and_never_resolved_for_the_watchdog(tmp_path):
+    cfg = cfg_for(tmp_path, ALERT_WEBHOOK_URL=f"https://ntfy.example.org/{HOOK_TOKEN}")
+    rows = {k: (v, src) for k, v, src in config.describe(cfg)}
+    assert rows["ALERT_WEBHOOK_URL"] == ("(set)", "environment")
+    data = config.resolved(cfg)
+    assert HOOK_TOKEN not in json.dumps(data) and config.from_resolved(data).alert_webhook_url == ""
+    prof = tmp_path / "conf"
+    with pytest.raises(config.ConfigError, match="may be set only in the environment"):
+        config._profile_layer("x", {"alert_webhook_url": "https://ntfy.example.org/t"}, {"args": {}, "env": {}})
+    assert not prof.exists()
+
+
+def test_the_monitoring_units_pass_systemd_analyze_verify(tmp_path):
+    from test_units import verify_root
+    analyze = shutil.which("systemd-analyze")
+    if not analyze or not Path("/lib/systemd/system/sysinit.target").exists():
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    cfg = cfg_for(tmp_path, ALERT_WEBHOOK_URL=f"https://ntfy.example.org/{HOOK_TOKEN}")
+    root = verify_root(tmp_path)
+    for exe in ("prometheus", "prometheus-alertmanager"):
+        (root / "usr/bin" / exe).write_text("#!/bin/sh\n")
+        (root / "usr/bin" / exe).chmod(0o755)
+    units = []
+    for unit in ("dsv41-prometheus.service", "dsv41-alertmanager.service"):
+        units.append(root / "etc/systemd/system" / unit)
+        units[-1].write_text(monitoring.render_unit(cfg, unit))
+        assert HOOK_TOKEN not in units[-1].read_text()
+    r = subprocess.run([analyze, "verify", "--man=no", f"--root={root}", *map(str, units)],
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", "")
