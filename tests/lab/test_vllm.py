@@ -184,6 +184,55 @@ def test_a_warm_cache_launch_is_faster_than_from_nothing(lab, vllm):
     assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
 
 
+def never_ready_image(lab):
+    """The lab's engine image with a shim on the rank's command (/opt/vllm/bin/vllm, the units' ENGINE_CMD)
+    that starts the real vLLM on port 8009: it starts and never serves on the API's port. Pushed to the
+    lab registry and pinned by digest."""
+    ref = lab.on("head", "cat /etc/dsv41-lab/engine-vllm.ref").stdout.strip()
+    repo = "198.51.100.11:5000/lab/vllm-never-ready"
+    script = (f"set -e; cid=$(docker create {ref}); trap 'docker rm -f $cid >/dev/null' EXIT; "
+              "docker cp $cid:/opt/vllm/bin/vllm /tmp/vllm.real; docker cp /tmp/vllm.real $cid:/opt/vllm/bin/vllm.real; "
+              "printf '#!/bin/sh\\nexec /opt/vllm/bin/vllm.real \"$@\" --port 8009\\n' > /tmp/vllm.shim; "
+              "chmod +x /tmp/vllm.shim; docker cp /tmp/vllm.shim $cid:/opt/vllm/bin/vllm; "
+              f"docker commit $cid {repo}:1 >/dev/null; docker push {repo}:1 >/dev/null; "
+              f"docker image inspect --format '{{{{index .RepoDigests 0}}}}' {repo}:1")
+    return lab.on("head", script, timeout=600).stdout.strip().splitlines()[-1]
+
+
+def rolled_back(lab, vllm, env, what):
+    """A launch with `env` that fails, rolls back and serves again: its exit, line and time to the first token
+    on the release before it, against that release's start-up."""
+    before = lab.doit("releases", vllm.env).stdout
+    serving = int(re.search(r"^\* +(\d+) ", before, re.M).group(1))
+    startup = re.search(rf"^\* +{serving} .*?(\d+(?:\.\d+)?) (s|min)  ", before, re.M)
+    t0 = time.monotonic()
+    r = lab.doit("launch", {**vllm.env, **env}, check=False, timeout=1800)
+    assert r.returncode == 10, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"rolled back to release {serving}, serving again" in r.stderr
+    code, _ = api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi", "max_tokens": 1})
+    took = time.monotonic() - t0
+    assert code == 200
+    assert json.loads(lab.doit("status --json", vllm.env).stdout)["release"]["serving"]["number"] == serving
+    shown = f"{startup.group(1)} {startup.group(2)}" if startup else "?"
+    print(f"real engine: {what}: first token on release {serving} again {took:.0f} s after the launch began "
+          f"(release {serving}'s start-up: {shown})")
+    return r
+
+
+def test_an_engine_flag_vllm_rejects_rolls_back_to_the_release_before(lab, vllm):
+    lab.doit("launch", vllm.env, timeout=1800)
+    r = rolled_back(lab, vllm, {"EXTRA": "--no-such-flag"}, "a flag vLLM rejects")
+    assert "dsv41-r0.service" in r.stdout + r.stderr and "--no-such-flag" not in \
+        lab.on("head", "cat /etc/systemd/system/dsv41-r0.service").stdout
+
+
+def test_an_image_that_starts_and_never_serves_rolls_back_at_its_deadline(lab, vllm):
+    ref = never_ready_image(lab)
+    r = rolled_back(lab, vllm, {"IMG": ref}, "an image that never serves")
+    assert "did not become ready within" in r.stdout + r.stderr and "the rollout deadline" in r.stdout + r.stderr
+    assert ref not in lab.on("head", "cat /etc/systemd/system/dsv41-r0.service").stdout
+
+
 def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(lab, vllm):
     lab.doit("stop", vllm.env)
     avail = int(lab.on("head", "awk '/MemAvailable/ {print $2}' /proc/meminfo").stdout) / 2**20
