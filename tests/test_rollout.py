@@ -2,7 +2,7 @@
 before anything changes, what a failure leads to (back to the last good release, nowhere, or left as it is
 with ROLLBACK=0), and which release `doit rollback` picks. The nodes are replaced by fakes of apply, the
 readiness wait and the hold; the release history is real, in a temporary state dir (the lab's
-tests/lab/test_rollout.py runs the same rollouts on real nodes)."""
+tests/lab/test_lab_rollout.py runs the same rollouts on real nodes)."""
 import pytest
 
 from dsv41.errors import UserError

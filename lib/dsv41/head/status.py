@@ -6,7 +6,7 @@ import json as _json
 import time
 
 from dsv41 import names
-from dsv41.head.core import record, releases
+from dsv41.head.core import record, releases, silences
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import MEANING, Memory, Observation, assess, stale_workers
 from dsv41.head.core.record import watchdog_entry, watchdog_line
@@ -88,16 +88,19 @@ def status(cfg, json=False):
                                 record=record.view(cfg.state_dir)), Memory(), cl.recipe)
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name))
     release = releases.service_entry(cfg.state_dir)
+    quiet = silences.silence_line(cfg)
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": h.word, "exit_code": h.exit_code, "health": h.as_json(),
-                           "nodes": entries, "api": api, "stale": stale, "watchdog": wd, "release": release},
-                          indent=2))
+                           "nodes": entries, "api": api, "stale": stale, "watchdog": wd, "release": release,
+                           "silenced": quiet}, indent=2))
     else:
         for line in stale:
             print(line)
         print(f"API {api['url']}: health {api['health'] or 'no answer'}, models {', '.join(api['models'] or []) or '-'}")
         print(watchdog_line(wd))
         print(releases.service_line(release))
+        if quiet:
+            print(quiet)
         if h.word == "NOT RUNNING" and (api["models"] or api["health"]):
             print(f"(something that is not dsv41 answers on port {cfg.port}: stop it, or set PORT, before `doit launch`)")
         print(f"{h.verdict}: {h.evidence}" + (f" ({h.why})" if h.why and h.verdict.value in ("DEGRADED", "DEAD", "WEDGED") else ""))

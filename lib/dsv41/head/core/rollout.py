@@ -1,9 +1,9 @@
 """A checked rollout: how `doit launch` and `doit rollback` change what runs, and go back when it fails.
 
-    ro = prepare(cfg, want, states, image_ids, retry_failed)   # before anything changes: refuses the release that just
-                                                # failed, says what cannot be rolled back, begins the release
+    ro = prepare(cfg, want, states, image_ids, retry_failed)   # before anything changes: refuses the
+                                        # release that just failed, says what cannot be undone, begins one
     paused = pause_watchdog(...)
-    run(cl, ro, want, steps, states, ...)       # apply, ready within the deadline, healthy for the hold
+    run(cl, ro, want, steps, states, ...)   # apply, ready within the deadline, healthy for the hold
 
 A release fails when a rank unit fails, when it is not ready within its deadline (twice the last good
 release's start-up, within ROLLOUT_MIN_TIMEOUT_MIN..START_TIMEOUT_MIN), or when it does not stay healthy
@@ -20,9 +20,9 @@ exporters started; the watchdog is paused while the ranks restart and started ag
 import dataclasses
 import time
 
-from dsv41.errors import UserError, one_line
 from dsv41 import names
-from dsv41.head.core import exporter, ranks, recovery, releases as rel
+from dsv41.errors import UserError, one_line
+from dsv41.head.core import exporter, ranks, recovery, releases as rel, silences
 from dsv41.head.core.cluster import Cluster, read_key, say
 from dsv41.head.core.decide import Desired, Kind, Step, decide
 
@@ -61,10 +61,9 @@ def deadline(history, cfg):
 
 def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
     """What this launch rolls out: `want` (core.desired) on image_ids, on the nodes as probed (with their
-    versions). Refuses (UserError, nothing
-    written) the release that just failed unless retry_failed; records a release a killed launch left
-    unfinished as interrupted unless this launch finishes it; begins a new release when what would run
-    differs from the release in service. -> Rollout."""
+    versions). Refuses (UserError, nothing written) the release that just failed unless retry_failed;
+    records a release a killed launch left unfinished as interrupted unless this launch finishes it;
+    begins a new release when what would run differs from the release in service. -> Rollout."""
     sd = cfg.state_dir
     fields = rel.record_fields(cfg, want, image_ids, rel.checkpoint_on_disk(cfg),
                                {node: f.versions or {} for node, f in states.items()})
@@ -99,10 +98,21 @@ def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
 def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, by="doit launch", began=None):
     """Apply the steps, wait for the API (within the rollout's deadline when the ranks restart for a new
     release), hold it, and record the result. A failure of a new release goes back (go_back, which
-    raises RolledBack or Down); a repair of the release in service fails as before. -> start-up seconds
-    (None when the ranks did not restart)."""
+    raises RolledBack or Down); a repair of the release in service fails as before. The cluster's alerts
+    are silenced for a restart (core.silences) and every silence of ours ends when it is over, whatever
+    the outcome. -> start-up seconds (None when the ranks did not restart)."""
     cfg = cl.cfg
     began = time.time() if began is None else began
+    restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
+    try:
+        return checked_run(cl, ro, want, steps, states, force=force, fault=fault, paused=paused, by=by, began=began)
+    finally:                                # planned work is over, served or not: a cluster left down alerts
+        if restarting and silences.silences(cfg):
+            say(cl.head, silences.unsilence(cfg))
+
+
+def checked_run(cl, ro, want, steps, states, *, force, fault, paused, by, began):
+    cfg = cl.cfg
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
     checked = ro.release is not None and (restarting or ro.resumed)
     t = time.monotonic()
@@ -123,7 +133,8 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
         if not checked:
             raise
         if ro.target is None:
-            inc = recovery.evidence_only(cl, recovery.fault(f"release {failed.number} failed: {one_line(failed.result, 200)}", failed.failed_at), "left down: no good release to go back to", by=by,
+            fault = recovery.fault(f"release {failed.number} failed: {one_line(failed.result, 200)}", failed.failed_at)
+            inc = recovery.evidence_only(cl, fault, "left down: no good release to go back to", by=by,
                                          log=lambda m: print(f"[head] {m}"))
             raise UserError(f"release {failed.number} failed ({one_line(err, 300)}); there is no good release to go "
                             f"back to on this checkpoint (evidence: `doit incidents show {inc['id']}`): fix the cause "
@@ -215,6 +226,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
+            say(cl.head, silences.silence(cl.cfg, by))    # planned: the rank and API alerts stay quiet
             recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
                              within=within)
     for s in steps:
