@@ -95,7 +95,7 @@ def test_an_incident_holds_every_nodes_evidence_and_no_secret(nodes):
     with pytest.raises(UserError, match="no incident 2: 1 saved"):
         incidents.show(nodes.state, 2)
     assert incidents.show(nodes.state, os.path.basename(folder)) == shown       # the name an alert gives
-    with pytest.raises(UserError, match="no incident 20200101T000000Z-DEAD in "):
+    with pytest.raises(UserError, match="no incident 20200101T000000Z-DEAD: 1 saved in "):
         incidents.show(nodes.state, "20200101T000000Z-DEAD")
 
 

@@ -40,8 +40,10 @@ def wait_for(what, check, timeout=180):
 
 @pytest.fixture(scope="module")
 def alerting(lab, launched):
-    lab.on("head", f"rm -f {POSTS}; systemctl stop dsv41-test-hook 2>/dev/null; "
-                   f"systemd-run --unit dsv41-test-hook python3 -c {json.dumps(HOOK)}")
+    lab.on("head", "cat > /root/alerts-hook.py", input=HOOK)
+    lab.on("head", f"rm -f {POSTS}; systemctl stop dsv41-test-hook 2>/dev/null; systemctl reset-failed dsv41-test-hook "
+                   "2>/dev/null; systemd-run --unit dsv41-test-hook python3 /root/alerts-hook.py")
+    wait_for("the webhook recorder", lambda: "127.0.0.1:9099" in lab.on("head", "ss -Hltn").stdout, timeout=30)
     lab.doit("clear-trip", check=False)
     lab.doit("launch", ALERTS)
     r = lab.doit("monitoring --install", ALERTS)
@@ -95,3 +97,18 @@ def test_stop_silences_and_launch_ends_it(lab, alerting):
     assert posts(lab) == []                                          # planned work pages no one
     lab.doit("launch", ALERTS)
     assert "no silence" in lab.doit("alerts", ALERTS).stdout, "launch must end the stop's silence (unsilence)"
+
+
+def test_a_launch_that_fails_is_quiet_during_its_restart_and_its_release_pages_once(lab, alerting):
+    lab.doit("launch", ALERTS)
+    lab.on("head", f"rm -f {POSTS}")
+    r = lab.doit("launch", {**ALERTS, "EXTRA": "--compilation-config not-json"}, check=False)
+    assert r.returncode == 10 and "rolled back to release" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "silenced by doit launch until" in r.stdout and "paged DSV41ReleaseFailed" in r.stdout
+    wait_for("the release's page", lambda: [p for p in posts(lab) if p["status"] == "firing"], timeout=60)
+    time.sleep(20)                                                  # a few group intervals: nothing more
+    firing = [p for p in posts(lab) if p["status"] == "firing"]
+    assert len(firing) == 1, firing
+    assert {a["labels"]["alertname"] for a in firing[0]["alerts"]} == {"DSV41ReleaseFailed"}
+    assert "rolled back to release" in firing[0]["alerts"][0]["annotations"]["summary"]
+    assert "no silence" in lab.doit("alerts", ALERTS).stdout
