@@ -389,6 +389,20 @@ def test_a_silence_stops_notifications_and_unsilence_ends_it(running):
     assert hook.posts[0]["body"]["alerts"][0]["labels"]["alertname"] == "DSV41ApiDown"
 
 
+def test_a_release_that_failed_pages_once_on_every_receiver(running):
+    cfg, hook, box = running["cfg"], running["hook"], running["box"]
+    line = silences.page(cfg, "DSV41ReleaseFailed", "release 4 failed (dsv41-r0.service failed); rolled back to "
+                         "release 3", "`doit releases show 4` has what changed", {"release": "4"})
+    assert line.startswith("paged DSV41ReleaseFailed: release 4 failed"), line
+    wait(running, "the release's page", lambda: hook.posts and box.messages)
+    time.sleep(3)                                                   # a few group intervals: nothing more
+    (post,) = hook.posts
+    (alert,) = post["body"]["alerts"]
+    assert post["body"]["status"] == "firing" and alert["labels"]["release"] == "4"
+    assert alert["labels"]["cluster"] == "sparks" and "rolled back to release 3" in alert["annotations"]["summary"]
+    assert len(box.messages) == 1 and "DSV41ReleaseFailed" in text_of(box.messages[0])
+
+
 def doit(running, *words):
     env = {"PATH": os.environ["PATH"], "HOME": str(running["tmp"]), "STATE_DIR": str(running["tmp"] / "state"),
            "WORKER": "root@10.10.10.11", "CLUSTER_NAME": "sparks", **running["env"]}

@@ -38,10 +38,12 @@ def good_release(cfg, kv=1, startup_s=100.0):
 
 
 class FakeCluster:
-    """Stands in for core.cluster.Cluster: the rollout only reads its cfg here (apply and the waits are faked)."""
+    """Stands in for core.cluster.Cluster: the rollout only reads its cfg and names its head here (apply
+    and the waits are faked)."""
 
     def __init__(self, cfg):
         self.cfg = cfg
+        self.head = type("Head", (), {"name": "head"})()
 
 
 @pytest.fixture
@@ -62,6 +64,9 @@ def nodes(monkeypatch):
         calls["went_back"] = (failed.number, target.number)
         raise rollout.RolledBack("rolled back")
     monkeypatch.setattr(rollout, "go_back", go_back)
+    calls["pages"] = []
+    monkeypatch.setattr(rollout.silences, "page", lambda cfg, name, summary, *a, **kw: calls["pages"].append(
+        (name, summary)) or f"paged {name}")
     monkeypatch.setattr(rollout.recovery, "evidence_only",
                         lambda cl, fault, result, **kw: calls.update(evidence=fault.evidence) or {"id": "inc-1"})
     return calls
@@ -112,6 +117,7 @@ def test_a_failed_change_goes_back_to_the_last_good_release(tmp_path, nodes):
     with pytest.raises(rollout.RolledBack):
         rollout.run(FakeCluster(cfg), ro, want(2), RESTART, STATES)
     assert nodes["went_back"] == (ro.release.number, first)
+    assert nodes["pages"] == [("DSV41ReleaseFailed", "rolled back")]        # the failed release pages once
     failed = rel.load_all(cfg.state_dir)[-1]
     assert failed.state == rel.FAILED and "ready failed here" in failed.result
 
@@ -133,6 +139,7 @@ def test_a_good_change_is_in_service_with_its_start_up(tmp_path, nodes):
     rollout.run(FakeCluster(cfg), ro, want(2), RESTART, STATES)
     r = rel.load_all(cfg.state_dir)[-1]
     assert r.state == rel.GOOD and r.startup_s is not None and rel.serving_number(cfg.state_dir) == r.number
+    assert nodes["pages"] == []
 
 
 def test_with_rollback_off_or_nothing_to_go_back_to_it_stays_down_with_one_line(tmp_path, nodes):

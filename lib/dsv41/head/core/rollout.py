@@ -100,15 +100,25 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
     release), hold it, and record the result. A failure of a new release goes back (go_back, which
     raises RolledBack or Down); a repair of the release in service fails as before. The cluster's alerts
     are silenced for a restart (core.silences) and every silence of ours ends when it is over, whatever
-    the outcome. -> start-up seconds (None when the ranks did not restart)."""
+    the outcome; a release that failed then pages once (DSV41ReleaseFailed). -> start-up seconds (None
+    when the ranks did not restart)."""
     cfg = cl.cfg
     began = time.time() if began is None else began
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
+    outcome = None
     try:
         return checked_run(cl, ro, want, steps, states, force=force, fault=fault, paused=paused, by=by, began=began)
+    except (RolledBack, Down) as err:
+        outcome = err
+        raise
     finally:                                # planned work is over, served or not: a cluster left down alerts
         if restarting and silences.silences(cfg):
             say(cl.head, silences.unsilence(cfg))
+        if outcome is not None:             # the failed release is an incident: it pages once
+            n = ro.release.number
+            say(cl.head, silences.page(cfg, "DSV41ReleaseFailed", one_line(outcome, 300),
+                                       f"`doit releases show {n}` has what changed; `doit incidents show 1` the "
+                                       "failed ranks' evidence", {"release": str(n)}))
 
 
 def checked_run(cl, ro, want, steps, states, *, force, fault, paused, by, began):

@@ -3,7 +3,9 @@ restarts them, a rollback), the cluster's alerts are silenced in the head's Aler
 creator (createdBy `dsv41 doit stop`, `dsv41 doit launch`, ...) matching cluster=CLUSTER_NAME, ending at
 most ALERT_SILENCE_MAX_H after it was set or extended. The rules are pure functions of the silences the
 API lists and a clock; silence(), unsilence(), silences() and silence_line() never raise and never hold a
-command up for long: with Alertmanager absent or down they return a line (or nothing) saying so."""
+command up for long: with Alertmanager absent or down they return a line (or nothing) saying so.
+Planned work that failed still pages once: page() posts the alert of a release that failed (rolled back
+or down), after the silence ended; it resolves by itself after ALERT_RECENT_MIN."""
 import time
 
 from dsv41.head.core import alertmanager as am
@@ -103,3 +105,17 @@ def silence_line(cfg):
     """'alerts silenced since 20:01 by doit stop (ends 02:01)', or None (none, or no Alertmanager):
     for `doit status`."""
     return describe(silences(cfg), cfg.cluster_name)
+
+
+def page(cfg, name, summary, description, labels=None, now=time.time):
+    """One alert of ours straight to Alertmanager (severity critical, labelled with the cluster): a fault a
+    command found, not Prometheus (a release that failed). It ends ALERT_RECENT_MIN later; returns a line."""
+    t = now()
+    alert = {"labels": {"alertname": name, "cluster": cfg.cluster_name, "severity": "critical", **(labels or {})},
+             "annotations": {"summary": summary, "description": description},
+             "startsAt": am.iso(t), "endsAt": am.iso(t + 60 * cfg.alert_recent_min)}
+    try:
+        am.post_alerts(am.url(cfg), [alert])
+    except ODD as err:
+        return f"not paged ({name}): " + am.absent(cfg, err)
+    return f"paged {name}: {summary}"
