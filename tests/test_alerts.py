@@ -389,6 +389,18 @@ def test_a_silence_stops_notifications_and_unsilence_ends_it(running):
     assert hook.posts[0]["body"]["alerts"][0]["labels"]["alertname"] == "DSV41ApiDown"
 
 
+def test_a_silence_ends_soon_after_planned_work_so_its_alerts_resolve_first(running):
+    cfg = running["cfg"]
+    silences.silence(cfg, "doit stop")
+    silences.silence(cfg, "doit launch")
+    line = silences.end_soon(cfg, 3)
+    assert line.startswith("alerts of cluster sparks stay silenced until "), line
+    assert all(am.ts(s["endsAt"]) <= time.time() + 3.5 for s in silences.silences(cfg))
+    assert len(silences.silences(cfg)) == 2                        # still there, for the resolving alerts
+    wait(running, "the silences to end", lambda: silences.silences(cfg) == [], timeout=15)
+    assert silences.end_soon(cfg, 3) == "no silence of cluster sparks's alerts to end"
+
+
 def test_a_release_that_failed_pages_once_on_every_receiver(running):
     cfg, hook, box = running["cfg"], running["hook"], running["box"]
     line = silences.page(cfg, "DSV41ReleaseFailed", "release 4 failed (dsv41-r0.service failed); rolled back to "

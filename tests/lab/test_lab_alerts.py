@@ -26,7 +26,9 @@ class H(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 http.server.HTTPServer(("127.0.0.1", {HOOK_PORT}), H).serve_forever()
 """
-ALERTS = {**MON, "ALERT_WEBHOOK_URL": f"http://127.0.0.1:{HOOK_PORT}/lab"}
+# MON's thresholds make the TTFT and decode alerts fire for the monitoring test; here only faults page
+ALERTS = {**MON, "ALERT_TTFT_P95_S": "60", "ALERT_DECODE_TOKS_MIN": "0.01",
+          "ALERT_WEBHOOK_URL": f"http://127.0.0.1:{HOOK_PORT}/lab"}
 
 
 def posts(lab):
@@ -95,8 +97,9 @@ def test_stop_silences_and_launch_ends_it(lab, alerting):
     wait_for("the rank alerts firing, silenced", lambda: "DSV41RankDown" in lab.doit("alerts", ALERTS).stdout)
     time.sleep(20)
     assert posts(lab) == []                                          # planned work pages no one
-    lab.doit("launch", ALERTS)
-    assert "no silence" in lab.doit("alerts", ALERTS).stdout, "launch must end the stop's silence (unsilence)"
+    r = lab.doit("launch", ALERTS)
+    assert "stay silenced until" in r.stdout, r.stdout                # two scrapes more, then no silence
+    wait_for("the stop's silence to end", lambda: "no silence" in lab.doit("alerts", ALERTS).stdout, timeout=60)
 
 
 def test_a_launch_that_fails_is_quiet_during_its_restart_and_its_release_pages_once(lab, alerting):
@@ -105,10 +108,11 @@ def test_a_launch_that_fails_is_quiet_during_its_restart_and_its_release_pages_o
     r = lab.doit("launch", {**ALERTS, "EXTRA": "--compilation-config not-json"}, check=False)
     assert r.returncode == 10 and "rolled back to release" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     assert "silenced by doit launch until" in r.stdout and "paged DSV41ReleaseFailed" in r.stdout
-    wait_for("the release's page", lambda: [p for p in posts(lab) if p["status"] == "firing"], timeout=60)
+    wait_for("the release's page", lambda: [p for p in posts(lab) if p["status"] == "firing"], timeout=90)
     time.sleep(20)                                                  # a few group intervals: nothing more
-    firing = [p for p in posts(lab) if p["status"] == "firing"]
-    assert len(firing) == 1, firing
-    assert {a["labels"]["alertname"] for a in firing[0]["alerts"]} == {"DSV41ReleaseFailed"}
-    assert "rolled back to release" in firing[0]["alerts"][0]["annotations"]["summary"]
+    # nothing of the restart pages: the one alert that fires is the release's, as one alert (a later
+    # notification of the cluster's group, when an earlier incident's alert resolves in it, carries it again)
+    firing = [a for p in posts(lab) for a in p["alerts"] if a["status"] == "firing"]
+    assert {(a["labels"]["alertname"], a["startsAt"]) for a in firing} == {("DSV41ReleaseFailed", firing[0]["startsAt"])}
+    assert "rolled back to release" in firing[0]["annotations"]["summary"]
     assert "no silence" in lab.doit("alerts", ALERTS).stdout

@@ -24,13 +24,13 @@ def list_lines(history, serving):
     if not history:
         return ["no releases yet: `doit launch` records one each time it changes what runs"]
     lines = [f"  {'N':>4}  {'when (UTC)':<20}  {'image':<12}  {'revision':<12}  {'start-up':>8}  "
-             f"{'result':<24}  changes"]
+             f"{'result':<28}  changes"]
     for r in history:
         mark = "*" if r.number == serving else " "
         more = f" (+{len(r.changes) - 1} more)" if len(r.changes) > 1 else ""
         lines.append(f"{mark} {r.number:>4}  {rel.when(r.time):<20}  {_image(r):<12}  "
                      f"{one_line(r.checkpoint.get('revision') or 'latest', 12):<12}  {_secs(r.startup_s):>8}  "
-                     f"{one_line(r.shown_state, 24):<24}  {one_line(r.changes[0], 80)}{more}")
+                     f"{one_line(r.shown_state, 28):<28}  {one_line(r.changes[0], 80)}{more}")
     lines.append("* in service" if serving is not None else "none in service")
     return lines
 

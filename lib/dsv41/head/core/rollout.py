@@ -27,6 +27,9 @@ from dsv41.head.core.cluster import Cluster, read_key, say
 from dsv41.head.core.decide import Desired, Kind, Step, decide
 
 
+RESOLVE_SLACK_S = 10                # past two scrapes: Prometheus's evaluation, then Alertmanager's
+
+
 class RolledBack(UserError):
     """The change failed and the last good release serves again."""
     exit_code = 10
@@ -99,8 +102,8 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
     """Apply the steps, wait for the API (within the rollout's deadline when the ranks restart for a new
     release), hold it, and record the result. A failure of a new release goes back (go_back, which
     raises RolledBack or Down); a repair of the release in service fails as before. The cluster's alerts
-    are silenced for a restart (core.silences) and every silence of ours ends when it is over, whatever
-    the outcome; a release that failed then pages once (DSV41ReleaseFailed). -> start-up seconds (None
+    are silenced for a restart (core.silences) and every silence of ours ends two scrapes after it is
+    over, whatever the outcome (the restart's own alerts resolve first); a release that failed pages once (DSV41ReleaseFailed). -> start-up seconds (None
     when the ranks did not restart)."""
     cfg = cl.cfg
     began = time.time() if began is None else began
@@ -112,8 +115,8 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
         outcome = err
         raise
     finally:                                # planned work is over, served or not: a cluster left down alerts
-        if restarting and silences.silences(cfg):
-            say(cl.head, silences.unsilence(cfg))
+        if restarting and silences.silences(cfg):     # after the restart's alerts resolved (two scrapes)
+            say(cl.head, silences.end_soon(cfg, 2 * cfg.scrape_interval_s + RESOLVE_SLACK_S))
         if outcome is not None:             # the failed release is an incident: it pages once
             n = ro.release.number
             say(cl.head, silences.page(cfg, "DSV41ReleaseFailed", one_line(outcome, 300),

@@ -92,6 +92,22 @@ def unsilence(cfg, by=None):
         f"no silence{who} of cluster {cfg.cluster_name}'s alerts to end"
 
 
+def end_soon(cfg, seconds, now=time.time):
+    """Our silences of the cluster's alerts end `seconds` from now (those ending later): once the API serves
+    again the rank and API alerts of the restart resolve within about two scrapes, and an alert still
+    firing when its silence ends would page. Returns a line."""
+    try:
+        ends = now() + seconds
+        mine = [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name) and am.ts(s["endsAt"]) > ends]
+        for s in mine:                  # an active silence's end may move; it keeps its id
+            am.post_silence(am.url(cfg), {**{k: s[k] for k in ("id", "matchers", "startsAt", "createdBy", "comment")},
+                                          "endsAt": am.iso(ends)})
+    except ODD as err:
+        return "silence not ended: " + am.absent(cfg, err)
+    return (f"alerts of cluster {cfg.cluster_name} stay silenced until {clock(ends)}, while the restart's alerts "
+            "resolve" if mine else f"no silence of cluster {cfg.cluster_name}'s alerts to end")
+
+
 def silences(cfg):
     """Our silences of the cluster's alerts that are not expired, as the API gives them ([] when
     Alertmanager does not answer)."""
