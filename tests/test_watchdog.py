@@ -339,3 +339,22 @@ def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path):
         p.send_signal(signal.SIGTERM)
         out = p.communicate(timeout=30)[0]
     assert p.returncode == 0 and not prom.exists() and "watchdog stopping" in out
+
+
+def test_a_release_a_killed_launch_left_rolling_out_is_never_healed(tmp_path, monkeypatch):
+    """A launch killed mid-rollout leaves its release "rolling out": nobody checked it, so the watchdog
+    names it and leaves the ranks to the next `doit launch`, which finishes the rollout or goes back."""
+    from dsv41.head.core import releases as rel
+    starts = []
+    broken = lambda t: look(t, worker=node(1, state="failed", result="exit-code"))   # noqa: E731
+    w, clock = watchdog_on(tmp_path, monkeypatch, broken, lambda c: starts.append(c.t))
+    unit = {"head": {"dsv41-r0.service": "x\n"}}
+    fields = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": {}, "node_versions": {}, "units": unit,
+              "files": {}, "secret_files": {}}
+    rel.begin(str(tmp_path), fields, 10)
+    w.step()
+    assert starts == [] and record.incidents(str(tmp_path)) == []
+    assert any("release 1 was left rolling out" in m for m in w.lines), w.lines
+    rel.finish(str(tmp_path), 1, rel.GOOD, "ready")
+    w.step()
+    assert len(starts) == 1
