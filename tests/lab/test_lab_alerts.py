@@ -10,7 +10,7 @@ import time
 import pytest
 
 import labctl
-from test_lab_monitoring import MON, STATE, WATCHDOG, api
+from test_lab_monitoring import MON, STATE, WATCHDOG, api, remove_monitoring
 
 pytestmark = pytest.mark.lab
 
@@ -52,10 +52,8 @@ def alerting(lab, launched):
     assert "dsv41-alertmanager.service" in r.stdout and "to webhook" in r.stdout, r.stdout
     assert lab.on("head", "systemctl is-enabled prometheus-alertmanager", check=False).stdout.strip() == "masked"
     yield r.stdout
-    lab.on("head", "systemctl stop dsv41-test-hook; systemctl disable --now dsv41-prometheus dsv41-alertmanager; "
-                   "rm -f /etc/systemd/system/dsv41-prometheus.service /etc/systemd/system/dsv41-alertmanager.service; "
-                   "systemctl daemon-reload", check=False)
-    lab.doit("launch")
+    lab.on("head", "systemctl stop dsv41-test-hook", check=False)
+    remove_monitoring(lab)                  # the exporters too: the monitoring test starts them afresh
 
 
 def test_alertmanager_listens_on_loopback_only_without_the_url_in_its_argv(lab, alerting):

@@ -73,6 +73,12 @@ def monitored(lab, launched):
     wait_for("every target scraped",
              lambda: all(t["health"] != "unknown" for t in api(lab, "/api/v1/targets")["activeTargets"]))
     yield r.stdout
+    remove_monitoring(lab)
+
+
+def remove_monitoring(lab):
+    """Prometheus, Alertmanager and every node's exporter gone, the cluster launched on the defaults: the
+    next module's launch with METRICS_DIR starts the exporters afresh."""
     lab.on("head", "systemctl disable --now dsv41-prometheus dsv41-alertmanager; rm -f "
                    "/etc/systemd/system/dsv41-prometheus.service /etc/systemd/system/dsv41-alertmanager.service; "
                    "systemctl daemon-reload", check=False)
