@@ -110,7 +110,8 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
     outcome = None
     try:
-        return checked_run(cl, ro, want, steps, states, force=force, fault=fault, paused=paused, by=by, began=began)
+        return checked_run(cl, ro, want, steps, states, restarting, force=force, fault=fault, paused=paused, by=by,
+                           began=began)
     except (RolledBack, Down) as err:
         outcome = err
         raise
@@ -124,9 +125,8 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
                                        "failed ranks' evidence", {"release": str(n)}))
 
 
-def checked_run(cl, ro, want, steps, states, *, force, fault, paused, by, began):
+def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, paused, by, began):
     cfg = cl.cfg
-    restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
     checked = ro.release is not None and (restarting or ro.resumed)
     t = time.monotonic()
     try:
@@ -198,7 +198,7 @@ def go_back(cl, failed, target, *, paused, began, by):
     why = one_line(failed.result, 200)
     print(f"release {failed.number} failed ({why}): going back to release {target.number} as recorded")
     back = Cluster(rel.settings_of(target, cl.cfg))
-    fault = recovery.fault(f"release {failed.number} failed: {one_line(failed.result, 200)}", failed.failed_at)
+    fault = recovery.fault(f"release {failed.number} failed: {why}", failed.failed_at)
     try:
         want, steps, states = recorded(back, target)
         apply(back, want, steps, states, fault=fault, by=by)
