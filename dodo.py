@@ -17,10 +17,11 @@ from dsv41.head import (alerts, completion, config, copy_checkpoint, download, f
                         stop)
 from dsv41.head.core import image, preflight, verify  # noqa: E402
 from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
+from dsv41.settings.layers import load_config  # noqa: E402
 
 quiet_on_closed_pipe()                  # `doit ... | head -1` ends quietly, as head expects
 try:
-    CFG = config.load_config()
+    CFG = load_config()
 except UserError as err:
     print(f"dsv41: {one_line(err, 2000)}", file=sys.stderr)
     sys.exit(2)

@@ -28,7 +28,7 @@ from chaos.load import Load, served_model  # noqa: E402
 from labctl import LAB_DIR, MODEL, STATE, Lab, LabRefused, missing, up  # noqa: E402
 
 from dsv41.client.api import HEALTH_TIMEOUT  # noqa: E402   the watchdog's /health and /metrics requests
-from dsv41.head.core.schema import BY_NAME  # noqa: E402
+from dsv41.settings.schema import BY_NAME  # noqa: E402
 
 # the lab tests' fast watchdog (tests/lab/test_self_healing.py)
 FAST = {"WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12", "SSH_TIMEOUT_S": "5"}

@@ -38,7 +38,7 @@ else:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
 mod.verify = lambda cfg: None
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 cfg = load_config()
 t = time.perf_counter()
 mod.download(cfg)

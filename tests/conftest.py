@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from dsv41.head.core import schema
+from dsv41.settings import schema
 
 
 def deployment_vars(env):

@@ -24,6 +24,7 @@ import requests
 import yaml
 
 from dsv41.head import config, monitoring
+from dsv41.settings import kinds, layers, resolved
 from dsv41.head.core import alertmanager as am
 from dsv41.head.core import silences
 
@@ -57,7 +58,7 @@ def free_port():
 
 def cfg_for(tmp_path, **env):
     base = {"STATE_DIR": str(tmp_path / "state"), "WORKER": "root@10.10.10.11", "CLUSTER_NAME": "sparks"}
-    return config.load_config({**base, **env})
+    return layers.load_config({**base, **env})
 
 
 def password_file(tmp_path):
@@ -459,11 +460,12 @@ def test_the_webhook_url_is_hidden_and_never_resolved_for_the_watchdog(tmp_path)
     cfg = cfg_for(tmp_path, ALERT_WEBHOOK_URL=f"https://ntfy.example.org/{HOOK_TOKEN}")
     rows = {k: (v, src) for k, v, src in config.describe(cfg)}
     assert rows["ALERT_WEBHOOK_URL"] == ("(set)", "environment")
-    data = config.resolved(cfg)
-    assert HOOK_TOKEN not in json.dumps(data) and config.from_resolved(data).alert_webhook_url == ""
+    data = resolved.resolved(cfg)
+    assert HOOK_TOKEN not in json.dumps(data) and resolved.from_resolved(data).alert_webhook_url == ""
     prof = tmp_path / "conf"
-    with pytest.raises(config.ConfigError, match="may be set only in the environment"):
-        config._profile_layer("x", {"alert_webhook_url": "https://ntfy.example.org/t"}, {"args": {}, "env": {}})
+    with pytest.raises(kinds.ConfigError, match="may be set only in the environment"):
+        layers._profile_layer("x", {"alert_webhook_url": "https://ntfy.example.org/t"}, {"args": {}, "env": {}},
+                              layers.schema.SETTINGS, layers.schema.ENGINE)
     assert not prof.exists()
 
 

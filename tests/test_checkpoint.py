@@ -11,7 +11,7 @@ import pytest
 
 from dsv41.head.core import verify
 from dsv41.node import checkpoint
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
 from fixture_checkpoint import make_checkpoint, shard_name
 
@@ -321,7 +321,7 @@ def test_head_verify_prints_plain_lines_when_stderr_is_not_a_terminal(ck, tmp_pa
 def test_head_verify_updates_one_bar_in_place_on_a_terminal(tmp_path):
     d = tmp_path / "m"
     make_checkpoint(str(d), shard_bytes=20_000_000, parts=3)
-    code = (f"from dsv41.head.core import verify; from dsv41.head.config import load_config; "
+    code = (f"from dsv41.head.core import verify; from dsv41.settings.layers import load_config; "
             f"verify.verify(load_config({{'MODEL_DIR': {str(d)!r}, 'STATE_DIR': {str(tmp_path / 'st')!r}}}))")
     rc, out = on_pty([sys.executable, "-c", code], {**os.environ, "PYTHONPATH": LIB}, cols=200)
     assert rc == 0, out

@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from dsv41.head.core import commands as c, vllm
-from dsv41.head.config import load_config
+from dsv41.head.core import commands as c
+from dsv41.vllm import argv as vllm
+from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
 
 # ---- spec/serving-config.md, copied as written (placeholders in angle brackets) -------------------
@@ -238,12 +239,12 @@ def test_the_lab_engine_profile_changes_only_what_it_lists(tmp_path):
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == str(rank) and env["VLLM_NO_USAGE_STATS"] == "1"
         assert {k: v for k, v in env.items() if k in spark_env} == {
             k: v for k, v in spark_env.items() if k not in ("VLLM_USE_V2_MODEL_RUNNER", "OMP_NUM_THREADS")}
-    assert lab.engine_cmd == ("/opt/vllm/bin/vllm", "serve") and lab.gpus == "" and not lab.privileged
+    assert lab.engine_value("ENGINE_CMD") == ("/opt/vllm/bin/vllm", "serve") and lab.gpus == "" and not lab.privileged
 
 
 def test_a_bad_engine_change_is_one_line(tmp_path, monkeypatch):
-    from dsv41.head import config
+    from dsv41.settings import layers
     (tmp_path / "bad.toml").write_text('[args]\n"--dtype" = 3\n')
-    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    monkeypatch.setattr(layers, "CONF_DIR", tmp_path)
     with pytest.raises(UserError, match=r'conf/bad.toml \[args\] --dtype = 3: expected a --flag = "value" or false'):
         load_config({"DSV41_PROFILE": "bad"})

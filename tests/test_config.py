@@ -5,7 +5,10 @@ import sys
 
 import pytest
 
-from dsv41.head.config import ConfigError, capture_sizes, load_config
+from dsv41.settings.kinds import ConfigError
+from dsv41.vllm import argv
+from dsv41.vllm.settings import capture_sizes
+from dsv41.settings.layers import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOIT = [sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py")]
@@ -20,11 +23,12 @@ def doit(args, tmp_path, **env):
 def test_defaults_are_the_measured_configuration():
     cfg = load_config({})
     assert cfg.image.endswith("@sha256:5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5")
-    assert (cfg.kv_bytes, cfg.max_len, cfg.max_seqs, cfg.nspec, cfg.batch) == (2700000000, 262144, 2, 7, 2048)
-    assert (cfg.gpu_util, cfg.graph_mode, cfg.port, cfg.mport) == (0.88, "FULL_DECODE_ONLY", 8000, 29655)
+    e = cfg.engine_settings()
+    assert (e.kv_bytes, e.max_len, e.max_seqs, e.nspec, e.batch) == (2700000000, 262144, 2, 7, 2048)
+    assert (e.gpu_util, e.graph_mode, cfg.port, cfg.mport) == (0.88, "FULL_DECODE_ONLY", 8000, 29655)
     assert cfg.memguard_gib == 1.0 and cfg.plan_name == "J268-ho-v31-K5n.json"
     assert cfg.served_model_name == "deepseek-v4.1-flash"
-    assert cfg.cap == 16 and cfg.caps == (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+    assert argv.cap(e) == 16 and e.caps == (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
     assert cfg.model_dir == os.path.expanduser("~/models/DeepSeek-V4.1-Flash-Spark")
     assert cfg.api_key_file == os.path.expanduser("~/.dsv41-two-sparks/api_key")
 
@@ -39,8 +43,8 @@ def test_environment_overrides_and_node_count():
     cfg = load_config({"WORKERS": "u@10.0.0.2,u@10.0.0.3,u@10.0.0.4", "KV_BYTES": "1000",
                        "EXTRA": "--foo 'a b'", "R3_IP": "10.0.0.4", "WORKER_IFNAME": "enp1s0f1np1"})
     assert [n.rank for n in cfg.nodes] == [0, 1, 2, 3]
-    assert cfg.tp_size == 4 and cfg.nnodes == 4 and cfg.kv_bytes == 1000
-    assert cfg.extra == ("--foo", "a b")
+    assert cfg.tp_size == 4 and cfg.nnodes == 4 and cfg.engine_value("KV_BYTES") == 1000
+    assert cfg.engine_value("EXTRA") == ("--foo", "a b")
     assert cfg.nodes[3].ip == "10.0.0.4" and cfg.nodes[1].ifname == "enp1s0f1np1"
     assert cfg.sources["kv_bytes"] == "environment"
 
@@ -266,8 +270,8 @@ def test_doit_config_names_the_profile_a_worker_came_from(tmp_path):
 
 
 def test_readme_settings_table_is_the_schema():
-    """README's settings table is made from the schema (`python -m dsv41.head.core.schema` prints it)."""
-    from dsv41.head.core import schema
+    """README's settings table is made from the schema (`python -m dsv41.settings.schema` prints it)."""
+    from dsv41.settings import schema
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert schema.readme_table() in readme
     assert all(f"| `{s.name}` |" in readme for s in schema.SETTINGS)
@@ -277,7 +281,7 @@ def test_the_watchdog_settings_are_the_resolved_config_without_secrets(tmp_path)
     import dataclasses
     import json
 
-    from dsv41.head.config import from_resolved, resolved
+    from dsv41.settings.resolved import from_resolved, resolved
     cfg = load_config({"DSV41_PROFILE": "lab-vllm", "IMG": PIN, "HF_TOKEN": "hf_secret", "PORT": "8001"})
     text = json.dumps(resolved(cfg))
     assert "hf_secret" not in text

@@ -14,7 +14,7 @@ import pytest
 from dsv41.head import copy_checkpoint as head_copy
 from dsv41.head.core import runlock, verify
 from dsv41.node import checkpoint
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
 from fixture_checkpoint import make_checkpoint, shard_name
 from sshd import free_port, need_sshd, start_sshd, stop_sshd
@@ -168,7 +168,7 @@ def test_killed_copy_leaves_no_rsync_behind_and_frees_the_run_lock(setup, tmp_pa
            "MODEL_DIR": str(s.model), "STATE_DIR": f"~/st-{tmp_path.name}", "WORKER": s.cfg.workers[0].target,
            "SSH_OPTS": " ".join(s.cfg.ssh_opts), "WORKER_MODEL_DIR": str(s.wmodel)}
     code = ("import sys; sys.path.insert(0, %r); from dsv41.head import copy_checkpoint as copy; from dsv41.head.core import runlock; "
-            "from dsv41.head.config import load_config; cfg = load_config(); runlock.take(cfg.state_dir); "
+            "from dsv41.settings.layers import load_config; cfg = load_config(); runlock.take(cfg.state_dir); "
             "copy.copy(cfg)" % os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
     doit = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

@@ -10,7 +10,7 @@ import pytest
 from dsv41.errors import UserError
 from dsv41.head.core import fabric, image
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core.decide import Kind, decide, sha, stale_workers
 from dsv41.head.core.desired import desired, guard_settings
 from dsv41.head.core.state import NodeState, parse

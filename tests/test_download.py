@@ -18,7 +18,7 @@ from test_checkpoint import on_pty
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = "0xSero/DeepSeek-V4.1-Flash-Spark"
 S5, S6 = shard_name(5), shard_name(6)
-DOWNLOAD = ("from dsv41.head.config import load_config; from dsv41.head.download import download; "
+DOWNLOAD = ("from dsv41.settings.layers import load_config; from dsv41.head.download import download; "
             "from dsv41.errors import cli; cli(lambda: download(load_config()))()")
 
 
@@ -170,7 +170,7 @@ def test_hub_unreachable(tmp_path):
 def test_not_enough_space_says_how_much_is_missing(repo, tmp_path, monkeypatch):
     src, _ = repo
     from dsv41.head import download
-    from dsv41.head.config import load_config
+    from dsv41.settings.layers import load_config
     from dsv41.errors import UserError
     with HubStub(src) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
@@ -203,7 +203,7 @@ def test_hub_partials_left_by_a_killed_run_are_removed(repo, tmp_path):
 def test_download_progress_is_plain_lines_when_stderr_is_not_a_terminal(repo, tmp_path, capfd, monkeypatch):
     from dsv41.head import download as head_download
     from dsv41.head.core import progress
-    from dsv41.head.config import load_config
+    from dsv41.settings.layers import load_config
     src, _ = repo
     monkeypatch.setattr(progress, "INTERVAL_S", 0)       # a line per update instead of one every 10 s
     with HubStub(src) as hub:

@@ -12,7 +12,7 @@ import pytest
 
 from dsv41.head.core import fabric as head_fabric
 from dsv41.node import fabric
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
 
 LIB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")

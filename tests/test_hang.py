@@ -9,7 +9,7 @@ import pytest
 
 from dsv41.client import metrics
 from dsv41.head.core import hang
-from dsv41.head.core.vllm import Vllm
+from dsv41.vllm.recipe import Vllm
 from test_standin_engine import KEY, NAME, REAL_METRICS, Reader, ranks, token_text  # noqa: F401 (fixture)
 
 GIB = 1 << 30

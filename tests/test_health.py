@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dsv41.head import status, top, watchdog
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core import record, runlock
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import EXIT_CODES, WORDS, Verdict

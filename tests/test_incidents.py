@@ -16,7 +16,7 @@ import pytest
 from dsv41.errors import UserError
 from dsv41.head.core import incidents
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from sshd import need_sshd, start_sshd, stop_sshd
 from test_standin_engine import KEY, Ranks
 

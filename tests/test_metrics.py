@@ -10,14 +10,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dsv41.client import metrics
+from dsv41.vllm.recipe import SERIES
 from dsv41.errors import UserError
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core import record
 from dsv41.head.core.health import Health, Verdict
 from dsv41.head.watchdog import VERDICTS, Watchdog
 from test_standin_engine import REAL_METRICS, Ranks, events, free_port
 
-TTFT_B, ITL_B = metrics.TTFT + "_bucket", metrics.ITL + "_bucket"
+TTFT_B, ITL_B = SERIES.ttft + "_bucket", SERIES.itl + "_bucket"
 
 
 def shifted(text, changes):
@@ -36,11 +37,11 @@ def shifted(text, changes):
 
 def test_recorded_vllm_metrics_give_the_gauges_and_no_rates_from_one_scrape():
     snap = metrics.parse(REAL_METRICS.read_text(), at=100.0)
-    e = metrics.engine(None, snap)
+    e = metrics.engine(None, snap, SERIES)
     assert (e["running"], e["waiting"], e["kv_cache_usage_pct"], e["preemptions_total"]) == (0, 0, 0, 0)
     assert e["prompt_tokens_per_s"] is e["generation_tokens_per_s"] is e["ttft_p50_s"] is e["interval_s"] is None
-    assert snap.value(metrics.PROMPT_TOKENS) == 6458 and snap.value(metrics.GENERATION_TOKENS) == 1446
-    assert list(snap.buckets(metrics.TTFT).values())[-1] == 14          # +Inf: every request so far
+    assert snap.value(SERIES.prompt_tokens) == 6458 and snap.value(SERIES.generation_tokens) == 1446
+    assert list(snap.buckets(SERIES.ttft).values())[-1] == 14          # +Inf: every request so far
 
 
 def test_rates_and_percentiles_come_from_the_deltas_of_the_interval():
@@ -49,13 +50,13 @@ def test_rates_and_percentiles_come_from_the_deltas_of_the_interval():
     # 2 preemptions; and now 2 running, 1 waiting, KV cache 40 % full
     text = REAL_METRICS.read_text()
     later = shifted(text, {
-        metrics.PROMPT_TOKENS: lambda le, v: v + 300, metrics.GENERATION_TOKENS: lambda le, v: v + 100,
+        SERIES.prompt_tokens: lambda le, v: v + 300, SERIES.generation_tokens: lambda le, v: v + 100,
         TTFT_B: lambda le, v: v + (4 if le >= 0.25 else 0),
         ITL_B: lambda le, v: v + (100 if le >= 0.075 else 90 if le >= 0.025 else 0),
-        metrics.PREEMPTIONS: lambda le, v: v + 2,
-        metrics.RUNNING: lambda le, v: 2, metrics.WAITING: lambda le, v: 1, metrics.KV_USAGE: lambda le, v: 0.4})
+        SERIES.preemptions: lambda le, v: v + 2,
+        SERIES.running: lambda le, v: 2, SERIES.waiting: lambda le, v: 1, SERIES.kv_usage: lambda le, v: 0.4})
     a, b = metrics.parse(text, at=1000.0), metrics.parse(later, at=1002.0)
-    e = metrics.engine(a, b)
+    e = metrics.engine(a, b, SERIES)
     assert (e["interval_s"], e["prompt_tokens_per_s"], e["generation_tokens_per_s"]) == (2.0, 150.0, 50.0)
     assert (e["running"], e["waiting"], e["kv_cache_usage_pct"]) == (2, 1, 40.0)
     assert (e["preemptions_total"], e["preemptions_in_interval"]) == (2, 2)
@@ -64,11 +65,11 @@ def test_rates_and_percentiles_come_from_the_deltas_of_the_interval():
     assert e["itl_p50_s"] == pytest.approx(0.01 + 0.015 * 50 / 90)
     assert e["itl_p95_s"] == pytest.approx(0.05 + 0.025 * 5 / 10)
     # since the server started the median is another one (0.5 s); the interval's is what top shows
-    assert metrics.quantile(metrics.Snapshot(0.0), b, metrics.TTFT, 0.5) == pytest.approx(0.5)
+    assert metrics.quantile(metrics.Snapshot(0.0), b, SERIES.ttft, 0.5) == pytest.approx(0.5)
     # an interval without requests has no percentiles, and a restarted server (counters back to 0) no rates
-    assert metrics.engine(b, metrics.parse(later, at=1004.0))["ttft_p50_s"] is None
-    e = metrics.engine(b, metrics.parse(shifted(text, {metrics.PROMPT_TOKENS: lambda le, v: 3.0,
-                                                        TTFT_B: lambda le, v: 0.0}), at=1004.0))
+    assert metrics.engine(b, metrics.parse(later, at=1004.0), SERIES)["ttft_p50_s"] is None
+    e = metrics.engine(b, metrics.parse(shifted(text, {SERIES.prompt_tokens: lambda le, v: 3.0,
+                                                        TTFT_B: lambda le, v: 0.0}), at=1004.0), SERIES)
     assert e["prompt_tokens_per_s"] is None and e["ttft_p50_s"] is None
 
 
@@ -91,7 +92,7 @@ def test_the_stand_in_engine_counts_what_it_served(tmp_path):
     finally:
         r.stop()
     assert code == 200
-    e = metrics.engine(a, b)
+    e = metrics.engine(a, b, SERIES)
     assert e["generation_tokens_per_s"] * (b.time - a.time) == pytest.approx(30 + 20)
     assert e["prompt_tokens_per_s"] > 0 and (e["running"], e["waiting"]) == (0, 0)
     assert 0 < e["ttft_p50_s"] <= e["ttft_p95_s"] and 0 < e["itl_p50_s"] <= e["itl_p95_s"]

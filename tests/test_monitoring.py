@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from dsv41.head import config, monitoring
+from dsv41.vllm.recipe import Vllm
+from dsv41.settings import kinds, layers, resolved
 from dsv41.head.core import exporter
 from dsv41.node import memguard
 
@@ -37,7 +39,7 @@ def promtool():
 def cfg_for(tmp_path, **env):
     base = {"STATE_DIR": str(tmp_path / "state"), "WORKERS": "root@10.10.10.11,root@10.10.10.12",
             "METRICS_DIR": "/var/lib/dsv41/metrics"}
-    return config.load_config({**base, **env})
+    return layers.load_config({**base, **env})
 
 
 def test_config_passes_promtool_and_keeps_the_key_in_its_file(tmp_path, promtool):
@@ -87,7 +89,7 @@ def test_exporter_dropin_only_with_metrics_dir(tmp_path):
                                         ({"ALERT_DECODE_TOKS_MIN": "fast"}, "ALERT_DECODE_TOKS_MIN"),
                                         ({"ALERT_FOR_S": "-1"}, "ALERT_FOR_S")])
 def test_bad_monitoring_settings_are_one_line(tmp_path, env, word):
-    with pytest.raises(config.ConfigError) as e:
+    with pytest.raises(kinds.ConfigError) as e:
         cfg_for(tmp_path, **env)
     assert word in str(e.value) and "\n" not in str(e.value)
 
@@ -238,7 +240,7 @@ def test_thresholds_follow_the_settings(tmp_path):
 # ---- the dashboard's queries ----------------------------------------------------------------------
 
 def dashboard_queries():
-    dash = json.loads((monitoring.TEMPLATES / "dashboard.json").read_text())
+    dash = json.loads(monitoring.dashboard(Vllm(None)))
     out = [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]
     return out + [(a["name"], a["expr"]) for a in dash["annotations"]["list"]]
 

@@ -11,7 +11,7 @@ import pytest
 from dsv41.head import fabric_bench
 from dsv41.head.core import fabric as head_fabric, preflight
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
 from sshd import loopback_sshd  # noqa: F401  (fixture)
 from test_fabric import V1, facts as fabric_facts, mapped, roce_gids
@@ -255,7 +255,7 @@ def test_skip_setting(cfg):
 
 
 def test_the_settings_schema_knows_every_check_by_name():
-    from dsv41.head.core import schema
+    from dsv41.settings import schema
     assert schema.CHECK_NAMES == tuple(preflight.CHECKS)
 
 

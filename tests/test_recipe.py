@@ -16,7 +16,7 @@ from dsv41.head.core.health import BUSY, DEGRADED, HEALTHY, NO_TOKEN, TOKEN, WED
 from dsv41.head.core.nodes import Node, Result
 from dsv41.head.core.recipe import Part, Recipe
 from dsv41.head.core.state import parse
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from test_decide import KEY, OVERRIDES, PLAN, states, want
 
 STEPS = "fake:engine_steps_total"

@@ -8,7 +8,7 @@ import pytest
 
 from dsv41.errors import UserError
 from dsv41.head import launch
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core import incidents, record, recovery
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import DEGRADED, REPAIR, STARTING, memory_check

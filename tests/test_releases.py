@@ -11,7 +11,7 @@ import pytest
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core import releases as rel
 from dsv41.head.core.desired import Desired
 

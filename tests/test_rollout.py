@@ -6,7 +6,7 @@ tests/lab/test_lab_rollout.py runs the same rollouts on real nodes)."""
 import pytest
 
 from dsv41.errors import UserError
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core import releases as rel, rollout
 from dsv41.head.core.decide import Desired, Kind, Step
 from dsv41.head.core.state import NodeState

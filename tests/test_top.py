@@ -22,7 +22,7 @@ from rich.console import Console
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head import top
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core.desired import guard_settings
 from dsv41.head.core.state import parse
 from dsv41.head.core.health import Health, Verdict

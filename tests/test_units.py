@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv41.head.core import units, vllm
-from dsv41.head.config import load_config
+from dsv41.head.core import units
+from dsv41.vllm import argv as vllm
+from dsv41.vllm.recipe import Vllm
+from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
 from test_commands import HEAD, WORKER, spec_args, spec_env, values_for
 
@@ -220,7 +222,7 @@ def node_paths(root, rank):
 
 def render_all(env, root, fabrics=FABRICS):
     cfg = load_config(dict(env, STATE_DIR=f"{root}/node0/state dir 5%"))
-    return cfg, {s.rank: units.render_units(cfg, vllm.Vllm(cfg), s, {0: fabrics[0], s.rank: fabrics[s.rank]},
+    return cfg, {s.rank: units.render_units(cfg, Vllm(cfg), s, {0: fabrics[0], s.rank: fabrics[s.rank]},
                                             node_paths(root, s.rank)) for s in cfg.nodes}
 
 
@@ -571,9 +573,9 @@ def test_rewrite_plan_errors(text, match):
 def test_bad_values_are_user_errors(tmp_path):
     cfg = load_config(dict(TWO, STATE_DIR=str(tmp_path)))
     with pytest.raises(UserError, match="R1_IP"):
-        units.render_units(cfg, vllm.Vllm(cfg), cfg.nodes[1], {0: HEAD, 1: dict(WORKER, ip=None)},
+        units.render_units(cfg, Vllm(cfg), cfg.nodes[1], {0: HEAD, 1: dict(WORKER, ip=None)},
                            node_paths(tmp_path, 1))
     with pytest.raises(UserError, match="control characters"):
-        units.render_units(cfg, vllm.Vllm(cfg), cfg.head, HEAD, dict(node_paths(tmp_path, 0), state_dir="/s/x\x01y"))
+        units.render_units(cfg, Vllm(cfg), cfg.head, HEAD, dict(node_paths(tmp_path, 0), state_dir="/s/x\x01y"))
     with pytest.raises(UserError, match="is missing: restore it"):
-        units.render_units(cfg, vllm.Vllm(cfg), cfg.head, HEAD, node_paths(tmp_path, 0), templates_dir=tmp_path)
+        units.render_units(cfg, Vllm(cfg), cfg.head, HEAD, node_paths(tmp_path, 0), templates_dir=tmp_path)

@@ -8,7 +8,7 @@ import pytest
 
 from dsv41.client import metrics
 from dsv41.errors import UserError
-from dsv41.head.config import load_config
+from dsv41.settings.layers import load_config
 from dsv41.head.core import record
 from dsv41.head.core.engine import for_config
 from dsv41.head.core.state import parse, unreachable
@@ -172,7 +172,7 @@ def test_the_watchdog_runs_on_what_launch_resolved(tmp_path, monkeypatch):
     """watchdog.json holds the resolved settings (no secret); the watchdog reads only that file, so
     neither its environment nor a changed conf/ changes what it does until `doit launch` rewrites it."""
     from dsv41.head import watchdog
-    from dsv41.head.config import load_config
+    from dsv41.settings.layers import load_config
     from dsv41.head.core.desired import watchdog_settings
     cfg = load_config({"WORKER": "u@10.0.0.2", "PORT": "8123", "WATCHDOG_PROBE_S": "7", "HF_TOKEN": "hf_secret",
                        "STATE_DIR": str(tmp_path)})

@@ -17,7 +17,7 @@ from labctl import CACHE, LAB_DIR
 
 from dsv41.client import metrics
 from dsv41.head.core import hang
-from dsv41.head.core.vllm import Vllm
+from dsv41.vllm.recipe import Vllm
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 

@@ -1,23 +1,29 @@
-"""vLLM's Prometheus /metrics, read with prometheus_client's parser: one Snapshot per scrape; rates
+"""An engine's Prometheus /metrics, read with prometheus_client's parser: one Snapshot per scrape; rates
 from counter deltas and percentiles from histogram bucket deltas between two snapshots (what happened
-in the interval, not since the server started)."""
+in the interval, not since the server started). Which series say what is the engine's (a Series, from
+its recipe: dsv41/vllm/recipe.py for vLLM); nothing here names one."""
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from dsv41.errors import UserError, one_line
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-PREEMPTIONS = "vllm:num_preemptions_total"
-TTFT = "vllm:time_to_first_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
+
+
+class Series(NamedTuple):
+    """The names of the series an engine is observed by."""
+    running: str                # gauge: requests being served
+    waiting: str                # gauge: requests queued
+    kv_usage: str               # gauge: KV-cache use, 0..1 (the fullest engine counts)
+    prompt_tokens: str          # counter: prompt tokens processed
+    generation_tokens: str      # counter: tokens generated
+    preemptions: str            # counter: requests preempted
+    ttft: str                   # histogram: time to first token, seconds
+    itl: str                    # histogram: inter-token latency, seconds
 
 
 @dataclass
@@ -80,7 +86,7 @@ def quantile(a, b, name, q):
 
 
 def metrics_url(api_url):
-    """vLLM's /metrics beside an OpenAI-compatible base URL: http://h:8000/v1 -> http://h:8000/metrics."""
+    """The engine's /metrics beside an OpenAI-compatible base URL: http://h:8000/v1 -> http://h:8000/metrics."""
     url = api_url.rstrip("/")
     return (url[: -len("/v1")] if url.endswith("/v1") else url) + "/metrics"
 
@@ -105,8 +111,8 @@ def scrape(url, timeout=5.0):
         raise UserError(f"{url} did not answer Prometheus text ({one_line(err, 120)})") from None
 
 
-def engine(a, b):
-    """What the engine is doing, from snapshot b and, for the last interval, the earlier snapshot a
+def engine(a, b, series):
+    """What the engine is doing, read by its Series, from snapshot b and, for the last interval, the earlier snapshot a
     (None: rates and percentiles are None). Percentiles come from the histogram bucket deltas, so
     they describe the requests of the interval, not everything since the server started.
 
@@ -114,20 +120,21 @@ def engine(a, b):
     prompt_tokens_per_s, generation_tokens_per_s: counter increase / interval; ttft_p50_s, ttft_p95_s,
     itl_p50_s, itl_p95_s: seconds (None when nothing was observed); preemptions_total, and
     preemptions_in_interval; interval_s: b.time - a.time."""
-    kv = b.peak(KV_USAGE)
-    out = {"running": _count(b.value(RUNNING)), "waiting": _count(b.value(WAITING)),
+    s = series
+    kv = b.peak(s.kv_usage)
+    out = {"running": _count(b.value(s.running)), "waiting": _count(b.value(s.waiting)),
            "kv_cache_usage_pct": None if kv is None else round(kv * 100, 3),
-           "preemptions_total": _count(b.value(PREEMPTIONS)), "interval_s": None,
+           "preemptions_total": _count(b.value(s.preemptions)), "interval_s": None,
            "prompt_tokens_per_s": None, "generation_tokens_per_s": None, "preemptions_in_interval": None,
            "ttft_p50_s": None, "ttft_p95_s": None, "itl_p50_s": None, "itl_p95_s": None}
     if a is None or b.time <= a.time:
         return out
-    pa, pb = a.value(PREEMPTIONS), b.value(PREEMPTIONS)
+    pa, pb = a.value(s.preemptions), b.value(s.preemptions)
     out.update(interval_s=round(b.time - a.time, 3),
-               prompt_tokens_per_s=rate(a, b, PROMPT_TOKENS), generation_tokens_per_s=rate(a, b, GENERATION_TOKENS),
+               prompt_tokens_per_s=rate(a, b, s.prompt_tokens), generation_tokens_per_s=rate(a, b, s.generation_tokens),
                preemptions_in_interval=_count(pb - pa) if pa is not None and pb is not None and pb >= pa else None,
-               ttft_p50_s=quantile(a, b, TTFT, 0.5), ttft_p95_s=quantile(a, b, TTFT, 0.95),
-               itl_p50_s=quantile(a, b, ITL, 0.5), itl_p95_s=quantile(a, b, ITL, 0.95))
+               ttft_p50_s=quantile(a, b, s.ttft, 0.5), ttft_p95_s=quantile(a, b, s.ttft, 0.95),
+               itl_p50_s=quantile(a, b, s.itl, 0.5), itl_p95_s=quantile(a, b, s.itl, 0.95))
     return out
 
 

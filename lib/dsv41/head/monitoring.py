@@ -11,6 +11,7 @@ import pwd
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import jinja2
@@ -20,9 +21,9 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 from dsv41.head.core import alertmanager as am
-from dsv41.head.core import commands, units
+from dsv41.head.core import commands, engine, units
 from dsv41.head.core.cluster import Cluster, say
-from dsv41.head.config import ROOT
+from dsv41.settings.paths import ROOT
 
 TEMPLATES = ROOT / "conf" / "monitoring"
 PROMETHEUS = "/usr/bin/prometheus"
@@ -53,11 +54,14 @@ def node_targets(cfg):
     return [{"name": s.name, "target": f"{_host(s)}:{cfg.exporter_port}"} for s in cfg.nodes]
 
 
+def _environment(folder):
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
 def _template(name):
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False)
     try:
-        return env.get_template(name)
+        return _environment(TEMPLATES).get_template(name)
     except jinja2.TemplateNotFound:
         raise UserError(f"conf/monitoring/{name} is missing: restore it from the repository") from None
 
@@ -69,12 +73,18 @@ def render_config(cfg, rules_path):
         cluster=cfg.cluster_name, alertmanager=f"127.0.0.1:{cfg.alertmanager_port}")
 
 
-def render_rules(cfg):
-    return _template(RULES + ".j2").render(
-        for_s=cfg.alert_for_s, recent_min=cfg.alert_recent_min, ttft_p95_s=f"{cfg.alert_ttft_p95_s:g}",
-        decode_toks_min=f"{cfg.alert_decode_toks_min:g}", margin_gib=f"{cfg.alert_mem_margin_gib:g}",
-        margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
-        grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s)
+def render_rules(cfg, recipe=None):
+    """dsv41's alert rules with the engine's (its recipe's rules template, same thresholds) among them."""
+    recipe = recipe or engine.for_config(cfg)
+    values = dict(for_s=cfg.alert_for_s, recent_min=cfg.alert_recent_min, ttft_p95_s=f"{cfg.alert_ttft_p95_s:g}",
+                  decode_toks_min=f"{cfg.alert_decode_toks_min:g}", margin_gib=f"{cfg.alert_mem_margin_gib:g}",
+                  margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
+                  grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s)
+    engine_rules = ""
+    if recipe.rules_template:
+        path = Path(recipe.rules_template)
+        engine_rules = _environment(path.parent).get_template(path.name).render(**values)
+    return _template(RULES + ".j2").render(engine_rules=engine_rules, **values)
 
 
 def render_alertmanager(cfg, templates_path):
@@ -107,12 +117,16 @@ def check_password_file(cfg):
                             "as part of the password: write it with printf '%s' PASSWORD > FILE")
 
 
-def dashboard():
+def dashboard(recipe):
+    """The Grafana dashboard: the engine's panels (its recipe's), then dsv41's own, tagged with both."""
     path = TEMPLATES / DASHBOARD
     try:
-        return json.dumps(json.loads(path.read_text()), indent=1) + "\n"
+        board = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise UserError(f"conf/monitoring/{DASHBOARD} cannot be read ({err}): restore it from the repository") from None
+    board["panels"] = recipe.dashboard_panels() + board["panels"]
+    board["tags"] = board["tags"] + [recipe.name]
+    return json.dumps(board, indent=1) + "\n"
 
 
 def service_user():
@@ -139,12 +153,14 @@ def render_unit(cfg, unit=names.PROMETHEUS_UNIT):
     return units.environment().get_template(unit + ".j2").render(user=service_user(), **argv)
 
 
-def render(cfg):
+def render(cfg, recipe=None):
     """Write the configs, rules, dashboard and units into $STATE_DIR/monitoring/; returns {name: path}.
-    alertmanager.yml is mode 0600 (it may hold the webhook URL)."""
+    alertmanager.yml is mode 0600 (it may hold the webhook URL). The engine's rules and panels are its
+    recipe's (the configured one unless given)."""
     check_password_file(cfg)
-    d = out_dir(cfg)
-    files = {CONFIG: render_config(cfg, os.path.join(d, RULES)), RULES: render_rules(cfg), DASHBOARD: dashboard(),
+    d, recipe = out_dir(cfg), recipe or engine.for_config(cfg)
+    files = {CONFIG: render_config(cfg, os.path.join(d, RULES)), RULES: render_rules(cfg, recipe),
+             DASHBOARD: dashboard(recipe),
              AM_CONFIG: render_alertmanager(cfg, os.path.join(d, AM_TEMPLATES)),
              AM_TEMPLATES: (TEMPLATES / AM_TEMPLATES).read_text(),
              names.PROMETHEUS_UNIT: render_unit(cfg), names.ALERTMANAGER_UNIT: render_unit(cfg, names.ALERTMANAGER_UNIT)}

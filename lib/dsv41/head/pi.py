@@ -2,10 +2,11 @@
 import os
 import subprocess
 
-from dsv41.head.config import ROOT
+from dsv41.head.core import engine
+from dsv41.settings.paths import ROOT
 
 
 def install(cfg):
-    env = {**os.environ, "MAX_LEN": str(cfg.max_len)}
+    env = {**os.environ, "MAX_LEN": str(engine.for_config(cfg).context_len())}
     url = os.environ.get("DSV41_BASE_URL") or cfg.api_url
     return subprocess.run(["bash", str(ROOT / "pi" / "install.sh"), url], env=env).returncode == 0

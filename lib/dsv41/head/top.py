@@ -17,7 +17,7 @@ JSON (schema dsv41.top/3): {"schema", "time", "interval_s", "health": core.healt
 "floor_bytes", "above_floor_bytes", "memory": "ok" | "near floor" | "below floor" | null, "swap_total_bytes",
 "swap_used_bytes", "guard": "active" | "observe" | "TRIPPED" | its unit state, "guard_mode", "tripped" (the
 marker or null), "rank_unit", "rank_state", "rank_uptime_s", "gpu_memory" (nvidia-smi's text),
-"gpu_used_bytes", "gpu_total_bytes"}}, "engine": {"url", "state": "ok" | "no answer" | "waiting",
+"gpu_used_bytes", "gpu_total_bytes"}}, "engine": {"url", "series" (the engine's running-requests series), "state": "ok" | "no answer" | "waiting",
 "error", "seen_s_ago", "running", "waiting", "kv_cache_usage_pct", "prompt_tokens_per_s",
 "generation_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preemptions_total",
 "preemptions_in_interval", "interval_s"}, "watchdog": what `doit status --json` shows, "release":
@@ -48,7 +48,7 @@ from dsv41 import names
 from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
 from dsv41.head.core.cluster import Cluster, ship_code
-from dsv41.head.config import LIB_DIR
+from dsv41.settings.paths import LIB_DIR
 from dsv41.head.core import record, releases
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 from dsv41.head.core.health import Memory, Observation, assess
@@ -352,10 +352,12 @@ class Top:
     def view(self):
         now = time.time()
         state = "no answer" if self.engine_error else "ok" if self.snap is not None else "waiting"
-        engine = {"url": self.url, "state": state, "error": self.engine_error,
+        engine = {"url": self.url, "series": self.cl.recipe.series.running, "state": state, "error": self.engine_error,
                   "seen_s_ago": round(now - self.snap.time, 1) if self.snap else None}
-        figures = metrics.engine(self.prev, self.snap) if self.snap is not None and not self.engine_error else None
-        engine.update(figures or dict.fromkeys(metrics.engine(None, metrics.Snapshot(now))))
+        series = self.cl.recipe.series
+        figures = (metrics.engine(self.prev, self.snap, series) if self.snap is not None and not self.engine_error
+                   else None)
+        engine.update(figures or dict.fromkeys(metrics.engine(None, metrics.Snapshot(now), series)))
         head = self.watches[self.cl.head.name].seen
         return {"schema": SCHEMA, "time": now, "interval_s": self.interval, "health": self.judge(now).as_json(),
                 "nodes": {name: w.view(now) for name, w in self.watches.items()},
@@ -459,7 +461,7 @@ def engine_lines(view):
         seen = f"; last answer {e['seen_s_ago']:.0f}s ago" if e["seen_s_ago"] is not None else ""
         return [head, Text(f"  {why}{seen}", style="red" if e["error"] else "yellow")]
     if e["running"] is None:
-        return [head, Text("  /metrics answers but carries no vLLM series (vllm:num_requests_running)", style="yellow")]
+        return [head, Text(f"  /metrics answers but carries no engine series ({e['series']})", style="yellow")]
     span = (f"over the last {e['interval_s']:.1f}s" if e["interval_s"] else "rates need a second scrape")
     head.append(f"   (rates and percentiles {span})", style="dim")
     g = Table.grid(padding=(0, 2))

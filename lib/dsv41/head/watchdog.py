@@ -31,7 +31,7 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError, cli, one_line
-from dsv41.head.config import from_resolved
+from dsv41.settings.resolved import from_resolved
 from dsv41.head.core import record, recovery, releases, runlock
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import (NO_TOKEN, RECOVERING, TOKEN, VERDICTS, Health, Memory, Observation, assess,

@@ -1,70 +1,31 @@
-"""Every setting, declared once: its environment variable, kind, accepted values, default, where it may
-be set and what it means. config.py checks the environment and every profile against this table, and
-`doit config`, README's settings table and bash completion are made from it. Each kind has one
-validator; a bad value is one ConfigError line naming the variable (or the profile file and key), the
-value and what is accepted.
+"""dsv41's settings, declared once: each one's environment variable, kind, accepted values, default,
+where it may be set and what it means (settings/kinds.py says what a setting is and checks a value).
+The engine's own settings (its flags) are declared by its recipe's package (dsv41/vllm/settings.py)
+and join these in table(): layers.py checks the environment and every profile against that table, and
+`doit config`, README's settings table and bash completion are made from it.
 
 Per-node values follow one scheme for any number of nodes: R<N>_IP, R<N>_IFNAME, R<N>_HCAS,
 R<N>_GID_INDEX, R<N>_MODEL_DIR for rank N, where HEAD_* is R0_* and WORKER_* is R1_*.
 
-    python -m dsv41.head.core.schema          # prints README's settings table
+    python -m dsv41.settings.schema          # prints README's settings table
 """
-import difflib
-import ipaddress
 import re
-import shlex
 from typing import NamedTuple
 
 from dsv41 import names
-from dsv41.errors import UserError
 from dsv41.node import memguard
+from dsv41.settings.setting import Setting
+from dsv41.vllm import settings as ENGINE      # the engine dsv41 ships: its settings module
 
-MAX_VALUE_LEN = 4096          # any setting's value; an ssh target is at most 255 characters
-MAX_TARGET_LEN = 255
-GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-# preflight's checks (head/preflight.py registers them; a test keeps the two lists equal)
+# preflight's checks (head/core/preflight.py registers them; a test keeps the two lists equal)
 CHECK_NAMES = ("reachable", "fabric", "rdma", "subnet", "gid-type", "mtu", "ping", "link-speed", "docker",
                "nvidia-runtime", "disk", "memory", "ports", "stale-containers", "kernel", "clock", "tools", "remove-ipc")
-# flags and variables that would put a secret into a unit file or an argument list
-SECRET_FLAGS = ("--api-key", "--hf-token")
-SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DSV41_API_KEY")
-DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
-IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
-# user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
-TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
 EMAILS_RE = r"^[^@\s,]+@[^@\s,]+(?:,[^@\s,]+@[^@\s,]+)*$"
 PER_NODE_RE = re.compile(r"^(?:R(\d+)|HEAD|WORKER)_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$")
 
 
-class ConfigError(UserError):
-    pass
-
-
-class Setting(NamedTuple):
-    name: str                 # the environment variable
-    kind: str                 # a key of KINDS
-    default: object           # as a profile writes it (TOML types)
-    help: str
-    lo: float | None = None   # int, float: the accepted range
-    hi: float | None = None
-    pattern: str = ""         # text: a regular expression the value matches (empty is always accepted)
-    expect: str = ""          # text, words, list: what is accepted, in words
-    choices: tuple = ()       # choice, list: the accepted words
-    env_only: bool = False    # never in a file: secrets, the profile's own name
-    shown: str = ""           # README's default column when the default needs words
-
-    @property
-    def key(self):
-        """The profile key: the variable in lower case (IMG's is `image`)."""
-        return "image" if self.name == "IMG" else self.name.lower()
-
-    @property
-    def where(self):
-        return "environment" if self.env_only else "environment, profile"
-
-
 S = Setting
-SETTINGS = (
+OWN = (
     S("DSV41_PROFILE", "text", "", "apply conf/NAME.toml over the defaults", pattern=r"^[A-Za-z0-9_-]+$",
       expect="a profile name (a file in conf/)", env_only=True, shown="(none)"),
     S("WORKER", "target", "", "ssh target of the worker, `user@<fabric address>`", shown="(none)"),
@@ -97,17 +58,6 @@ SETTINGS = (
       hi=memguard.FLOOR_GIB[1]),
     S("MEMGUARD_MODE", "choice", "enforce", "`observe` only logs what the guard would do",
       choices=memguard.MODES),
-    S("KV_BYTES", "int", 2700000000, "KV cache bytes (fp8; 2,023,717 tokens)", lo=1),
-    S("MAX_LEN", "int", 262144, "max model length", lo=16, hi=16_777_216),
-    S("MAX_SEQS", "int", 2, "max concurrent sequences", lo=1, hi=1024),
-    S("NSPEC", "int", 7, "DSpark speculative draft tokens", lo=0, hi=32),
-    S("BATCH", "int", 2048, "max batched tokens", lo=1, hi=1_048_576),
-    S("GPU_UTIL", "float", 0.88, "GPU memory utilisation", lo=0, hi=1),
-    S("GRAPH_MODE", "choice", "FULL_DECODE_ONLY", "CUDA graph mode", choices=GRAPH_MODES),
-    S("CAPS", "caps", "", "CUDA graph capture sizes, comma list", shown="derived (1..8,12,16)"),
-    S("EXTRA", "words", "", "extra vLLM arguments for rank 0 (shell words; no secrets)", shown="(none)"),
-    S("ENGINE_CMD", "words", "vllm serve", "the serving image's server command (the rank containers' entrypoint)",
-      expect="the serving image's command, e.g. vllm serve"),
     S("TP_SIZE", "int", 0, "tensor-parallel size: a multiple of the node count", lo=0, hi=1024,
       shown="node count"),
     S("NNODES", "int", 0, "`--nnodes`: the node count", lo=0, hi=1024, shown="node count"),
@@ -192,6 +142,14 @@ SETTINGS = (
       expect="-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes"),
     S("PRIVILEGED", "bool", True, "run the rank containers `--privileged`"),
 )
+
+
+def table(engine=ENGINE):
+    """Every setting: dsv41's own, then the engine's (`engine`: a module or object with SETTINGS)."""
+    return OWN + tuple(engine.SETTINGS)
+
+
+SETTINGS = table()
 BY_NAME = {s.name: s for s in SETTINGS}
 BY_KEY = {s.key: s for s in SETTINGS if not s.env_only}
 
@@ -229,211 +187,6 @@ def per_node_rank(var):
     return int(m.group(1)) if m.group(1) is not None else (0 if var.startswith("HEAD_") else 1)
 
 
-def nearest(word, known):
-    """' (did you mean X?)' for the closest known name, or ''."""
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-# ---- one validator per kind: (setting, label, value as a string) -> the parsed value ------------
-
-def bad(label, value, accepted):
-    sep = " = " if ".toml" in label else "="
-    shown = value if len(str(value)) <= 80 else str(value)[:60] + f"... ({len(str(value))} characters)"
-    return ConfigError(f"{label}{sep}{shown!r} is not valid: expected {accepted}")
-
-
-def _range(s):
-    return f" from {s.lo:g} to {s.hi:g}" if s.hi is not None else f" of at least {s.lo:g}"
-
-
-def _int(s, label, v):
-    try:
-        n = int(v.strip().replace("_", ""))
-    except ValueError:
-        raise bad(label, v, f"a whole number{_range(s)}") from None
-    if n < s.lo or (s.hi is not None and n > s.hi):
-        raise bad(label, v, f"a whole number{_range(s)}")
-    return n
-
-
-def _float(s, label, v):              # more than lo (a utilisation of 0 is none), at most hi
-    try:
-        x = float(v.strip())
-    except ValueError:
-        x = float("nan")
-    if not s.lo < x <= s.hi:
-        raise bad(label, v, f"a number more than {s.lo:g} and at most {s.hi:g}")
-    return x
-
-
-def _floor(s, label, v):              # the memory guard's own rule, so both accept the same floors
-    try:
-        return memguard.check_floor(v, label)
-    except UserError as err:
-        raise ConfigError(str(err)) from None
-
-
-def _bool(s, label, v):
-    low = v.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise bad(label, v, "1 or 0 (true/false)")
-
-
-def _choice(s, label, v):
-    if v.strip() not in s.choices:
-        raise bad(label, v, "one of " + ", ".join(s.choices))
-    return v.strip()
-
-
-def _text(s, label, v):
-    v = v.strip()
-    if v and not re.match(s.pattern, v):
-        raise bad(label, v, s.expect)
-    return v
-
-
-def _secret(s, label, v):
-    return v
-
-
-def _webhook(s, label, v):
-    v = v.strip()
-    if v and not re.match(r"^https?://[^\s/]+\S*$", v):
-        raise bad(label, "(hidden)", "an http:// or https:// URL")
-    return v
-
-
-def _path(s, label, v):
-    """An absolute path or one starting with ~/ (as configured: each node resolves ~ against its home);
-    empty when the setting may be empty."""
-    v = v.strip()
-    if not v and s.default == "":
-        return ""
-    if not v or "\n" in v or "\0" in v or not (v.startswith("/") or v == "~" or v.startswith("~/")):
-        raise bad(label, v, "an absolute path or one starting with ~/ (spaces and quotes are fine)")
-    return v.rstrip("/") or "/"
-
-
-def _words(s, label, v):
-    try:
-        words = tuple(shlex.split(v))
-    except ValueError as err:
-        raise bad(label, v, f"shell words with balanced quotes ({err})") from None
-    for w in words:
-        if w.split("=", 1)[0] in SECRET_FLAGS:
-            raise ConfigError(f"{label} carries {w.split('=', 1)[0]}: a secret never goes into a unit file or an "
-                              "argument list; rank 0 reads the API key from API_KEY_FILE ($STATE_DIR/api_key), "
-                              "HF_TOKEN is read from the environment")
-    if s.name == "ENGINE_CMD" and (not words or words[0].startswith("-")):
-        raise bad(label, v, s.expect)
-    return words
-
-
-def _target(s, label, v):
-    v = v.strip()
-    if not v:
-        return ""
-    if len(v) > MAX_TARGET_LEN:
-        raise bad(label, v, f"an ssh target of at most {MAX_TARGET_LEN} characters, like user@10.10.10.11")
-    if v.startswith("-") or "@-" in v:
-        raise bad(label, v, "an ssh target whose user and host do not start with '-' "
-                  "(it would reach ssh as an option), like user@10.10.10.11")
-    if not TARGET_RE.match(v):
-        raise bad(label, v, "an ssh target like user@10.10.10.11 (the worker's fabric address)")
-    return v
-
-
-def _targets(s, label, v):
-    v = v.strip()
-    if not v:
-        return ()
-    items = [w.strip() for w in v.split(",")]
-    if any(not t for t in items):
-        raise bad(label, v, "a comma list of ssh targets, user@a,user@b")
-    items = [_target(s, label, t) for t in items]
-    if len(set(items)) != len(items):
-        raise bad(label, ",".join(items), "distinct ssh targets, one per worker")
-    return tuple(items)
-
-
-def _list(s, label, v):
-    items = tuple(x.strip() for x in v.split(",") if x.strip())
-    for x in items:
-        if x not in s.choices:
-            raise ConfigError(f"{label}: unknown name {x!r}{nearest(x, s.choices)}: expected names from "
-                              + ", ".join(s.choices))
-    return items
-
-
-def _caps(s, label, v):
-    if not v.strip():
-        return ()
-    try:
-        sizes = sorted({int(x) for x in v.split(",") if x.strip()})
-    except ValueError:
-        sizes = []
-    if not sizes or sizes[0] < 1:
-        raise bad(label, v, "a comma list of positive whole numbers, e.g. 1,2,4,8")
-    return tuple(sizes)
-
-
-def _image(s, label, v):
-    return v.strip()                  # pinned or not is decided with ALLOW_UNPINNED_IMAGE (config.py)
-
-
-def _ip(s, label, v):
-    try:
-        return str(ipaddress.IPv4Address(v.strip()))
-    except ValueError:
-        raise bad(label, v, "an IPv4 address on the fabric network, e.g. 10.10.10.13") from None
-
-
-def _ifname(s, label, v):
-    if not re.match(r"^[A-Za-z0-9_.:-]{1,15}$", v.strip()):
-        raise bad(label, v, "a network interface name as shown by `ip -br a`")
-    return v.strip()
-
-
-def _hcas(s, label, v):
-    items = tuple(x.strip() for x in v.split(",") if x.strip())
-    if not items or not all(re.match(r"^[A-Za-z0-9_.-]+(?::\d+)?$", x) for x in items):
-        raise bad(label, v, "a comma list of RDMA devices as shown by `rdma link`, e.g. rocep1s0f1")
-    return items
-
-
-KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice": _choice, "text": _text,
-         "secret": _secret, "webhook": _webhook, "path": _path, "words": _words, "target": _target, "targets": _targets,
-         "list": _list, "caps": _caps, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
-# what a profile writes for each kind (TOML types); every other kind is a string
-HIDDEN_KINDS = ("secret", "webhook")     # `doit config` shows these as set or unset
-TOML_TYPES = {"int": (int,), "float": (int, float), "floor": (int, float), "bool": (bool,)}
-TOML_WORDS = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
-
-
-def parse(s, label, value):
-    """The value of one setting (a string from the environment, or a profile's TOML value already
-    checked by toml_type), checked by its kind's validator."""
-    text = value if isinstance(value, str) else ("1" if value is True else "0" if value is False else str(value))
-    if len(text) > MAX_VALUE_LEN:
-        raise bad(label, text, f"at most {MAX_VALUE_LEN} characters")
-    if "\0" in text:
-        raise bad(label, text, "text without NUL characters")
-    return KINDS[s.kind](s, label, text)
-
-
-def toml_type(s, label, value):
-    """A profile's value must have the TOML type of its kind: `worker = 5` is refused, not read as "5"."""
-    types = TOML_TYPES.get(s.kind, (str,))
-    if not isinstance(value, types) or (isinstance(value, int) and isinstance(value, bool) and bool not in types):
-        raise ConfigError(f"{label} = {value!r} is not valid: expected {TOML_WORDS[types[-1]]}"
-                          + (f" ({s.help})" if s.help else ""))
-    return value
-
-
 # ---- README's settings table ---------------------------------------------------------------------
 
 def shown_default(s):
@@ -445,10 +198,10 @@ def shown_default(s):
         s.default, float) else str(s.default)
 
 
-def readme_table():
+def readme_table(engine=ENGINE):
     """The markdown table README's "Settings" section holds (a test compares the two)."""
     rows = ["| variable | default | where | meaning |", "| --- | --- | --- | --- |"]
-    rows += [f"| `{s.name}` | {shown_default(s)} | {s.where} | {s.help} |" for s in SETTINGS]
+    rows += [f"| `{s.name}` | {shown_default(s)} | {s.where} | {s.help} |" for s in table(engine)]
     rows += [f"| `R<N>_{k}` (`HEAD_{k}` = R0, `WORKER_{k}` = R1) | {p.shown} | environment, profile `[overrides]` "
              f"| {p.help} |" for k, p in PER_NODE.items()]
     return "\n".join(rows)

@@ -1,18 +1,15 @@
-"""The vLLM recipe: one rank container per node under one systemd unit (dsv41-r<N>), workers started
-before the head and stopped after it, vLLM's argv and environment as measured on two Sparks
-(serving-config.md) with an engine profile's [args]/[env] changes, ready when a token comes back, and
-the /metrics names the watchdog and top read. Only the probes (ready, scrape) reach the engine.
+"""A vLLM rank's unit values and its container: docker run's options, vLLM's argv and environment as
+measured on two Sparks (serving-config.md), with an engine profile's [args]/[env] changes and vLLM's
+own settings (vllm/settings.py).
 
 `fabric` is one node's resolved fabric facts: an object or dict with ip, ifname, hcas, gid_index."""
 import json
 from collections.abc import Mapping
 
 from dsv41 import names
-from dsv41.client import metrics
 from dsv41.errors import UserError
 from dsv41.head.core.commands import (DOCKER, STOP_GRACE_S, cidfile, docker_rm, docker_stop, fact, mkdir, mount, rm_f,
                                       secret_key_file, systemctl, tripped_marker)
-from dsv41.head.core.recipe import Part, Recipe
 
 RANK_TEMPLATE = "dsv41-rank.service.j2"
 # rank 0's entrypoint: read the key from the mounted secret, then exec the server (ENGINE_CMD and its
@@ -23,36 +20,6 @@ DEFAULT_GID_INDEX = 3              # the measured value, used only when neither 
 LIMIT_MM = '{"image":1}'
 ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": False,
           "disk_prefetch_max_tokens": 0, "projection_tp": False}
-
-
-class Vllm(Recipe):
-    name = "vllm"
-    work_metrics = (metrics.RUNNING, metrics.WAITING)
-    work_words = ("running", "waiting")
-    # What moves while the engine works (vLLM 0.32's names). Measured (README, "Hangs: what moves during a
-    # long prefill"): vLLM records iteration stats only for steps with output, so while a long prompt is
-    # prefilled chunk by chunk alone, the token totals and the step count (the _count of the tokens-per-step
-    # histogram) stand still and only the KV-cache use grows, block by block; with output, the step count
-    # and the token totals move at every step; the others move on admission, preemption and completion.
-    progress_metrics = ("vllm:iteration_tokens_total_count", metrics.PROMPT_TOKENS, metrics.GENERATION_TOKENS,
-                        metrics.KV_USAGE, metrics.PREEMPTIONS, "vllm:prefix_cache_queries_total",
-                        "vllm:request_success_total")
-
-    def parts(self, spec):
-        return (Part(names.rank_unit(spec.rank), names.rank_name(spec.rank)),)
-
-    def render(self, render, spec, fabric, paths, master_addr=None):
-        return {names.rank_unit(spec.rank): render(RANK_TEMPLATE, rank_vars(self.cfg, spec, fabric, paths, master_addr))}
-
-    def metrics_url(self):
-        return metrics.metrics_url(self.cfg.api_url)
-
-    def scrape(self, timeout):
-        return metrics.scrape(self.metrics_url(), timeout=timeout)
-
-    def ready(self, client):
-        """/v1/models answers with the key and one token is generated."""
-        return client.generates(self.cfg.served_model_name)
 
 
 def rank_vars(cfg, spec, fabric, paths, master_addr=None):
@@ -72,13 +39,19 @@ def rank_vars(cfg, spec, fabric, paths, master_addr=None):
 
 # ---- the container: argv and environment ---------------------------------------------------------------------------------
 
+def cap(e):
+    """The largest CUDA-graph capture size: MAX_SEQS x (NSPEC + 1)."""
+    return e.max_seqs * (e.nspec + 1)
+
+
 def compilation_config(cfg):
-    return json.dumps({"cudagraph_mode": cfg.graph_mode, "custom_ops": ["all"],
-                       "cudagraph_capture_sizes": list(cfg.caps)})
+    e = cfg.engine_settings()
+    return json.dumps({"cudagraph_mode": e.graph_mode, "custom_ops": ["all"],
+                       "cudagraph_capture_sizes": list(e.caps)})
 
 
 def speculative_config(cfg):
-    return json.dumps({"method": "dspark", "num_speculative_tokens": cfg.nspec,
+    return json.dumps({"method": "dspark", "num_speculative_tokens": cfg.engine_settings().nspec,
                        "draft_tensor_parallel_size": 2, "attention_backend": "B12X",
                        "draft_sample_method": "greedy", "rejection_sample_method": "standard",
                        "enable_adaptive_verification": True})
@@ -162,15 +135,15 @@ def vllm_args(cfg, rank, fabric_by_rank):
 
 def measured_args(cfg, rank, fabric_by_rank):
     """vLLM's arguments as measured on two Sparks (serving-config.md)."""
-    master = _need(fabric_by_rank[0], "ip", 0)
+    master, e = _need(fabric_by_rank[0], "ip", 0), cfg.engine_settings()
     args = [
         "/model", "--served-model-name", cfg.served_model_name, "--dtype", "bfloat16",
         "--tensor-parallel-size", str(cfg.tp_size), "--nnodes", str(cfg.nnodes),
         "--master-addr", master, "--master-port", str(cfg.mport),
         "--kv-cache-dtype", "fp8", "--block-size", "256", "--swa-block-size", "128",
-        "--kv-cache-memory-bytes", str(cfg.kv_bytes), "--gpu-memory-utilization", str(cfg.gpu_util),
-        "--max-model-len", str(cfg.max_len), "--max-num-seqs", str(cfg.max_seqs),
-        "--max-num-batched-tokens", str(cfg.batch), "--max-cudagraph-capture-size", str(cfg.cap),
+        "--kv-cache-memory-bytes", str(e.kv_bytes), "--gpu-memory-utilization", str(e.gpu_util),
+        "--max-model-len", str(e.max_len), "--max-num-seqs", str(e.max_seqs),
+        "--max-num-batched-tokens", str(e.batch), "--max-cudagraph-capture-size", str(cap(e)),
         "--compilation-config", compilation_config(cfg), "--enable-chunked-prefill",
         "--async-scheduling", "--enable-prefix-caching", "--safetensors-load-strategy", "lazy",
         "--engram-config", engram_config(), "--attention-backend", "B12X",
@@ -183,7 +156,7 @@ def measured_args(cfg, rank, fabric_by_rank):
     return args + ["--node-rank", "0", "--host", "0.0.0.0", "--port", str(cfg.port),
                    "--reasoning-parser", "deepseek_v41", "--tool-call-parser", "deepseek_v41",
                    "--enable-auto-tool-choice", "--enable-prompt-tokens-details",
-                   "--enable-force-include-usage", *cfg.extra]
+                   "--enable-force-include-usage", *e.extra]
 
 
 def fabric_for(cfg, spec, fabric, master_addr=None):
@@ -204,6 +177,7 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
     """docker run's argv in groups (one option with its value each), for readable unit files."""
     own, heads = fabric_for(cfg, spec, fabric, master_addr)
     state, rank, name = fact(paths, "state_dir"), spec.rank, names.rank_name(spec.rank)
+    command = cfg.engine_settings().engine_cmd
     groups = [
         [DOCKER, "run"], ["--rm"], ["--name", name], ["--cidfile", cidfile(state, rank)],
         ["--pull", "never"], ["--init"], *([["--gpus", cfg.gpus]] if cfg.gpus else []), ["--network", "host"],
@@ -216,14 +190,14 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
         groups.append(["--mount", mount(secret_key_file(state), names.CONTAINER_SECRET, readonly=True)])
         groups.append(["--entrypoint", "/bin/sh"])
     else:
-        groups.append(["--entrypoint", cfg.engine_cmd[0]])
+        groups.append(["--entrypoint", command[0]])
     groups.append(["-e", f"{names.RANK_ENV}={rank}"])
     groups += [["-e", f"{k}={v}"] for k, v in container_env(cfg, own, rank)]
     groups.append([cfg.image])
     if rank == 0:   # the key goes from the mounted file into the server's environment, nowhere else
-        groups.append(["-c", KEY_WRAPPER, name, *cfg.engine_cmd])
-    elif cfg.engine_cmd[1:]:
-        groups.append(list(cfg.engine_cmd[1:]))
+        groups.append(["-c", KEY_WRAPPER, name, *command])
+    elif command[1:]:
+        groups.append(list(command[1:]))
     for word in vllm_args(cfg, rank, heads):
         if word.startswith("-") or len(groups[-1]) != 1 or groups[-1] == [cfg.image]:
             groups.append([word])

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.client.api import Client
-from dsv41.head.config import LIB_DIR
+from dsv41.settings.paths import LIB_DIR
 from dsv41.head.core import commands, engine, state
 from dsv41.head.core.apikey import read_key, read_or_create_key
 from dsv41.head.core.nodes import Node, NodeError, connect, forget_unreachable, say  # noqa: F401 (say: for the verbs)

@@ -8,7 +8,7 @@ from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core import exporter, units
 from dsv41.head.core.apikey import read_key, read_or_create_key  # noqa: F401 (the verbs' way to the key)
-from dsv41.head.config import resolved
+from dsv41.settings.resolved import resolved
 from dsv41.head.core.decide import Desired  # noqa: F401 (what desired() returns)
 
 

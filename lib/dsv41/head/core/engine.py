@@ -1,6 +1,6 @@
 """Which serving recipe a configuration runs: the one place that chooses (core.recipe says what a
 recipe is)."""
-from dsv41.head.core.vllm import Vllm
+from dsv41.vllm.recipe import Vllm
 
 
 def for_config(cfg):

@@ -21,7 +21,8 @@ import time
 
 import sh
 
-from dsv41.head.core import runlock, schema
+from dsv41.head.core import runlock
+from dsv41.settings import schema
 from dsv41.errors import UserError, one_line
 from dsv41.files import write_atomic
 

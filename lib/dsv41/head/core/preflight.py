@@ -8,7 +8,7 @@ import time
 from typing import NamedTuple
 
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import fabric
+from dsv41.head.core import engine, fabric
 from dsv41.head.core.cluster import Cluster
 from dsv41.names import RANK_PREFIX, rank_name
 from dsv41.node.fabric import ROCE_V2, explain, summary
@@ -352,12 +352,12 @@ def memory(ctx, s, f):
     elif mem.get("available_bytes") is None or not mem.get("total_bytes"):
         yield WARN, f"MemAvailable unknown ({mem.get('error', 'no /proc/meminfo')})", ""
     else:
-        need = ctx.cfg.gpu_util * mem["total_bytes"]
+        need, setting = engine.for_config(ctx.cfg).gpu_memory_wanted(mem["total_bytes"])
         desc = (f"{_gib(mem['available_bytes'])} available of {_gib(mem['total_bytes'])}, "
-                f"needs {_gib(need)} (GPU_UTIL {ctx.cfg.gpu_util:g})")
+                f"needs {_gib(need)} ({setting} {ctx.cfg.engine_value(setting):g})")
         if mem["available_bytes"] < need:
             yield (FAIL, desc, "stop other GPU processes and containers (docker ps), drop the page cache "
-                   "(sync; echo 3 | sudo tee /proc/sys/vm/drop_caches) or lower GPU_UTIL")
+                   f"(sync; echo 3 | sudo tee /proc/sys/vm/drop_caches) or lower {setting}")
         else:
             yield PASS, desc
 

@@ -4,9 +4,10 @@ environment), the readiness probe and the metrics that show the engine at work a
 
 launch, stop, status, decide, the watchdog and top ask the recipe and spell no engine flag, engine
 unit name or order themselves; dsv41's own units (the memory guard, the watchdog) are not part of it.
-vllm.Vllm is the recipe dsv41 ships; another engine (or another way to run the ranks) is another
-subclass of Recipe, chosen in engine.for_config. Only the probes (ready, scrape) reach the engine;
-the rest is pure."""
+dsv41.vllm (its package: the recipe, the container's argv, its settings, its alert rules and dashboard
+panels) is the recipe dsv41 ships; another engine (or another way to run the ranks) is another
+subclass of Recipe in a package of its own, chosen in engine.for_config. Only the probes (ready,
+scrape) reach the engine; the rest is pure."""
 from typing import NamedTuple
 
 
@@ -20,6 +21,8 @@ class Recipe:
     """What every recipe provides. Subclasses fill in the engine; the order rules default to vLLM's
     rendezvous: workers start before the head, the head stops first."""
     name = ""
+    series = None                   # dsv41.client.metrics.Series: the names top and bench read figures by
+    rules_template = None           # a jinja2 file of alert rules for Prometheus's dsv41 group, or None
     # metric names read from the engine's /metrics: requests in the engine (a gauge each), and the
     # signals that move while it makes progress (counters or gauges; any of them moving counts)
     work_metrics: tuple = ()
@@ -74,6 +77,19 @@ class Recipe:
 
     def ready(self, client):
         """The readiness probe, with an API client holding the key: True once the engine serves."""
+        raise NotImplementedError
+
+    def context_len(self):
+        """The longest context the engine serves (tokens), for Pi's model entry; None: unknown."""
+        return None
+
+    def dashboard_panels(self):
+        """Grafana panels of the engine's series, placed before dsv41's own."""
+        return []
+
+    def gpu_memory_wanted(self, total_bytes):
+        """(bytes, the setting that decides it) of a node's memory a rank takes, for preflight's memory
+        check."""
         raise NotImplementedError
 
     def work(self, snap):

@@ -46,7 +46,8 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import fsync_dir, write_atomic
-from dsv41.head.config import ConfigError, from_resolved, resolved
+from dsv41.settings.kinds import ConfigError
+from dsv41.settings.resolved import from_resolved, resolved
 from dsv41.node.checkpoint import MANIFEST
 
 SCHEMA = "dsv41.release/1"
@@ -97,7 +98,8 @@ def folder(state_dir, number):
 def record_fields(cfg, want, image_ids, checkpoint, node_versions):
     """The fields of a release from launch's Config and desired state (core.desired.desired): the
     secret key file is named, not stored; the settings are config.resolved (no secret)."""
-    from dsv41.head.config import ConfigError, from_resolved, resolved
+    from dsv41.settings.kinds import ConfigError
+    from dsv41.settings.resolved import from_resolved, resolved
     secret = {names.SECRET_KEY}
     files = {node: {rel: [text, mode] for rel, (text, mode) in fs.items() if rel not in secret}
              for node, fs in want.files.items()}

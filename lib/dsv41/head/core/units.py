@@ -17,7 +17,7 @@ from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.files import write_atomic
 from dsv41.head.core import commands as c
-from dsv41.head.config import LIB_DIR, ROOT
+from dsv41.settings.paths import LIB_DIR, ROOT
 
 UNITS_DIR = ROOT / "units"
 MEMGUARD_TEMPLATE = "dsv41-memguard.service.j2"

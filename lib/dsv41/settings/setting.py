@@ -1,0 +1,27 @@
+"""What a setting is: its environment variable, kind (a validator in settings/kinds.py), default,
+accepted values, where it may be set and what it means. dsv41's own are listed in settings/schema.py,
+an engine's in its package (dsv41/vllm/settings.py)."""
+from typing import NamedTuple
+
+
+class Setting(NamedTuple):
+    name: str                 # the environment variable
+    kind: str                 # a key of KINDS
+    default: object           # as a profile writes it (TOML types)
+    help: str
+    lo: float | None = None   # int, float: the accepted range
+    hi: float | None = None
+    pattern: str = ""         # text: a regular expression the value matches (empty is always accepted)
+    expect: str = ""          # text, words, list: what is accepted, in words
+    choices: tuple = ()       # choice, list: the accepted words
+    env_only: bool = False    # never in a file: secrets, the profile's own name
+    shown: str = ""           # README's default column when the default needs words
+
+    @property
+    def key(self):
+        """The profile key: the variable in lower case (IMG's is `image`)."""
+        return "image" if self.name == "IMG" else self.name.lower()
+
+    @property
+    def where(self):
+        return "environment" if self.env_only else "environment, profile"
