@@ -1,13 +1,17 @@
 """The serving recipe is one seam: a recipe that differs from vLLM's in shape (two units per node, the
-head started first and stopped last, another progress metric) drives launch's apply and readiness
-wait, doit stop, the decision and the watchdog's judgement without any of them changing.
+head started first and stopped last, another progress metric, a setting and series of its own) drives
+launch's apply and readiness wait, doit stop, the decision, the watchdog's judgement, doit config,
+doit top and the monitoring files without any of them changing.
 
 FakeRecipe is a stand-in engine for this test only; the node commands are recorded instead of run (no
 systemd here; the lab tests run the vLLM recipe against real systemd, Docker and the stand-in engine)."""
+import json
+from types import SimpleNamespace
+
 import pytest
 
 from dsv41.client import metrics
-from dsv41.head import launch, stop
+from dsv41.head import config as config_verb, monitoring, stop
 from dsv41.head.core import rollout
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
 from dsv41.head.core.cluster import Cluster
@@ -16,16 +20,31 @@ from dsv41.head.core.health import BUSY, DEGRADED, HEALTHY, NO_TOKEN, TOKEN, WED
 from dsv41.head.core.nodes import Node, Result
 from dsv41.head.core.recipe import Part, Recipe
 from dsv41.head.core.state import parse
+from dsv41.settings.kinds import ConfigError
 from dsv41.settings.layers import load_config
+from dsv41.settings.resolved import from_resolved, resolved
+from dsv41.settings.setting import Setting
 from test_decide import KEY, OVERRIDES, PLAN, states, want
 
 STEPS = "fake:engine_steps_total"
 QUEUE = "fake:queue_depth"
+SERIES = metrics.Series(running="fake:serving", waiting=QUEUE, kv_usage="fake:cache_fraction",
+                        prompt_tokens="fake:read_total", generation_tokens="fake:written_total",
+                        preemptions="fake:evicted_total", ttft="fake:first_word_seconds", itl="fake:word_gap_seconds")
+# the fake engine's own settings, declared as vllm/settings.py declares vLLM's
+FAKE_SETTINGS = SimpleNamespace(
+    SETTINGS=(Setting("FAKE_QUEUE_LIMIT", "int", 4, "requests the fake server queues", lo=1, hi=64),),
+    SECRET_ENV=("FAKE_SERVER_KEY",), derive=lambda values: values)
+RULES = """      - alert: FakeQueueLong
+        expr: fake:queue_depth > {{ for_s }}
+
+"""
 
 
 class FakeRecipe(Recipe):
     """Two units per node: a store (no container) and a server; the head first, workers after it."""
     name = "fake"
+    series = SERIES
     work_metrics = (QUEUE,)
     work_words = ("queued",)
     progress_metrics = (STEPS,)
@@ -52,10 +71,13 @@ class FakeRecipe(Recipe):
         self.ready_after -= 1
         return self.ready_after < 0
 
+    def dashboard_panels(self):
+        return [{"title": "Fake queue", "type": "timeseries", "targets": [{"expr": f"sum({QUEUE})"}]}]
 
-def config(tmp_path, **env):
+
+def config(tmp_path, engine=None, **env):
     return load_config({**OVERRIDES, "STATE_DIR": str(tmp_path / "state"), "MODEL_DIR": str(tmp_path / "model"),
-                        "API_KEY_FILE": str(tmp_path / "key"), **env})
+                        "API_KEY_FILE": str(tmp_path / "key"), **env}, **({"engine": engine} if engine else {}))
 
 
 def fake_cluster(tmp_path, **env):
@@ -184,3 +206,29 @@ def test_the_watchdog_judges_by_the_recipes_units_and_progress_metric(tmp_path):
     assert verdicts == [BUSY, BUSY, BUSY, WEDGED, WEDGED]        # steps flat for 60 s with work queued, no token
     verdict, why = judge(cl.cfg, look(cl, 700, worker_store="failed"), Memory(), cl.recipe)
     assert verdict == DEGRADED and why == "fake-store-1.service on worker1 is failed"
+
+
+def test_the_recipes_own_setting_is_checked_shown_and_kept_for_the_watchdog(tmp_path, capsys):
+    cfg = config(tmp_path, engine=FAKE_SETTINGS, FAKE_QUEUE_LIMIT="9", KV_BYTES="5")
+    assert cfg.engine == (("FAKE_QUEUE_LIMIT", 9),)                 # vLLM's KV_BYTES is no setting of this engine
+    config_verb.show(cfg, setting=("fake_queue_limit",))
+    assert capsys.readouterr().out.split() == ["FAKE_QUEUE_LIMIT", "9", "(environment)"]
+    with pytest.raises(ConfigError, match=r"^FAKE_QUEUE_LIMIT='65' is not valid: expected a whole number from 1 to 64$"):
+        config(tmp_path, engine=FAKE_SETTINGS, FAKE_QUEUE_LIMIT="65")
+    data = resolved(cfg)
+    assert data["fake_queue_limit"] == 9 and "kv_bytes" not in data
+    assert from_resolved(json.loads(json.dumps(data)), engine=FAKE_SETTINGS).engine == cfg.engine
+
+
+def test_the_monitoring_files_carry_the_recipes_series_rules_and_panels(tmp_path):
+    cfg = config(tmp_path, engine=FAKE_SETTINGS)
+    recipe = FakeRecipe(cfg)
+    (tmp_path / "fake-rules.yml.j2").write_text(RULES)
+    recipe.rules_template = tmp_path / "fake-rules.yml.j2"
+    paths = monitoring.render(cfg, recipe)
+    rules = open(paths["rules.yml"]).read()
+    assert f"      - alert: FakeQueueLong\n        expr: fake:queue_depth > {cfg.alert_for_s}\n" in rules
+    assert "vllm:" not in rules and "DSV41ApiDown" in rules
+    board = json.load(open(paths["dashboard.json"]))
+    assert board["panels"][0]["targets"] == [{"expr": "sum(fake:queue_depth)"}] and board["tags"] == ["dsv41", "fake"]
+    assert "vllm:" not in json.dumps(board)
