@@ -21,7 +21,7 @@ marker or null), "rank_unit", "rank_state", "rank_uptime_s", "gpu_memory" (nvidi
 "error", "seen_s_ago", "running", "waiting", "kv_cache_usage_pct", "prompt_tokens_per_s",
 "generation_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preemptions_total",
 "preemptions_in_interval", "interval_s"}, "watchdog": what `doit status --json` shows, "release":
-core.releases.service_entry()}. Sizes are
+core.release_status.service_entry()}. Sizes are
 bytes, times seconds; a figure that is not known is null.
 """
 import copy
@@ -49,7 +49,7 @@ from dsv41.client import metrics
 from dsv41.errors import UserError, one_line
 from dsv41.head.core.cluster import Cluster, ship_code
 from dsv41.head.config import LIB_DIR
-from dsv41.head.core import record, releases
+from dsv41.head.core import record, release_status
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 from dsv41.head.core.health import Memory, Observation, assess
 from dsv41.head.core.state import NodeState, parse, unreachable
@@ -360,7 +360,7 @@ class Top:
         return {"schema": SCHEMA, "time": now, "interval_s": self.interval, "health": self.judge(now).as_json(),
                 "nodes": {name: w.view(now) for name, w in self.watches.items()},
                 "engine": engine, "watchdog": watchdog_entry(self.cfg, head),
-                "release": releases.service_entry(self.cfg.state_dir)}
+                "release": release_status.service_entry(self.cfg.state_dir)}
 
 
 def _tail(text):
@@ -495,7 +495,7 @@ def release_text(view):
     e = view.get("release")
     if e is None:                       # a view of an earlier version (kept frames)
         return Text("")
-    return Text(releases.service_line(e), style="bold red" if e.get("failed") or "error" in e else "")
+    return Text(release_status.service_line(e), style="bold red" if e.get("failed") or "error" in e else "")
 
 
 def render(view, live=False):
