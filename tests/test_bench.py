@@ -7,7 +7,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from PIL import Image
 
-from dsv41.client.bench import fmt_rate, run_bench
+from dsv41.client.bench import run_bench
+from dsv41.client.bench_report import fmt_rate
 from servers import free_port, llama, run_cli, standin, tfserve  # noqa: F401  (fixtures)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from dsv41.head import status, top, watchdog
 from dsv41.settings.layers import load_config
-from dsv41.head.core import record, runlock
+from dsv41.head.core import observe, record, runlock
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import EXIT_CODES, WORDS, Verdict
 from dsv41.head.core.state import parse, unreachable
@@ -127,7 +127,7 @@ def cluster(tmp_path, api, monkeypatch):
     monkeypatch.setattr(Cluster, "probe", probe)
     monkeypatch.setattr(Cluster, "connect", lambda self: [])
     monkeypatch.setattr(Cluster, "refresh", lambda self: None, raising=False)
-    monkeypatch.setattr(top.Top, "start_node", lambda self, w: seen(w, current["states"][w.node.name]))
+    monkeypatch.setattr(observe.Observer, "start_node", lambda self, w: seen(w, current["states"][w.node.name]))
     return cfg, current
 
 

@@ -5,13 +5,17 @@ doit top and the monitoring files without any of them changing.
 
 FakeRecipe is a stand-in engine for this test only; the node commands are recorded instead of run (no
 systemd here; the lab tests run the vLLM recipe against real systemd, Docker and the stand-in engine)."""
+import http.server
+import io
 import json
+import threading
 from types import SimpleNamespace
 
 import pytest
 
 from dsv41.client import metrics
-from dsv41.head import config as config_verb, monitoring, stop
+from dsv41.head import config as config_verb, monitoring, stop, top
+from dsv41.head.core.observe import Observer
 from dsv41.head.core import rollout
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
 from dsv41.head.core.cluster import Cluster
@@ -64,8 +68,13 @@ class FakeRecipe(Recipe):
     def render(self, render, spec, fabric, paths, master_addr=None):
         return {u: f"[Service]\nExecStart=/usr/bin/fake --rank {spec.rank} --part {u}\n" for u in self.units(spec)}
 
+    metrics_at = "http://127.0.0.1:1/fake-metrics"
+
     def metrics_url(self):
-        return "http://127.0.0.1:1/fake-metrics"
+        return self.metrics_at
+
+    def scrape(self, timeout):
+        return metrics.scrape(self.metrics_url(), timeout=timeout)
 
     def ready(self, client):
         self.ready_after -= 1
@@ -232,3 +241,40 @@ def test_the_monitoring_files_carry_the_recipes_series_rules_and_panels(tmp_path
     board = json.load(open(paths["dashboard.json"]))
     assert board["panels"][0]["targets"] == [{"expr": "sum(fake:queue_depth)"}] and board["tags"] == ["dsv41", "fake"]
     assert "vllm:" not in json.dumps(board)
+
+
+class FakeMetrics(http.server.BaseHTTPRequestHandler):
+    """The fake engine's /metrics: its own series only (vLLM's absent)."""
+    def do_GET(self):
+        body = (f"{SERIES.running} 3\n{QUEUE} 1\n{SERIES.kv_usage} 0.25\n{SERIES.generation_tokens} 40\n"
+                f"{STEPS} 7\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_doit_top_once_reads_the_recipes_series(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeMetrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = config(tmp_path, engine=FAKE_SETTINGS, SSH_TIMEOUT_S="1", WORKER="nobody@127.0.0.1",
+                 SSH_OPTS="-p 1 -o BatchMode=yes")        # the worker refuses at once: top shows it unreachable
+    recipe = FakeRecipe(cfg)
+    recipe.metrics_at = f"http://127.0.0.1:{server.server_port}/metrics"
+    o = Observer(cfg, 0, recipe=recipe)
+    try:
+        o.once()
+        shot = top.snapshot(o)
+    finally:
+        o.close()
+        server.shutdown()
+    e = shot["engine"]
+    assert (e["state"], e["series"], e["running"], e["waiting"], e["kv_cache_usage_pct"]) == (
+        "ok", "fake:serving", 3, 1, 25.0)
+    out = io.StringIO()
+    top.Console(file=out, width=120, highlight=False).print(top.render(shot))
+    assert "3 running, 1 waiting" in out.getvalue() and "25.0 %" in out.getvalue()

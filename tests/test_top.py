@@ -22,6 +22,7 @@ from rich.console import Console
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head import top
+from dsv41.head.core import observe
 from dsv41.settings.layers import load_config
 from dsv41.head.core.desired import guard_settings
 from dsv41.head.core.state import parse
@@ -64,7 +65,7 @@ def test_probe_gives_memory_swap_and_the_guards_floor_and_mode(tmp_path):
     cfg = load_config({"STATE_DIR": str(tmp_path), "MEMGUARD_GIB": "2.5", "MEMGUARD_MODE": "observe"})
     (tmp_path / names.GUARD_SETTINGS).write_text(guard_settings(cfg))
     facts = real_probe(tmp_path, units=units(since=1000.0), time=1000.0 + 2 * 3600 + 3 * 60 + 4)
-    f = top.node_figures(parse(facts), ["dsv41-r1.service"])
+    f = observe.node_figures(parse(facts), ["dsv41-r1.service"])
     meminfo = dict(line.split(":") for line in Path("/proc/meminfo").read_text().splitlines())
     assert f["mem_total_bytes"] == int(meminfo["MemTotal"].split()[0]) * 1024
     assert f["swap_total_bytes"] == int(meminfo["SwapTotal"].split()[0]) * 1024 and f["swap_used_bytes"] >= 0
@@ -81,21 +82,21 @@ def test_probe_gives_memory_swap_and_the_guards_floor_and_mode(tmp_path):
     (30, 20, "near floor"), (41, 20, "ok"),                    # within 2x the floor
     (0.9, 1, "below floor")])
 def test_memory_is_near_the_floor_within_2x_or_4_gib(avail_gib, floor_gib, state):
-    assert top.memory_state(avail_gib * GIB, floor_gib * GIB) == state
+    assert observe.memory_state(avail_gib * GIB, floor_gib * GIB) == state
 
 
 def test_guard_shows_tripped_observe_or_its_unit_state():
-    assert top.guard_state(parse({"units": units(), "tripped": {"time": "t"}}), "enforce") == "TRIPPED"
-    assert top.guard_state(parse({"units": units(), "tripped": None}), "enforce") == "active"
-    assert top.guard_state(parse({"units": units(), "tripped": None}), "observe") == "observe"
-    assert top.guard_state(parse({"units": units(guard="failed"), "tripped": None}), "enforce") == "failed"
-    assert top.guard_state(parse({"units": {}, "tripped": None}), None) == "not installed"
+    assert observe.guard_state(parse({"units": units(), "tripped": {"time": "t"}}), "enforce") == "TRIPPED"
+    assert observe.guard_state(parse({"units": units(), "tripped": None}), "enforce") == "active"
+    assert observe.guard_state(parse({"units": units(), "tripped": None}), "observe") == "observe"
+    assert observe.guard_state(parse({"units": units(guard="failed"), "tripped": None}), "enforce") == "failed"
+    assert observe.guard_state(parse({"units": {}, "tripped": None}), None) == "not installed"
 
 
 def test_gpu_memory_where_nvidia_smi_reports_it():
-    assert top.gpu_figures("1024, 2048\n512, 2048\n") == (1536 << 20, 4096 << 20)
-    assert top.gpu_figures("[N/A], [N/A]") == (None, None)       # one pool shared with the CPU
-    assert top.gpu_figures(None) == (None, None)
+    assert observe.gpu_figures("1024, 2048\n512, 2048\n") == (1536 << 20, 4096 << 20)
+    assert observe.gpu_figures("[N/A], [N/A]") == (None, None)       # one pool shared with the CPU
+    assert observe.gpu_figures(None) == (None, None)
 
 
 def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
@@ -104,9 +105,9 @@ def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
     facts = real_probe(tmp_path, units=units(since=1.0), time=61.0)
     facts["memory"]["available_bytes"] = int(3.5 * GIB)      # 2.5 GiB above a 1 GiB floor
     view = {"time": time.time(), "interval_s": 2.0,
-            "nodes": {"head": {**top.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "ok", "seen_s_ago": 1.0,
+            "nodes": {"head": {**observe.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "ok", "seen_s_ago": 1.0,
                                "error": None},
-                      "worker1": {**top.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "stale", "seen_s_ago": 14.2,
+                      "worker1": {**observe.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "stale", "seen_s_ago": 14.2,
                                   "error": "worker1 (u@w) did not answer within 10 s (SSH_TIMEOUT_S)"}},
             "engine": {"url": "http://h:8000/metrics", "state": "no answer", "seen_s_ago": None,
                        "error": "no answer from http://h:8000/metrics (connection refused)"},

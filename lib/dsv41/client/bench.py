@@ -17,54 +17,22 @@ e2el_ms, finish_reason, recall, answer_tail}], and error when a step stopped the
 statistic of a step is {mean, median, std, p99}; finish reasons are the server's ("stop", "length"),
 "timeout" (cut at the deadline) or "none" (the stream ended without one)."""
 import argparse
-import ast
-import collections
-import functools
-import io
 import json
 import random
 import statistics
 import sys
-import sysconfig
 import threading
 import time
 import uuid
 from pathlib import Path
 
-
-from dsv41.client.api import ApiError, Client, TimedOut, check_request_timeout, load_key
+from dsv41.client.api import ApiError, Client, check_request_timeout, load_key
+from dsv41.client.bench_prompts import CHARS_PER_TOKEN, PROMPTS, TOKENS_PER_WORD, Tokens, ctx_prompt, random_prompt
+from dsv41.client.bench_report import chart, finish_counts, finish_text, markdown
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic
 
 SCHEMA = "dsv41.bench/1"
-
-# Published two-Spark figures (mission.md, "Reported results").
-PUBLISHED = {
-    ("prefill", 8192): 2050, ("prefill", 32768): 2061,
-    ("code", 1, "per_stream"): 40, ("code", 2, "aggregate"): 60, ("prose", 1, "per_stream"): 29,
-}
-WORDS = ("time year people way day man thing woman life child world school state family student group "
-         "country problem hand part place case week company system program question work government number "
-         "night point home water room mother area money story fact month lot right study book eye job word "
-         "business issue side kind head house service friend father power hour game line end member law car "
-         "city community name president team minute idea kid body information back parent face others level "
-         "office door health person art war history party result change morning reason research girl guy "
-         "moment air teacher force education river stone garden bridge window paper light green quiet").split()
-PROMPTS = {
-    "prose": ["Write a story of about 400 words about a lighthouse keeper who finds a message in a bottle.",
-              "Write an essay of about 400 words on why cities grow near rivers.",
-              "Write a story of about 400 words about a train that runs one hour late every day.",
-              "Describe, in about 400 words, a walk through a market at dawn."],
-    "code": ["Write a Python module with an LRU cache class (get, put, capacity) and pytest tests for it.",
-             "Write a Python function that parses an INI file into nested dicts, with docstrings and tests.",
-             "Write a Python command-line tool that counts word frequencies in files, with argparse.",
-             "Write a Python class implementing a binary heap priority queue, with unit tests."],
-    # a quick check of the decode path: short natural answers
-    "short": ["In one sentence, what is a lighthouse?", "In one sentence, why is the sky blue?",
-              "In one sentence, what does a compiler do?", "In one sentence, what is a river delta?"],
-}
-CHARS_PER_TOKEN = 4.0
-TOKENS_PER_WORD = 1.3
 ROOM = 256  # tokens a size must leave free in max_model_len (chat template, the answer), plus 2%
 
 
@@ -82,110 +50,6 @@ def stats_ms(values):
     p99 = v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (k - lo)
     return {"mean": round(statistics.fmean(v), 3), "median": round(statistics.median(v), 3),
             "std": round(statistics.pstdev(v), 3), "p99": round(p99, 3)}
-
-
-class Tokens:
-    """Prompt token counting: the server's tokenize endpoint when there is one, else an estimate."""
-
-    def __init__(self, client, model):
-        self.client, self.model, self.how = client, model, None
-
-    def count(self, text):
-        tries = [("/tokenize", {"model": self.model, "prompt": text}, "count"),  # vLLM
-                 ("/extras/tokenize/count", {"input": text}, "count")]  # llama-cpp-python
-        if self.how is False:
-            return None
-        for path, body, key in tries:
-            if self.how not in (None, path):
-                continue
-            try:          # within the client's deadline (--request-timeout-s), as every call
-                r = self.client.post_json(path, body, root=True)
-                if isinstance(r.get(key), int):
-                    self.how = path
-                    return r[key]
-            except TimedOut:
-                raise UserError(f"{path} got no answer within {self.client.read_timeout:g} s "
-                                "(--request-timeout-s): the server is stuck or slower than that") from None
-            except UserError:  # no usable tokenize endpoint
-                pass
-        self.how = False
-        return None
-
-
-def random_prompt(tokens, target, rng):
-    """Unique random-word text of about `target` tokens (fitted to the server's tokenizer if any)."""
-    head = f"{uuid.uuid4().hex} "  # unique first tokens defeat prefix caches
-    words = max(1, round(target / TOKENS_PER_WORD))
-    for _ in range(3):
-        prompt = head + " ".join(rng.choice(WORDS) for _ in range(words))
-        n = tokens.count(prompt)
-        if not n or abs(n - target) <= max(2, target * 0.02):
-            break
-        words = max(1, round(words * target / n))
-    return prompt
-
-
-@functools.lru_cache(maxsize=4)
-def real_text(chars):
-    """Real prose that ships on the machine: licence texts, then standard-library docstrings."""
-    out, total, seen = [], 0, set()
-    lic = Path("/usr/share/common-licenses")
-    files = sorted(lic.iterdir()) if lic.is_dir() else []
-    for f in files:
-        real = f.resolve()
-        if real in seen or not real.is_file():
-            continue
-        seen.add(real)
-        out.append(real.read_text(errors="replace"))
-        total += len(out[-1])
-        if total >= chars:
-            return "\n\n".join(out)[:chars]
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for f in sorted(stdlib.rglob("*.py")):
-        if "test" in f.parts or "site-packages" in f.parts:
-            continue
-        try:
-            tree = ast.parse(f.read_text(errors="replace"))
-        except (SyntaxError, ValueError, OSError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) > 200:
-                    out.append(doc)
-                    total += len(doc)
-        if total >= chars:
-            break
-    text = "\n\n".join(out)
-    if len(text) < chars:
-        raise UserError(f"not enough local text for a {chars}-character context: lower --ctx")
-    return text[:chars]
-
-
-def ctx_prompt(tokens, target, rng):
-    """Real text of about `target` tokens with a code hidden in the middle, and a question about it."""
-    code = str(rng.randint(100000, 999999))
-    question = "\n\nWhat is the vault code stated in the text above? Reply with the number."
-    chars = int(target * CHARS_PER_TOKEN)
-    for _ in range(3):  # fit to the server's tokenizer when it has a tokenize endpoint
-        text = real_text(chars)
-        mid = len(text) // 2
-        prompt = (f"{uuid.uuid4().hex}\n" + text[:mid] + f"\n\nThe vault code is {code}.\n\n" + text[mid:]
-                  + question)
-        n = tokens.count(prompt)
-        if not n or abs(n - target) <= max(16, target * 0.01):
-            break
-        chars = int(chars * target / n)
-    return prompt, code, n
-
-
-def finish_counts(reasons):
-    """{"stop": 3, "timeout": 1} from the finish reasons of a step's answers (None counts as "none")."""
-    return dict(collections.Counter(r or "none" for r in reasons))
-
-
-def finish_text(counts):
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) if counts else "-"
 
 
 class Bench:
@@ -371,154 +235,6 @@ class Bench:
                 self.save()
                 raise UserError(f"bench stopped at {name}: {err} (results so far in {self.a.out})") from None
             self.save()
-
-
-def _f(x, nd=1):
-    return "-" if x is None else f"{x:,.{nd}f}"
-
-
-def fmt_rate(x):
-    """A tok/s figure as the chart prints it on its bar."""
-    return f"{x:,.0f}" if x >= 100 or x == int(x) else f"{x:.1f}"
-
-
-def comparison_rows(result):
-    """(step, measured tok/s, published tok/s or None, finish counts or None) for every measured figure."""
-    rows = []
-    for p in result["prefill"]:
-        rows.append((f"prefill {p['tokens']} (actual {p['prompt_tokens']})", p["median_tok_s"],
-                     PUBLISHED.get(("prefill", p["tokens"])), None))
-    for d in result["decode"]:
-        k, c = d["kind"], d["concurrency"]
-        rows.append((f"decode {k} c{c} per stream", d["per_stream_tok_s_median"], PUBLISHED.get((k, c, "per_stream")),
-                     d["finish"]))
-        rows.append((f"decode {k} c{c} aggregate", d["aggregate_tok_s"], PUBLISHED.get((k, c, "aggregate")),
-                     d["finish"]))
-    for x in result["ctx"]:
-        rows.append((f"ctx {x['tokens']} prefill", x["prefill_tok_s"], None, {x["finish_reason"]: 1}))
-    return rows
-
-
-def markdown(result):
-    timeout = result["request_timeout_s"]
-    lines = [f"# Benchmark: {result['label']}", "",
-             f"Model `{result['model']}` at {result['url']}, {result['ts']}. Metric definitions: "
-             "`vllm bench serve` (TPOT = (E2EL - TTFT) / (tokens - 1); per-stream tok/s = 1 / TPOT). "
-             f"A request still running after {timeout:g} s is cut (`--request-timeout-s`)"
-             + (f"; max_model_len {result['max_model_len']}." if result["max_model_len"] else "."), ""]
-    if result.get("error"):
-        lines += [f"**Stopped early:** {result['error']}", ""]
-    for skip in result["skipped"]:
-        lines += [f"**Skipped** {skip['step']}: {skip['reason']}.", ""]
-    cut = [f"decode {d['kind']} c{d['concurrency']} ({d['finish']['timeout']} of {len(d['requests'])} requests)"
-           for d in result["decode"] if d["finish"].get("timeout")]
-    cut += [f"ctx {x['tokens']}" for x in result["ctx"] if x["finish_reason"] == "timeout"]
-    if cut:
-        lines += [f"**Cut at the {timeout:g} s deadline** (finish timeout; their figures cover the tokens "
-                  f"that came before it): {', '.join(cut)}.", ""]
-    lines += ["| step | tok/s | two-Spark published | ratio | finish |", "| --- | ---: | ---: | ---: | --- |"]
-    for name, got, pub, finish in comparison_rows(result):
-        ratio = f"{got / pub:.2f}" if (got and pub) else "-"
-        lines.append(f"| {name} | {_f(got)} | {_f(pub, 0) if pub else '-'} | {ratio} | "
-                     f"{finish_text(finish) if finish else '-'} |")
-    lines += ["", "finish: how the answers ended (stop: the model ended it; length: the server's limit; timeout: "
-              "cut at the deadline). Prefill requests are closed at their first token."]
-    if result["prefill"]:
-        lines += ["", "| prefill tokens | actual | median tok/s | TTFT median ms | TTFT p99 ms |",
-                  "| ---: | ---: | ---: | ---: | ---: |"]
-        for p in result["prefill"]:
-            lines.append(f"| {p['tokens']} | {p['prompt_tokens']} | {_f(p['median_tok_s'])} | "
-                         f"{_f(p['ttft_ms']['median'])} | {_f(p['ttft_ms']['p99'])} |")
-    if result["decode"]:
-        lines += ["", "| kind | conc | per-stream tok/s | aggregate tok/s | TTFT mean/median/p99 ms | "
-                  "TPOT mean/median/p99 ms | ITL mean/median/p99 ms | E2EL median ms |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for d in result["decode"]:
-            trio = lambda s: f"{_f(s['mean'])} / {_f(s['median'])} / {_f(s['p99'])}"  # noqa: E731
-            lines.append(f"| {d['kind']} | {d['concurrency']} | {_f(d['per_stream_tok_s_median'])} | "
-                         f"{_f(d['aggregate_tok_s'])} | {trio(d['ttft_ms'])} | {trio(d['tpot_ms'])} | "
-                         f"{trio(d['itl_ms'])} | {_f(d['e2el_ms']['median'])} |")
-    if result["ctx"]:
-        lines += ["", "| context | actual | TTFT ms | prefill tok/s | decode tok/s | finish | recall |",
-                  "| ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-        for x in result["ctx"]:
-            lines.append(f"| {x['tokens']} | {x['prompt_tokens']} | {_f(x['ttft_ms'])} | {_f(x['prefill_tok_s'])} | "
-                         f"{_f(x['decode_tok_s'])} | {x['finish_reason']} | {'yes' if x['recall'] else 'no'} |")
-    return "\n".join(lines) + "\n"
-
-
-MEASURED, PUBLISHED_COLOUR = "#2b6cb0", "#a0aec0"
-
-
-def chart_panels(result):
-    """(title, x label, y label, categories, [(series name, values, colour)]) per chart panel with data."""
-    panels = []
-    pre = result["prefill"]
-    if pre:
-        panels.append(("Prefill by prompt length", "prompt length (tokens)", "prefill tok/s",
-                       [f"{p['tokens']:,}" for p in pre],
-                       [("measured", [p["median_tok_s"] for p in pre], MEASURED),
-                        ("two-Spark published", [PUBLISHED.get(("prefill", p["tokens"])) for p in pre],
-                         PUBLISHED_COLOUR)]))
-    dec = result["decode"]
-    for what, key, ylabel in (("per_stream", "per_stream_tok_s_median", "decode tok/s per stream"),
-                              ("aggregate", "aggregate_tok_s", "aggregate decode tok/s")):
-        if dec:
-            panels.append((f"Decode {'per stream' if what == 'per_stream' else 'aggregate'} by concurrency",
-                           "concurrent streams (prompt kind)", ylabel,
-                           [f"{d['concurrency']}\n{d['kind']}" for d in dec],
-                           [("measured", [d[key] for d in dec], MEASURED),
-                            ("two-Spark published", [PUBLISHED.get((d["kind"], d["concurrency"], what)) for d in dec],
-                             PUBLISHED_COLOUR)]))
-    if result["ctx"]:
-        panels.append(("Long-context prefill", "context length (tokens)", "prefill tok/s",
-                       [f"{x['tokens']:,}" for x in result["ctx"]],
-                       [("measured", [x["prefill_tok_s"] for x in result["ctx"]], MEASURED)]))
-    return panels
-
-
-def chart(result):
-    """{".png": bytes, ".svg": bytes}: one bar panel per kind of step, the measured tok/s beside the
-    published two-Spark figure, values on the bars. matplotlib is imported here, only when charting."""
-    import matplotlib
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import StrMethodFormatter
-
-    panels = chart_panels(result)
-    fig = Figure(figsize=(10, 1.4 + 3.1 * max(1, len(panels))), layout="constrained")
-    fig.suptitle(f"dsv41 bench: {result['label']}\nmodel {result['model']}, {result['ts']}", fontsize=11)
-    if not panels:
-        ax = fig.add_subplot()
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no step measured yet", ha="center", va="center")
-    width = 0.38
-    for i, (title, xlabel, ylabel, cats, series) in enumerate(panels):
-        ax = fig.add_subplot(len(panels), 1, i + 1)
-        shown = [sr for sr in series if any(v is not None for v in sr[1])]
-        for j, (name, values, colour) in enumerate(shown):
-            offset = 0 if len(shown) == 1 else (j - 0.5) * width
-            xs = [k + offset for k, v in enumerate(values) if v is not None]
-            vs = [v for v in values if v is not None]
-            bars = ax.bar(xs, vs, width * 0.95, label=name, color=colour)
-            ax.bar_label(bars, labels=[fmt_rate(v) for v in vs], padding=2, fontsize=8)
-        pad = max(0, 3 - len(cats)) / 2  # one or two groups stay narrow, centred
-        ax.set_xticks(range(len(cats)), cats)
-        ax.set_xlim(-0.5 - pad, len(cats) - 0.5 + pad)
-        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-        ax.margins(y=0.15)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
-    handles = {h.get_label(): h for ax in fig.axes for h in ax.get_legend_handles_labels()[0]}
-    if handles:
-        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=len(handles), frameon=False)
-    out = {}
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "dsv41"}):
-        for suffix, fmt in ((".png", "png"), (".svg", "svg")):
-            buf = io.BytesIO()
-            fig.savefig(buf, format=fmt, dpi=110, metadata={"Date": None} if fmt == "svg" else None)
-            out[suffix] = buf.getvalue()
-    return out
 
 
 def parse(args_list):

@@ -117,101 +117,140 @@ def download(cfg):
     """Fetch the repo at REVISION into MODEL_DIR, skipping what is already there (and the parts of shards
     already reassembled and verified), then verify. Returns the receipt."""
     os.environ.setdefault("HF_XET_HIGH_PERFORMANCE", "1")   # hf_xet's fast mode; read when it is imported
-    import huggingface_hub as hf
-    from huggingface_hub import constants
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-    import httpx2
+    run = _Download(cfg)
+    run.pin()                                                   # REVISION -> a commit, and its files
+    receipt = run.fetch_metadata()                              # 1. the manifest and the small metadata
+    groups, verified, receipt = run.verify_assembled(receipt)   # 2. shards already reassembled
+    run.fetch_all(run.rest(groups, verified, receipt))          # 3. free space, then everything else
+    return verify(cfg)                                          # 4. the same steps as `doit verify`
 
-    token = cfg.hf_token or None
-    api = hf.HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=token)
-    endpoint = api.endpoint
-    model_dir = cfg.model_dir
-    try:
-        commit = api.model_info(cfg.hf_repo, revision=cfg.revision or None).sha
-        tree = {f.path: f for f in api.list_repo_tree(cfg.hf_repo, recursive=True, revision=commit)
-                if isinstance(f, hf.RepoFile)}
-    except Exception as err:  # noqa: BLE001 - mapped to one line or re-raised
-        raise (_hub_error(err, cfg, endpoint) or err) from None
-    if ck.MANIFEST not in tree:
-        raise UserError(f"{cfg.hf_repo}@{commit[:12]} has no {ck.MANIFEST}: check HF_REPO and REVISION")
-    os.makedirs(model_dir, exist_ok=True)
-    state_dir = os.path.join(model_dir, STATE)
-    records_file = os.path.join(state_dir, "download.json")
-    try:
-        with open(records_file) as fh:
-            records = json.load(fh)
-    except (FileNotFoundError, ValueError):
-        records = {}
-    lock = threading.Lock()
-    checker = checkpoint(cfg)
-    xet = _xet_ready()
 
-    def by_hub_download(f):
-        """Small git files, and Xet files when hf_xet moves them; the rest resumes here over HTTP."""
-        return f.lfs is None or (f.xet_hash is not None and xet)
+class _Download:
+    """One run of `doit download`: the repo pinned to a commit, its files (tree: {path: RepoFile}), the
+    records of what earlier runs fetched (MODEL_DIR/.cache/dsv41/download.json), and the checkpoint."""
 
-    def incomplete(f):
-        return os.path.join(state_dir, "download", f"{f.path}.{_etag(f)}.incomplete")
+    def __init__(self, cfg):
+        import huggingface_hub as hf
+        self.cfg, self.hf, self.model_dir = cfg, hf, cfg.model_dir
+        self.token = cfg.hf_token or None
+        self.api = hf.HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=self.token)
+        self.endpoint = self.api.endpoint
+        self.state_dir = os.path.join(self.model_dir, STATE)
+        self.records_file = os.path.join(self.state_dir, "download.json")
+        self.commit, self.tree, self.records, self.manifest = None, {}, {}, {}
+        self.lock = threading.Lock()
+        self.checker = checkpoint(cfg)
+        self.xet = _xet_ready()
 
-    def resumed(f):
-        """Bytes of f already here from an interrupted run (hf_hub_download never resumes)."""
-        return 0 if by_hub_download(f) else min(_size(incomplete(f)), f.size)
+    # ---- the steps, in order ---------------------------------------------------------------------
 
-    def done(f, receipt):
+    def pin(self):
+        """REVISION pinned to a commit, every file at it listed, and the records of earlier runs read."""
+        cfg = self.cfg
         try:
-            st = os.stat(os.path.join(model_dir, f.path))
+            self.commit = self.api.model_info(cfg.hf_repo, revision=cfg.revision or None).sha
+            self.tree = {f.path: f for f in self.api.list_repo_tree(cfg.hf_repo, recursive=True, revision=self.commit)
+                         if isinstance(f, self.hf.RepoFile)}
+        except Exception as err:  # noqa: BLE001 - mapped to one line or re-raised
+            raise (_hub_error(err, cfg, self.endpoint) or err) from None
+        if ck.MANIFEST not in self.tree:
+            raise UserError(f"{cfg.hf_repo}@{self.commit[:12]} has no {ck.MANIFEST}: check HF_REPO and REVISION")
+        os.makedirs(self.model_dir, exist_ok=True)
+        try:
+            with open(self.records_file) as fh:
+                self.records = json.load(fh)
+        except (FileNotFoundError, ValueError):
+            self.records = {}
+
+    def fetch_metadata(self):
+        """The manifest and the small metadata first: they decide what else is needed (the manifest is
+        read once they are here). -> the receipt."""
+        receipt = self.checker.load_receipt()
+        first = [self.tree[p] for p in (ck.MANIFEST, *ck.REQUIRED)
+                 if p in self.tree and not self.done(self.tree[p], receipt)]
+        self.fetch_all(first)
+        self.manifest = ck.read_manifest(self.model_dir)
+        return receipt
+
+    def verify_assembled(self, receipt):
+        """Shards already reassembled are verified (hash only, no reassembly) so their parts are skipped.
+        -> ({shard: its parts}, the shards verified, the receipt)."""
+        groups = {}
+        for f in self.tree.values():
+            m = ck.PART_RE.match(os.path.basename(f.path))
+            if m:
+                groups.setdefault(os.path.join(os.path.dirname(f.path), m.group("base")), []).append(f)
+        present = {b for b in groups if b in self.manifest and os.path.isfile(os.path.join(self.model_dir, b))}
+        if present:
+            receipt = self.checker.verify(only=present, assemble=False, strict=False)
+        verified = {b for b in present if self.checker._fresh_entry(receipt, b, self.manifest[b])}
+        return groups, verified, receipt
+
+    def rest(self, groups, verified, receipt):
+        """What is left to fetch, once the free space for it and for the shards still to be rebuilt from
+        parts is there (a UserError saying how much is missing otherwise)."""
+        skip = {f.path for b in verified for f in groups[b]}
+        _drop_stale_hub_partials(self.model_dir)
+        todo = [f for f in self.tree.values() if f.path not in skip and not self.done(f, receipt)]
+        fetch_bytes = sum(f.size - self.resumed(f) for f in todo)
+        rebuild = sum(f.size for b, fs in groups.items() if b in self.manifest and b not in verified for f in fs)
+        need, free = fetch_bytes + rebuild, ck.free_bytes(self.model_dir)
+        if need > free:
+            raise UserError(f"MODEL_DIR {self.model_dir} needs {gb(need)} free ({gb(fetch_bytes)} to download "
+                            f"+ {gb(rebuild)} to reassemble shards) but has {gb(free)}: free "
+                            f"{gb(need - free)} more or point MODEL_DIR at a bigger disk")
+        print(f"download: {self.cfg.hf_repo}@{self.commit[:12]}: {len(todo)} file(s), {gb(fetch_bytes)} to fetch"
+              + (f"; parts of {len(verified)} verified shard(s) skipped" if verified else ""), file=sys.stderr)
+        return todo
+
+    # ---- one file ----------------------------------------------------------------------------------
+
+    def by_hub_download(self, f):
+        """Small git files, and Xet files when hf_xet moves them; the rest resumes here over HTTP."""
+        return f.lfs is None or (f.xet_hash is not None and self.xet)
+
+    def incomplete(self, f):
+        return os.path.join(self.state_dir, "download", f"{f.path}.{_etag(f)}.incomplete")
+
+    def resumed(self, f):
+        """Bytes of f already here from an interrupted run (hf_hub_download never resumes)."""
+        return 0 if self.by_hub_download(f) else min(_size(self.incomplete(f)), f.size)
+
+    def done(self, f, receipt):
+        try:
+            st = os.stat(os.path.join(self.model_dir, f.path))
         except OSError:
             return False
         if st.st_size != f.size:
             return False
-        r = records.get(f.path)
+        r = self.records.get(f.path)
         if r and r == {"etag": _etag(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns}:
             return True
         e = (receipt or {}).get("files", {}).get(f.path)
         return bool(f.lfs and e and e["sha256"] == f.lfs.sha256 and e["mtime_ns"] == st.st_mtime_ns)
 
-    def fetch_http(f, dest, bar, stop):
-        """Stream the file into its .incomplete file, resuming from its end; retried while bytes arrive."""
-        url = hf.hf_hub_url(cfg.hf_repo, f.path, revision=commit, endpoint=endpoint)
-        location = hf.get_hf_file_metadata(url, token=token, endpoint=endpoint).location
-        headers = build_hf_headers(token=token)
+    def source(self, f):
+        """(location, request headers) of a file fetched here over HTTP: where the Hub redirects, with no
+        token sent to a signed CDN URL on another host."""
+        from huggingface_hub.utils import build_hf_headers
+        url = self.hf.hf_hub_url(self.cfg.hf_repo, f.path, revision=self.commit, endpoint=self.endpoint)
+        location = self.hf.get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint).location
+        headers = build_hf_headers(token=self.token)
         headers["Accept-Encoding"] = "identity"
         if urlparse(location).netloc != urlparse(url).netloc:
             headers.pop("authorization", None)              # signed CDN URL: no token to a third party
-        inc = incomplete(f)
+        return location, headers
+
+    def fetch_http(self, f, dest, bar, stop):
+        """Stream the file into its .incomplete file, resuming from its end; retried while bytes arrive."""
+        location, headers = self.source(f)
+        inc = self.incomplete(f)
         os.makedirs(os.path.dirname(inc), exist_ok=True)
         with open(inc, "ab") as out:
             if out.tell() > f.size:
                 out.seek(0)
                 out.truncate()
-            failures = 0
-            while out.tell() < f.size:
-                have = out.tell()
-                try:
-                    with get_session().stream("GET", location, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
-                                              headers={**headers, **({"Range": f"bytes={have}-"} if have else {})}
-                                              ) as r:
-                        hf_raise_for_status(r)
-                        if have and r.status_code != 206:     # the Range was ignored: start over
-                            out.seek(0)
-                            out.truncate()
-                            bar.update(-have)
-                        for chunk in r.iter_bytes():          # as received: a drop loses nothing
-                            if stop.is_set():
-                                raise _Stopped()
-                            out.write(chunk)
-                            bar.update(len(chunk))
-                            failures = 0
-                except httpx2.TransportError:                 # dropped, timed out: resume from here
-                    failures += 1
-                    if failures >= RETRIES:
-                        raise
-                    time.sleep(1)
-                    continue
-                if out.tell() == have:                        # ended early, not a byte: not forever
-                    failures += 1
-                    if failures >= RETRIES:
-                        break
+            _receive(out, f.size, location, headers, bar, stop)
             if out.tell() != f.size:
                 got = out.tell()
                 out.seek(0)
@@ -222,30 +261,33 @@ def download(cfg):
             os.fsync(out.fileno())
         os.replace(inc, dest)
 
-    def fetch(f, bar, stop):
+    def fetch(self, f, bar, stop):
         if stop.is_set():
             raise _Stopped()
-        dest = os.path.join(model_dir, f.path)
+        dest = os.path.join(self.model_dir, f.path)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        if by_hub_download(f):
-            hf.hf_hub_download(cfg.hf_repo, f.path, revision=commit, local_dir=model_dir, token=token,
-                               endpoint=endpoint, force_download=True, tqdm_class=_tqdm_class(bar))
+        if self.by_hub_download(f):
+            self.hf.hf_hub_download(self.cfg.hf_repo, f.path, revision=self.commit, local_dir=self.model_dir,
+                                    token=self.token, endpoint=self.endpoint, force_download=True,
+                                    tqdm_class=_tqdm_class(bar))
         else:
-            fetch_http(f, dest, bar, stop)
+            self.fetch_http(f, dest, bar, stop)
         st = os.stat(dest)
-        with lock:
-            records[f.path] = {"etag": _etag(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-            ck.write_json_atomic(records_file, records)
+        with self.lock:
+            self.records[f.path] = {"etag": _etag(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            ck.write_json_atomic(self.records_file, self.records)
 
-    def fetch_all(files):
+    # ---- many files at once -------------------------------------------------------------------------
+
+    def fetch_all(self, files):
         if not files:
             return
         files = sorted(files, key=lambda f: -f.size)
-        have = sum(resumed(f) for f in files)
+        have = sum(self.resumed(f) for f in files)
         stop = threading.Event()
-        with progress.bar(f"download {cfg.hf_repo}", sum(f.size for f in files), initial=have) as bar, \
+        with progress.bar(f"download {self.cfg.hf_repo}", sum(f.size for f in files), initial=have) as bar, \
                 cf.ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
-            futures = [pool.submit(fetch, f, bar, stop) for f in files]
+            futures = [pool.submit(self.fetch, f, bar, stop) for f in files]
             try:
                 for fut in cf.as_completed(futures):
                     fut.result()
@@ -253,48 +295,50 @@ def download(cfg):
                 raise
             except Exception as err:  # noqa: BLE001
                 if isinstance(err, OSError) and err.errno == 28:
-                    raise UserError(f"MODEL_DIR {model_dir}: disk full while downloading; free space "
+                    raise UserError(f"MODEL_DIR {self.model_dir}: disk full while downloading; free space "
                                     f"and run `doit download` again (it resumes)") from None
-                raise (_hub_error(err, cfg, endpoint) or err) from None
+                raise (_hub_error(err, self.cfg, self.endpoint) or err) from None
             finally:
                 stop.set()                                    # no-op when all are done; else stop the rest
                 for fut in futures:
                     fut.cancel()
 
-    # 1. the manifest and the small metadata first: they decide what else is needed
-    receipt = checker.load_receipt()
-    first = [tree[p] for p in (ck.MANIFEST, *ck.REQUIRED) if p in tree and not done(tree[p], receipt)]
-    fetch_all(first)
-    manifest = ck.read_manifest(model_dir)
 
-    # 2. shards already reassembled: verify them (hash only, no reassembly) so their parts are skipped
-    groups = {}
-    for f in tree.values():
-        m = ck.PART_RE.match(os.path.basename(f.path))
-        if m:
-            groups.setdefault(os.path.join(os.path.dirname(f.path), m.group("base")), []).append(f)
-    present = {b for b in groups if b in manifest and os.path.isfile(os.path.join(model_dir, b))}
-    if present:
-        receipt = checker.verify(only=present, assemble=False, strict=False)
-    verified = {b for b in present if checker._fresh_entry(receipt, b, manifest[b])}
-    skip = {f.path for b in verified for f in groups[b]}
-
-    # 3. free space: what is left to fetch plus the shards still to be rebuilt from parts
-    _drop_stale_hub_partials(model_dir)
-    todo = [f for f in tree.values() if f.path not in skip and not done(f, receipt)]
-    fetch_bytes = sum(f.size - resumed(f) for f in todo)
-    rebuild = sum(f.size for b, fs in groups.items() if b in manifest and b not in verified for f in fs)
-    need, free = fetch_bytes + rebuild, ck.free_bytes(model_dir)
-    if need > free:
-        raise UserError(f"MODEL_DIR {model_dir} needs {gb(need)} free ({gb(fetch_bytes)} to download "
-                        f"+ {gb(rebuild)} to reassemble shards) but has {gb(free)}: free "
-                        f"{gb(need - free)} more or point MODEL_DIR at a bigger disk")
-    print(f"download: {cfg.hf_repo}@{commit[:12]}: {len(todo)} file(s), {gb(fetch_bytes)} to fetch"
-          + (f"; parts of {len(verified)} verified shard(s) skipped" if verified else ""), file=sys.stderr)
-    fetch_all(todo)
-
-    # 4. the same steps as `doit verify`
-    return verify(cfg)
+def _receive(out, size, location, headers, bar, stop):
+    """GET location into `out` (open for appending) until it holds `size` bytes, each attempt a Range
+    request from its end; a dropped or stalled transfer is retried while bytes arrive (RETRIES in a row
+    without a byte: a transport error is raised, an early end just stops; the caller checks the size)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+    import httpx2
+    failures = 0
+    while out.tell() < size:
+        have = out.tell()
+        try:
+            with get_session().stream("GET", location, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+                                      headers={**headers, **({"Range": f"bytes={have}-"} if have else {})}
+                                      ) as r:
+                hf_raise_for_status(r)
+                if have and r.status_code != 206:     # the Range was ignored: start over
+                    out.seek(0)
+                    out.truncate()
+                    bar.update(-have)
+                for chunk in r.iter_bytes():          # as received: a drop loses nothing
+                    if stop.is_set():
+                        raise _Stopped()
+                    out.write(chunk)
+                    bar.update(len(chunk))
+                    failures = 0
+        except httpx2.TransportError:                 # dropped, timed out: resume from here
+            failures += 1
+            if failures >= RETRIES:
+                raise
+            time.sleep(1)
+            continue
+        if out.tell() == have:                        # ended early, not a byte: not forever
+            failures += 1
+            if failures >= RETRIES:
+                break
 
 
 def _drop_stale_hub_partials(model_dir):

@@ -1,12 +1,12 @@
 """doit status: every node's guard, rank unit, container and memory, the API's health, and the cluster's
 Health (core.health, as the watchdog, top and launch judge it) as one word and an exit code a monitor can
 use (core.health.WORDS; README lists them). A recovery under way is RECOVERING, with the step it is on.
-The release in service, and one that failed after it, come from core.releases."""
+The release in service, and one that failed after it, come from core.release_status."""
 import json as _json
 import time
 
 from dsv41 import names
-from dsv41.head.core import record, releases, silences
+from dsv41.head.core import record, release_status, silences
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import MEANING, Memory, Observation, assess, stale_workers
 from dsv41.head.core.record import watchdog_entry, watchdog_line
@@ -87,7 +87,7 @@ def status(cfg, json=False):
                                 api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"),
                                 record=record.view(cfg.state_dir)), Memory(), cl.recipe)
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name))
-    release = releases.service_entry(cfg.state_dir)
+    release = release_status.service_entry(cfg.state_dir)
     quiet = silences.silence_line(cfg)
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": h.word, "exit_code": h.exit_code, "health": h.as_json(),
@@ -98,7 +98,7 @@ def status(cfg, json=False):
             print(line)
         print(f"API {api['url']}: health {api['health'] or 'no answer'}, models {', '.join(api['models'] or []) or '-'}")
         print(watchdog_line(wd))
-        print(releases.service_line(release))
+        print(release_status.service_line(release))
         if quiet:
             print(quiet)
         if h.word == "NOT RUNNING" and (api["models"] or api["health"]):

@@ -6,33 +6,27 @@ under way shows as RECOVERING with its step); the watchdog's verdict and last in
 terminal back as it was. `--once` prints one snapshot as text, `--once --json` as JSON (SCHEMA) for
 scripts; it scrapes /metrics twice, --interval apart, for the rates (`--interval 0`: once, rates null).
 
-Nothing here waits on a node. Every refresh gives each node one probe (dsv41.node.probe: one ssh
-round trip over the node's kept connection) as a child process that is polled, never waited for;
-a node's first contact (its home, the node code shipped to it) also runs in a child, because the Node
-layer is synchronous. A node that has not answered within SSH_TIMEOUT_S shows as STALE with the age of
-its last answer, and is asked again at the next refresh, so it reappears when it answers again.
+What is shown comes from core.observe, which never waits on a node (a frozen one shows as STALE with
+the age of its last answer, and reappears when it answers again); this module draws it.
 
 JSON (schema dsv41.top/3): {"schema", "time", "interval_s", "health": core.health.Health.as_json(), "nodes": {name: {"state": "ok" | "stale"
 | "connecting", "seen_s_ago" (null: never answered), "error", "mem_total_bytes", "mem_available_bytes",
 "floor_bytes", "above_floor_bytes", "memory": "ok" | "near floor" | "below floor" | null, "swap_total_bytes",
 "swap_used_bytes", "guard": "active" | "observe" | "TRIPPED" | its unit state, "guard_mode", "tripped" (the
 marker or null), "rank_unit", "rank_state", "rank_uptime_s", "gpu_memory" (nvidia-smi's text),
-"gpu_used_bytes", "gpu_total_bytes"}}, "engine": {"url", "series" (the engine's running-requests series), "state": "ok" | "no answer" | "waiting",
+"gpu_used_bytes", "gpu_total_bytes"}}, "engine": {"url", "series" (the engine's running-requests series),
+"state": "ok" | "no answer" | "waiting",
 "error", "seen_s_ago", "running", "waiting", "kv_cache_usage_pct", "prompt_tokens_per_s",
 "generation_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preemptions_total",
 "preemptions_in_interval", "interval_s"}, "watchdog": what `doit status --json` shows, "release":
-core.releases.service_entry()}. Sizes are
+core.release_status.service_entry()}. Sizes are
 bytes, times seconds; a figure that is not known is null.
 """
-import copy
 import json as _json
 import os
-import pickle
 import select
 import signal
-import subprocess
 import sys
-import tempfile
 import termios
 import threading
 import time
@@ -44,330 +38,24 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from dsv41 import names
 from dsv41.client import metrics
-from dsv41.errors import UserError, one_line
-from dsv41.head.core.cluster import Cluster, ship_code
-from dsv41.settings.paths import LIB_DIR
-from dsv41.head.core import record, releases
+from dsv41.errors import UserError
+from dsv41.head.core import release_status
+from dsv41.head.core.observe import Observer
 from dsv41.head.core.record import watchdog_entry, watchdog_line
-from dsv41.head.core.health import Memory, Observation, assess
-from dsv41.head.core.state import NodeState, parse, unreachable
 
 SCHEMA = "dsv41.top/3"
-GIB, MIB = 1 << 30, 1 << 20
-NEAR_FACTOR, NEAR_GIB = 2.0, 4.0    # MemAvailable under 2x the floor, or under 4 GiB above it: "near floor"
+GIB = 1 << 30
 MIN_INTERVAL_S = 0.5
-SCRAPE_TIMEOUT_S = 5.0
 QUIT_KEYS = ("q", "Q")
-PREPARE = "from dsv41.head.top import prepare_child; prepare_child()"
 
 
-# ---- one node's figures (pure) ------------------------------------------------------------------
-
-def memory_state(avail, floor):
-    """"below floor", "near floor" (under NEAR_FACTOR x the floor or NEAR_GIB above it), "ok"; None
-    when the floor is not known."""
-    if avail is None or not floor:
-        return None
-    if avail < floor:
-        return "below floor"
-    return "near floor" if avail < NEAR_FACTOR * floor or avail - floor < NEAR_GIB * GIB else "ok"
-
-
-def guard_state(node, mode):
-    """TRIPPED while the trip marker exists; else "active" (enforcing) or "observe" for a running
-    guard, or its unit's state (node: a NodeState)."""
-    if node.tripped:
-        return "TRIPPED"
-    unit = node.unit(names.MEMGUARD_UNIT)
-    if not unit.installed:
-        return "not installed"
-    state = unit.active or "?"
-    return ("observe" if mode == "observe" else "active") if state == "active" else state
-
-
-def gpu_figures(text):
-    """(used bytes, total bytes) summed over nvidia-smi's "used, total" MiB lines; (None, None) when it
-    reported nothing numeric (absent, or [N/A] where CPU and GPU share memory)."""
-    used = total = 0.0
-    found = False
-    for line in (text or "").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            u, t = float(parts[0]), float(parts[1])
-        except (ValueError, IndexError):
-            continue
-        used, total, found = used + u * MIB, total + t * MIB, True
-    return (int(used), int(total)) if found else (None, None)
-
-
-def node_figures(node, engine_units):
-    """A node's row from its state (a NodeState from dsv41.node.probe, shipped by this run; figures it
-    could not read, and the guard's without a memguard.json, are None); engine_units: the recipe's."""
-    rank_unit = node.shown_unit(engine_units)
-    mem = node.memory
-    avail = mem.get("available_bytes")
-    settings = node.guard_settings or {}
-    floor_gib = settings.get("floor_gib")
-    floor = int(floor_gib * GIB) if isinstance(floor_gib, (int, float)) and not isinstance(floor_gib, bool) else None
-    mode = settings.get("mode", "enforce") if settings else None
-    swap_total, swap_free = mem.get("swap_total_bytes"), mem.get("swap_free_bytes")
-    age = node.age(rank_unit)                                               # the node's own clock
-    gpu_used, gpu_total = gpu_figures(node.gpu_memory)
-    return {
-        "mem_total_bytes": mem.get("total_bytes"), "mem_available_bytes": avail, "floor_bytes": floor,
-        "above_floor_bytes": avail - floor if avail is not None and floor else None,
-        "memory": memory_state(avail, floor),
-        "swap_total_bytes": swap_total,
-        "swap_used_bytes": swap_total - swap_free if swap_total is not None and swap_free is not None else None,
-        "guard": guard_state(node, mode), "guard_mode": mode, "tripped": node.tripped,
-        "rank_unit": rank_unit,
-        "rank_state": node.unit(rank_unit).state,
-        "rank_uptime_s": None if age is None else max(0.0, round(age, 1)),
-        "gpu_memory": node.gpu_memory, "gpu_used_bytes": gpu_used, "gpu_total_bytes": gpu_total,
-    }
-
-
-# ---- children, polled -----------------------------------------------------------------------------
-
-class Job:
-    """A child process polled without waiting: its output goes to temp files (a full pipe never
-    stalls it) and it runs in its own process group, killed whole when it overruns its deadline."""
-
-    def __init__(self, argv, deadline_s, stdin_data=None, env=None):
-        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
-                                     stdout=self.out, stderr=self.err, start_new_session=True, env=env)
-        if stdin_data is not None:
-            try:
-                self.proc.stdin.write(stdin_data)
-                self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        self.deadline = time.monotonic() + deadline_s
-
-    def poll(self):
-        """None while it runs; then (exit code, stdout, stderr), the exit code None when it overran
-        its deadline and was killed."""
-        code = self.proc.poll()
-        if code is None:
-            if time.monotonic() < self.deadline:
-                return None
-            self.kill()
-            return None, "", ""
-        out, err = (self._read(f) for f in (self.out, self.err))
-        self.out.close()
-        self.err.close()
-        return code, out, err
-
-    @staticmethod
-    def _read(f):
-        f.seek(0)
-        return f.read().decode("utf-8", "replace")
-
-    def kill(self):
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-        self.out.close()
-        self.err.close()
-
-
-def prepare_child():
-    """(In a child process.) First contact with one node: its home, and the node code shipped to its
-    state dir. Reads (cfg, node name) pickled on stdin; prints {"home": ...} or {"error": ...}."""
-    cfg, name = pickle.load(sys.stdin.buffer)
-    cl = Cluster(cfg)
-    node = next(n for n in cl.nodes if n.name == name)
-    try:
-        cl.module(node, "probe")
-        out = {"home": node.home()}
-    except UserError as err:
-        out = {"error": one_line(err, 600)}
-    print(_json.dumps(out), flush=True)
-
-
-class Watch:
-    """What top knows about one node: its last state (seen) and when it came, why the last try failed,
-    the child in flight."""
-
-    def __init__(self, node, engine_units):
-        self.node, self.engine_units = node, engine_units
-        self.seen = self.at = self.error = self.job = self.kind = None
-        self.ready = False               # home known and node code shipped in this run
-
-    @property
-    def state(self):
-        if self.error:
-            return "stale"
-        return "ok" if self.seen is not None else "connecting"
-
-    def view(self, now):
-        v = {"state": self.state, "seen_s_ago": round(now - self.at, 1) if self.at else None, "error": self.error}
-        v.update(node_figures(self.seen, self.engine_units) if self.seen is not None
-                 else dict.fromkeys(node_figures(NodeState(), self.engine_units)))               # every figure None
-        return v
-
-
-class Scrape(threading.Thread):
-    """The API's /health, then one GET of /metrics, on a daemon thread (requests is not the Node layer; an
-    exit never waits for a scrape in flight)."""
-
-    def __init__(self, url, client):
-        super().__init__(daemon=True, name="scrape")
-        self.url, self.client, self.snap, self.error, self.health = url, client, None, None, None
-        self.start()
-
-    def run(self):
-        try:
-            self.health = self.client.health()
-            self.snap = metrics.scrape(self.url, SCRAPE_TIMEOUT_S)
-        except UserError as err:
-            self.error = one_line(err, 300)
-        except Exception as err:  # noqa: BLE001 - shown on the screen, never a traceback over it
-            self.error = one_line(f"{type(err).__name__}: {err}", 300)
-
-
-class Top:
-    def __init__(self, cfg, interval):
-        self.cfg, self.interval = cfg, interval
-        self.cl = Cluster(cfg)
-        self.watches = {n.name: Watch(n, self.cl.engine_units(n)) for n in self.cl.nodes}
-        self.url = self.cl.recipe.metrics_url()
-        self.scrape = None
-        self.prev = self.snap = None     # the last two snapshots that came back
-        self.engine_error = None
-        self.health = None               # the API's /health at the last scrape
-        self.mem = Memory()              # what core.health remembers between scrapes
-        self.scrapes = self.judged = 0   # scrapes that came back; the last one the memory has taken in
-
-    # -- starting ------------------------------------------------------------------------------
-
-    def start(self):
-        """One refresh: each node without a child in flight gets one, the engine one scrape."""
-        for w in self.watches.values():
-            if w.job is None:
-                self.start_node(w)
-        self.start_scrape()
-
-    def start_scrape(self):
-        if self.scrape is None:
-            self.scrape = Scrape(self.url, self.cl.api(read_timeout=SCRAPE_TIMEOUT_S))
-
-    def start_node(self, w):
-        node = w.node
-        if not w.ready and node.is_local:
-            try:
-                ship_code(node, self.cl.paths(node).state_dir)   # (again after a failed probe): a local rsync
-                w.ready = True
-            except UserError as err:
-                w.error = one_line(err, 600)
-                return
-        if not w.ready:
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (LIB_DIR, os.environ.get("PYTHONPATH")) if p)}
-            w.job, w.kind = Job([sys.executable, "-c", PREPARE], 3 * node.timeout_s + 10,
-                                pickle.dumps((self.cfg, node.name)), env), "prepare"
-            return
-        state_dir = self.cl.paths(node).state_dir
-        argv = self.cl.probe_argv(node, state_dir)
-        w.job, w.kind = Job(node.argv_for(argv), node.timeout_s + 1), "probe"
-
-    # -- collecting ----------------------------------------------------------------------------
-
-    def poll(self):
-        """Collect what finished; True when something changed."""
-        changed = False
-        for w in self.watches.values():
-            res = w.job.poll() if w.job else None
-            if res is None:
-                continue
-            changed, kind, w.job = True, w.kind, None
-            (self.prepared if kind == "prepare" else self.probed)(w, *res)
-        if self.scrape is not None and not self.scrape.is_alive():
-            s, self.scrape, changed = self.scrape, None, True
-            self.health, self.scrapes = s.health, self.scrapes + 1
-            if s.snap is not None:
-                self.prev, self.snap, self.engine_error = self.snap, s.snap, None
-            else:
-                self.engine_error = s.error
-        return changed
-
-    def prepared(self, w, code, out, err):
-        node = w.node
-        try:
-            answer = _json.loads(out.strip().splitlines()[-1]) if code == 0 and out.strip() else {}
-        except ValueError:
-            answer = {}
-        if code is None:
-            w.error = node.silent(f"within {3 * node.timeout_s + 10} s")
-        elif "home" in answer:
-            node.assume_home(answer["home"])
-            w.ready = True
-            self.start_node(w)                          # its first probe, at once
-        else:
-            w.error = answer.get("error") or f"first contact with {node.label} failed: {_tail(err) or f'exit {code}'}"
-
-    def probed(self, w, code, out, err):
-        node = w.node
-        if code is None:
-            w.error = node.silent(f"within {node.timeout_s} s (SSH_TIMEOUT_S)")
-        elif code == 0:
-            try:
-                w.seen, w.at, w.error = parse(out, node.label), time.time(), None
-            except UserError as err:                    # no JSON, or not the probe's shape
-                w.error = one_line(err, 300)
-        elif code == 255 and not node.is_local:
-            w.error = f"cannot reach {node.label}: {_tail(err) or 'ssh failed'}; check that {node.host} is up"
-        else:
-            w.ready = False                             # e.g. the node code was removed: ship it again
-            w.error = f"the probe failed on {node.label} (exit {code}): {_tail(err) or 'no output'}"
-
-    def busy(self):
-        return self.scrape is not None or any(w.job for w in self.watches.values())
-
-    def close(self):
-        for w in self.watches.values():
-            if w.job:
-                w.job.kill()
-                w.job = None
-
-    # -- the snapshot --------------------------------------------------------------------------
-
-    def judge(self, now):
-        """The cluster's Health from what came back (a node not answered yet, or stale, is unknown)."""
-        states = {name: w.seen if w.seen is not None and not w.error else unreachable(w.error or "no answer yet")
-                  for name, w in self.watches.items()}
-        obs = Observation(now, states, self.health, None if self.engine_error else self.snap, None,
-                          ready_at=record.ready_at(self.cfg.state_dir), record=record.view(self.cfg.state_dir))
-        mem = copy.deepcopy(self.mem)    # the screen is redrawn more often than it learns anything new:
-        h = assess(self.cfg, obs, mem, self.cl.recipe)      # one look per scrape moves the memory on
-        if self.scrapes != self.judged:
-            self.mem, self.judged = mem, self.scrapes
-        return h
-
-    def view(self):
-        now = time.time()
-        state = "no answer" if self.engine_error else "ok" if self.snap is not None else "waiting"
-        engine = {"url": self.url, "series": self.cl.recipe.series.running, "state": state, "error": self.engine_error,
-                  "seen_s_ago": round(now - self.snap.time, 1) if self.snap else None}
-        series = self.cl.recipe.series
-        figures = (metrics.engine(self.prev, self.snap, series) if self.snap is not None and not self.engine_error
-                   else None)
-        engine.update(figures or dict.fromkeys(metrics.engine(None, metrics.Snapshot(now), series)))
-        head = self.watches[self.cl.head.name].seen
-        return {"schema": SCHEMA, "time": now, "interval_s": self.interval, "health": self.judge(now).as_json(),
-                "nodes": {name: w.view(now) for name, w in self.watches.items()},
-                "engine": engine, "watchdog": watchdog_entry(self.cfg, head),
-                "release": releases.service_entry(self.cfg.state_dir)}
-
-
-def _tail(text):
-    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
-    return one_line(lines[-1], 300) if lines else ""
+def snapshot(o):
+    """What top draws and --json prints (SCHEMA), from what the Observer o has seen."""
+    now = time.time()
+    return {"schema": SCHEMA, "time": now, "interval_s": o.interval, "health": o.judge(now).as_json(),
+            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": watchdog_entry(o.cfg, o.head()),
+            "release": release_status.service_entry(o.cfg.state_dir)}
 
 
 # ---- drawing ----------------------------------------------------------------------------------------
@@ -453,6 +141,19 @@ def node_notes(view):
     return lines
 
 
+# ---- the engine: its /metrics, read by the series its recipe names ----------------------------------
+
+def engine_view(o, now):
+    """The "engine" entry: the last scrape's state and the engine's figures from the last two snapshots."""
+    state = "no answer" if o.engine_error else "ok" if o.snap is not None else "waiting"
+    series = o.cl.recipe.series
+    engine = {"url": o.url, "series": series.running, "state": state, "error": o.engine_error,
+              "seen_s_ago": round(now - o.snap.time, 1) if o.snap else None}
+    figures = metrics.engine(o.prev, o.snap, series) if o.snap is not None and not o.engine_error else None
+    engine.update(figures or dict.fromkeys(metrics.engine(None, metrics.Snapshot(now), series)))
+    return engine
+
+
 def engine_lines(view):
     e = view["engine"]
     head = Text.assemble(("engine ", "bold"), e["url"])
@@ -479,6 +180,8 @@ def engine_lines(view):
     return [head, g]
 
 
+# ---- the rest of the screen ---------------------------------------------------------------------------
+
 def health_text(view):
     h = view["health"]
     style = VERDICT_STYLE.get(h["verdict"], "red")
@@ -497,7 +200,7 @@ def release_text(view):
     e = view.get("release")
     if e is None:                       # a view of an earlier version (kept frames)
         return Text("")
-    return Text(releases.service_line(e), style="bold red" if e.get("failed") or "error" in e else "")
+    return Text(release_status.service_line(e), style="bold red" if e.get("failed") or "error" in e else "")
 
 
 def render(view, live=False):
@@ -513,22 +216,6 @@ def render(view, live=False):
 
 # ---- running -----------------------------------------------------------------------------------------
 
-def run_once(t):
-    """Every node probed once (or given up on at its deadline), /metrics scraped twice, the second
-    --interval after the first answer (once when it is 0)."""
-    t0 = time.time()
-    t.start()
-    second = t.interval <= 0
-    while True:
-        t.poll()
-        if not second and t.scrape is None and time.time() - (t.snap.time if t.snap else t0) >= t.interval:
-            t.start_scrape()
-            second = True
-        if second and not t.busy():
-            return t.view()
-        time.sleep(0.02)
-
-
 def read_key(fd, timeout):
     if fd is None:
         time.sleep(timeout)
@@ -540,7 +227,7 @@ def read_key(fd, timeout):
         return ""
 
 
-def run_live(t, console):
+def run_live(o, console):
     """Redraw when something came back (at least every second, for the ages and the clock); a new
     refresh every interval; `q`, Ctrl-C or SIGTERM ends it, the terminal restored."""
     stop, resized = threading.Event(), threading.Event()
@@ -558,11 +245,11 @@ def run_live(t, console):
             while not stop.is_set():
                 now = time.monotonic()
                 if now >= next_round:
-                    t.start()
-                    next_round = now + t.interval
-                if t.poll() or resized.is_set() or now - drawn >= 1.0:
+                    o.start()
+                    next_round = now + o.interval
+                if o.poll() or resized.is_set() or now - drawn >= 1.0:
                     resized.clear()
-                    live.update(render(t.view(), live=True), refresh=True)
+                    live.update(render(snapshot(o), live=True), refresh=True)
                     drawn = now
                 if any(k in QUIT_KEYS for k in read_key(fd, 0.1)):
                     break
@@ -580,20 +267,21 @@ def top(cfg, json=False, once=False, interval=2.0):
         raise UserError(f"--interval {interval!r} is not valid: expected seconds between refreshes, at least {least}")
     if json and not once:
         raise UserError("--json prints one snapshot: use it with --once (doit top --once --json)")
-    t = Top(cfg, interval)
+    o = Observer(cfg, interval)
     try:
         if once:
-            view = run_once(t)
+            o.once()
+            shot = snapshot(o)
             if json:
-                print(_json.dumps(view, indent=2), flush=True)
+                print(_json.dumps(shot, indent=2), flush=True)
             else:
                 console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
-                console.print(render(view))
+                console.print(render(shot))
             return
         console = Console(highlight=False)
         if not console.is_terminal:
             raise UserError("doit top draws a live screen and needs a terminal: in scripts use "
                             "`doit top --once` (text) or `doit top --once --json`")
-        run_live(t, console)
+        run_live(o, console)
     finally:
-        t.close()
+        o.close()

@@ -31,7 +31,8 @@ How launch uses it, in order (the storage functions, at the end, are the only I/
         then, unless ROLLBACK=0 or target is None: decide() and apply Desired(*recorded_state(target,
         key)) with target.image_ids on each node; once it serves: rolled_back(state_dir, release.number, target.number)
 
-`doit status` and `doit top` call in_service(state_dir); `doit releases` is head/releases.py.
+`doit status` and `doit top` show in_service(state_dir) through core/release_status.py; `doit releases`
+is head/releases.py.
 Two releases are "the same" when their fingerprint is: image ids, units, files and settings.
 """
 import dataclasses
@@ -426,37 +427,6 @@ def settings_of(release, cfg):
         return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token)
     except ConfigError:
         return cfg
-
-
-def _brief(r):
-    return r and {"number": r.number, "state": r.shown_state, "began": r.time, "image": r.image,
-                  "result": r.result, "failed_at": r.failed_at, "rolled_back_to": r.rolled_back_to}
-
-
-def service_entry(state_dir):
-    """What `doit status` and `doit top` show of the history: {"serving", "failed" (the newest that failed
-    after it), "rolling_out"} (each a release's brief or None), or {"error": line}."""
-    try:
-        history = load_all(state_dir)
-        serving, failed = in_service(state_dir)
-    except UserError as err:
-        return {"error": str(err)}
-    return {"serving": _brief(serving), "failed": _brief(failed), "rolling_out": _brief(unfinished(history))}
-
-
-def service_line(e):
-    """The entry as one line."""
-    if "error" in e:
-        return f"release: {e['error']}"
-    s, f, u = e["serving"], e["failed"], e["rolling_out"]
-    line = (f"release {s['number']} in service (began {when(s['began'])}, image {short_id(s['image'])})" if s
-            else "release: none in service yet (`doit launch` records one)")
-    if f:
-        line += (f"; release {f['number']} failed at {when(f['failed_at'])}: {one_line(f['result'], 120)}"
-                 + (f", rolled back to {f['rolled_back_to']}" if f["rolled_back_to"] else ""))
-    if u:
-        line += f"; release {u['number']} is rolling out or was interrupted (`doit launch` finishes it)"
-    return line
 
 
 def checkpoint_on_disk(cfg):
