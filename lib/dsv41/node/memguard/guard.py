@@ -31,6 +31,7 @@ import time
 from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic, write_textfile
 from dsv41.names import CIDFILE_RE, DEFAULT_STATE_DIR, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, TRIP_MARKER, rank_unit
+from dsv41.node.memguard import DEFAULT_FLOOR_GIB, MODES, check_floor, check_metrics_dir, check_mode
 
 GIB = 1 << 30
 RANK_ENV_B = f"{RANK_ENV}=".encode()
@@ -46,38 +47,8 @@ PSI_FAST_S = 3.0  # after a pressure event, poll at FAST_S at least this long
 PSI_TRIGGERS = (b"some 50000 500000", b"some 100000 2000000")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
-
-FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
-DEFAULT_FLOOR_GIB = 1.0        # MEMGUARD_GIB's default (the settings schema reads it from here)
-MODES = ("enforce", "observe")
 METRICS_FILE = "dsv41_memguard.prom"
 METRICS_EVERY_S = 5.0          # the metrics file is rewritten at most this often (and at each trip)
-
-
-def check_floor(value, var="MEMGUARD_GIB"):
-    """The floor in GiB, or UserError naming the accepted range (the one rule, used by the Config too)."""
-    try:
-        gib_ = float(str(value).strip())
-    except ValueError:
-        gib_ = float("nan")
-    lo, hi = FLOOR_GIB
-    if not lo <= gib_ <= hi:
-        raise UserError(f"{var}={value!r} is not valid: expected the memory guard's floor in GiB, "
-                        f"a number from {lo:g} to {hi:g}")
-    return gib_
-
-
-def check_mode(value, var="MEMGUARD_MODE"):
-    if value not in MODES:
-        raise UserError(f"{var}={value!r} is not valid: expected {' or '.join(MODES)}")
-    return value
-
-
-def check_metrics_dir(value, var="METRICS_DIR"):
-    """The metrics dir: an absolute directory, or empty for no metrics file."""
-    if not isinstance(value, str) or (value and not os.path.isabs(value)) or "\0" in value:
-        raise UserError(f"{var}={value!r} is not valid: expected an absolute directory, or empty for no metrics file")
-    return value.rstrip("/") or ("/" if value else "")
 
 
 def now_iso():
@@ -704,6 +675,3 @@ def main(argv=None):
                         f"point --state-dir/--log at a writable directory") from None
     Guard(args.floor, args.mode, args.state_dir, log, args.settings, args.metrics_dir).run()
 
-
-if __name__ == "__main__":
-    main()

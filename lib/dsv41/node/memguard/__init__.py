@@ -1,0 +1,41 @@
+"""The memory guard, one on each node: when MemAvailable falls below a floor it SIGKILLs the processes
+of the node's rank containers, stops their units and leaves a trip marker that blocks their restart.
+
+    python3 -m dsv41.node.memguard ...     runs guard.main (see guard.py for the options)
+
+This module holds the settings the guard accepts: the head's settings schema checks MEMGUARD_GIB and
+MEMGUARD_MODE with them, so it imports nothing of the guard and the head never loads the rest.
+"""
+import os
+
+from dsv41.errors import UserError
+
+FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
+DEFAULT_FLOOR_GIB = 1.0        # MEMGUARD_GIB's default (the settings schema reads it from here)
+MODES = ("enforce", "observe")
+
+
+def check_floor(value, var="MEMGUARD_GIB"):
+    """The floor in GiB, or UserError naming the accepted range (the one rule, used by the Config too)."""
+    try:
+        gib_ = float(str(value).strip())
+    except ValueError:
+        gib_ = float("nan")
+    lo, hi = FLOOR_GIB
+    if not lo <= gib_ <= hi:
+        raise UserError(f"{var}={value!r} is not valid: expected the memory guard's floor in GiB, "
+                        f"a number from {lo:g} to {hi:g}")
+    return gib_
+
+
+def check_mode(value, var="MEMGUARD_MODE"):
+    if value not in MODES:
+        raise UserError(f"{var}={value!r} is not valid: expected {' or '.join(MODES)}")
+    return value
+
+
+def check_metrics_dir(value, var="METRICS_DIR"):
+    """The metrics dir: an absolute directory, or empty for no metrics file."""
+    if not isinstance(value, str) or (value and not os.path.isabs(value)) or "\0" in value:
+        raise UserError(f"{var}={value!r} is not valid: expected an absolute directory, or empty for no metrics file")
+    return value.rstrip("/") or ("/" if value else "")
