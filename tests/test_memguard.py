@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv41.node.memguard import guard
+from dsv41.files import write_atomic
+from dsv41.node.memguard import guard, marker
 
 LIB = str(Path(guard.__file__).resolve().parents[3])
 REPO = Path(LIB).parent
@@ -209,7 +210,7 @@ def test_trip_kills_rank_processes_writes_marker_and_stops_units(tmp_path, nodes
         assert bystander.poll() is None
         text = node.wait_log("trip marker")
 
-        trip = guard.read_trip(node.state)
+        trip = marker.read_trip(node.state)
         assert trip["floor_gib"] == floor
         assert trip["mem_available_bytes"] < trip["floor_bytes"] == int(floor * GIB)
         assert {(k["rank"], k["how"], k["result"]) for k in trip["killed"]} == (
@@ -252,7 +253,7 @@ def test_observe_mode_logs_once_and_kills_nothing(tmp_path, nodes):
     assert hog.poll() is None
     assert text.count("TRIP") == 1
     assert re.search(r"would kill python3?\[\d+\] rank 0 .*and stop dsv41-r0\.service", text)
-    assert guard.read_trip(node.state) is None
+    assert marker.read_trip(node.state) is None
     assert "stop" not in calls.read_text()
 
 
@@ -292,7 +293,7 @@ def test_guard_survives_its_own_errors(tmp_path, nodes, systemctl):
     failure = "No such file" if systemctl == "missing" else "exit 1: Failed to connect to bus"
     assert failure in text
     assert bystander.poll() is None
-    assert guard.read_trip(state)["units"] == ["dsv41-r3.service"]
+    assert marker.read_trip(state)["units"] == ["dsv41-r3.service"]
     time.sleep(0.5)
     assert node.proc.poll() is None
     os.kill(node.guard_pid, signal.SIGTERM)
@@ -301,14 +302,14 @@ def test_guard_survives_its_own_errors(tmp_path, nodes, systemctl):
 
 
 def test_read_and_clear_trip(tmp_path):
-    assert guard.read_trip(tmp_path) is None
-    assert guard.clear_trip(tmp_path) is None
-    guard.write_atomic(guard.trip_path(tmp_path), json.dumps({"time": "t", "floor_gib": 1.0}).encode())
-    assert guard.read_trip(tmp_path) == {"time": "t", "floor_gib": 1.0}
-    assert guard.clear_trip(tmp_path)["time"] == "t"
-    assert guard.read_trip(tmp_path) is None
-    Path(guard.trip_path(tmp_path)).write_text("{half")
-    assert "unreadable trip marker" in guard.read_trip(tmp_path)["error"]  # still a trip
+    assert marker.read_trip(tmp_path) is None
+    assert marker.clear_trip(tmp_path) is None
+    write_atomic(marker.trip_path(tmp_path), json.dumps({"time": "t", "floor_gib": 1.0}).encode())
+    assert marker.read_trip(tmp_path) == {"time": "t", "floor_gib": 1.0}
+    assert marker.clear_trip(tmp_path)["time"] == "t"
+    assert marker.read_trip(tmp_path) is None
+    Path(marker.trip_path(tmp_path)).write_text("{half")
+    assert "unreadable trip marker" in marker.read_trip(tmp_path)["error"]  # still a trip
 
 
 def test_polls_fast_only_near_the_floor():
@@ -451,7 +452,7 @@ def test_enforced_trip_shows_tripped_and_metrics_follow_the_settings_file(tmp_pa
     os.kill(node.guard_pid, signal.SIGHUP)
     m = prom(path, until=lambda m: m["dsv41_memguard_trips_total"] == 1)
     assert m["dsv41_memguard_tripped"] == 1 and m["dsv41_memguard_floor_bytes"] == int(above * GIB)
-    assert guard.read_trip(node.state)["trips"] == 1
+    assert marker.read_trip(node.state)["trips"] == 1
 
     settings.write_text(json.dumps({"floor_gib": above, "mode": "enforce", "metrics_dir": "textfile"}))
     os.kill(node.guard_pid, signal.SIGHUP)

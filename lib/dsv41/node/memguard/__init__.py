@@ -3,8 +3,9 @@ of the node's rank containers, stops their units and leaves a trip marker that b
 
     python3 -m dsv41.node.memguard ...     runs guard.main (see guard.py for the options)
 
-This module holds the settings the guard accepts: the head's settings schema checks MEMGUARD_GIB and
-MEMGUARD_MODE with them, so it imports nothing of the guard and the head never loads the rest.
+This module holds the settings the guard accepts and their unit: the head's settings schema checks
+MEMGUARD_GIB and MEMGUARD_MODE with them, so it imports nothing of the guard and the head never loads
+the rest.
 """
 import os
 
@@ -13,6 +14,11 @@ from dsv41.errors import UserError
 FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
 DEFAULT_FLOOR_GIB = 1.0        # MEMGUARD_GIB's default (the settings schema reads it from here)
 MODES = ("enforce", "observe")
+GIB = 1 << 30
+
+
+def gib(nbytes):
+    return round(nbytes / GIB, 2)
 
 
 def check_floor(value, var="MEMGUARD_GIB"):

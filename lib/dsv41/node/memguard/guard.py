@@ -5,9 +5,7 @@ leave a trip marker that blocks their restart.
 Runs on the node with the system python3, standard library only:
     python3 -m dsv41.node.memguard --state-dir DIR --settings DIR/memguard.json   (or --floor-gib, --mode)
 
-Marker `$STATE_DIR/memguard.tripped` (JSON): time (of the reading), killed_at, host, mode,
-mem_available_gib, floor_gib (and _bytes), killed [{pid, rank, comm, rss_gib, how, result}], units,
-top [{pid, comm, rss_gib}], trips.
+The trip marker it leaves is described in marker.py.
 
 With a metrics dir (METRICS_DIR, "metrics_dir" in the settings file) it keeps
 <dir>/dsv41_memguard.prom for node_exporter's textfile collector: MemAvailable, the floor, the mode,
@@ -18,7 +16,6 @@ import argparse
 import ctypes
 import datetime
 import json
-import math
 import os
 import re
 import select
@@ -30,10 +27,10 @@ import time
 
 from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic, write_textfile
-from dsv41.names import CIDFILE_RE, DEFAULT_STATE_DIR, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, TRIP_MARKER, rank_unit
-from dsv41.node.memguard import DEFAULT_FLOOR_GIB, MODES, check_floor, check_metrics_dir, check_mode
+from dsv41.names import CIDFILE_RE, DEFAULT_STATE_DIR, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, rank_unit
+from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, MODES, check_floor, check_metrics_dir, check_mode, gib
+from dsv41.node.memguard.marker import below, read_trip, trip_path
 
-GIB = 1 << 30
 RANK_ENV_B = f"{RANK_ENV}=".encode()
 CID_RE = re.compile(r"^[0-9a-f]{12,64}$")
 
@@ -53,64 +50,6 @@ METRICS_EVERY_S = 5.0          # the metrics file is rewritten at most this ofte
 
 def now_iso():
     return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
-
-
-def gib(nbytes):
-    return round(nbytes / GIB, 2)
-
-
-# --- the trip marker (also used by the launcher and status) -------------------------------------
-
-def trip_path(state_dir):
-    return os.path.join(os.path.expanduser(str(state_dir)), TRIP_MARKER)
-
-
-def parse_trip(raw, where=TRIP_MARKER):
-    """A trip marker's bytes (e.g. read from a worker with Node.read_file) as a dict; a marker that
-    cannot be parsed still counts as a trip: {"error": ...}."""
-    try:
-        trip = json.loads(raw)
-        if not isinstance(trip, dict):
-            raise ValueError("not a JSON object")
-        return trip
-    except ValueError as err:
-        return {"error": f"unreadable trip marker {where}: {err}"}
-
-
-def read_trip(state_dir):
-    """The node's trip marker as a dict, or None when it has not tripped."""
-    path = trip_path(state_dir)
-    try:
-        with open(path, "rb") as f:
-            return parse_trip(f.read(), path)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        return {"error": f"cannot read {path}: {err.strerror}"}
-
-
-def below(avail, floor):
-    """'MemAvailable 18.998 GiB < floor 19.000 GiB': MemAvailable rounded down, so it never shows equal
-    to the floor it fell under."""
-    return f"MemAvailable {math.floor(avail / GIB * 1000) / 1000:.3f} GiB < floor {floor / GIB:.3f} GiB"
-
-
-def describe_trip(trip):
-    """One line about a trip marker (as the launcher and status show it)."""
-    if "mem_available_bytes" not in trip or "floor_bytes" not in trip:
-        return f"tripped ({trip.get('error') or 'marker without readings'})"
-    return f"tripped at {trip.get('time', '?')} on {trip.get('host', '?')}: " + below(
-        trip["mem_available_bytes"], trip["floor_bytes"])
-
-
-def clear_trip(state_dir):
-    """Remove the trip marker (no error when absent); returns what it said, or None."""
-    trip = read_trip(state_dir)
-    try:
-        os.unlink(trip_path(state_dir))
-    except FileNotFoundError:
-        pass
-    return trip
 
 
 # --- facts from /proc --------------------------------------------------------------------------
