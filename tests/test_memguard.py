@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dsv41.files import write_atomic
-from dsv41.node.memguard import guard, marker
+from dsv41.node.memguard import guard, marker, scan
 
 LIB = str(Path(guard.__file__).resolve().parents[3])
 REPO = Path(LIB).parent
@@ -59,7 +59,7 @@ time.sleep(600)
 
 
 def mem_available():
-    return guard.MemInfo().available()
+    return scan.MemInfo().available()
 
 
 def need_pressure_rig():
