@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dsv41.files import write_atomic
-from dsv41.node.memguard import guard, marker, scan
+from dsv41.node.memguard import guard, marker, scan, textfile
 
 LIB = str(Path(guard.__file__).resolve().parents[3])
 REPO = Path(LIB).parent
@@ -398,7 +398,7 @@ def prom(path, timeout=20, until=lambda m: True):
 
 def test_metrics_lines_are_prometheus_text_with_conventional_names():
     from prometheus_client.parser import text_string_to_metric_families
-    text = "\n".join(guard.metrics_lines(5 * GIB, GIB, "observe", 2, 1700000000.25, True)) + "\n"
+    text = "\n".join(textfile.metrics_lines(5 * GIB, GIB, "observe", 2, 1700000000.25, True)) + "\n"
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     assert {n: f.type for n, f in fams.items()} == {
         "dsv41_memguard_mem_available_bytes": "gauge", "dsv41_memguard_floor_bytes": "gauge",

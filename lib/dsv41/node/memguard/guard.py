@@ -5,12 +5,9 @@ leave a trip marker that blocks their restart.
 Runs on the node with the system python3, standard library only:
     python3 -m dsv41.node.memguard --state-dir DIR --settings DIR/memguard.json   (or --floor-gib, --mode)
 
-The trip marker it leaves is described in marker.py.
-
-With a metrics dir (METRICS_DIR, "metrics_dir" in the settings file) it keeps
-<dir>/dsv41_memguard.prom for node_exporter's textfile collector: MemAvailable, the floor, the mode,
-trips since it started and the last trip's time, whether the trip marker exists; written every
-METRICS_EVERY_S and at each trip, by a thread of its own so that a slow disk never delays a reading.
+The trip marker it leaves is described in marker.py; with a metrics dir (METRICS_DIR, "metrics_dir"
+in the settings file) it keeps a metrics file for node_exporter (textfile.py), written every
+METRICS_EVERY_S and at each trip.
 """
 import argparse
 import ctypes
@@ -21,15 +18,15 @@ import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 from dsv41.errors import UserError, cli
-from dsv41.files import fsync_dir, write_atomic, write_textfile
+from dsv41.files import fsync_dir, write_atomic
 from dsv41.names import DEFAULT_STATE_DIR, GUARD_LOG, RANK_PREFIX, RANK_UNIT_RE, rank_unit
-from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, MODES, check_floor, check_metrics_dir, check_mode, gib
+from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, check_floor, check_metrics_dir, check_mode, gib
 from dsv41.node.memguard.marker import below, read_trip, trip_path
 from dsv41.node.memguard.scan import MemInfo, comm, fmt_top, rank_cids, scan, top_holders
+from dsv41.node.memguard.textfile import METRICS_FILE, Textfile, metrics_lines
 
 SLOW_S, FAST_S, MIN_S = 1.0, 0.1, 0.01  # poll period: far from the floor, near it, at the floor
 NEAR_GIB = 4.0  # within this of the floor, look at least every FAST_S
@@ -40,7 +37,6 @@ PSI_FAST_S = 3.0  # after a pressure event, poll at FAST_S at least this long
 # PSI triggers, tried in order: windows under 2 s need CAP_SYS_RESOURCE.
 PSI_TRIGGERS = (b"some 50000 500000", b"some 100000 2000000")
 
-METRICS_FILE = "dsv41_memguard.prom"
 METRICS_EVERY_S = 5.0          # the metrics file is rewritten at most this often (and at each trip)
 
 
@@ -56,84 +52,6 @@ def poll_interval(headroom, rate):
         return MIN_S
     cap = FAST_S if headroom < NEAR_GIB * GIB else SLOW_S
     return min(cap, max(MIN_S, headroom / (2 * max(rate, ASSUMED_RATE))))
-
-
-# --- textfile metrics --------------------------------------------------------------------------
-
-def metrics_lines(avail, floor, mode, trips, last_trip, tripped):
-    """The guard's metrics in Prometheus' text format, for node_exporter's textfile collector."""
-    return [
-        "# HELP dsv41_memguard_mem_available_bytes MemAvailable at the guard's last reading.",
-        "# TYPE dsv41_memguard_mem_available_bytes gauge",
-        f"dsv41_memguard_mem_available_bytes {avail}",
-        "# HELP dsv41_memguard_floor_bytes Below this MemAvailable the guard stops the ranks (MEMGUARD_GIB).",
-        "# TYPE dsv41_memguard_floor_bytes gauge",
-        f"dsv41_memguard_floor_bytes {floor}",
-        "# HELP dsv41_memguard_mode The guard's mode, 1 for the current one (observe only logs).",
-        "# TYPE dsv41_memguard_mode gauge",
-        *(f'dsv41_memguard_mode{{mode="{m}"}} {int(m == mode)}' for m in MODES),
-        "# HELP dsv41_memguard_trips_total Times MemAvailable fell below the floor since the guard started.",
-        "# TYPE dsv41_memguard_trips_total counter",
-        f"dsv41_memguard_trips_total {trips}",
-        "# HELP dsv41_memguard_last_trip_timestamp_seconds When the guard last tripped (0: not since it started).",
-        "# TYPE dsv41_memguard_last_trip_timestamp_seconds gauge",
-        f"dsv41_memguard_last_trip_timestamp_seconds {last_trip:.3f}",
-        "# HELP dsv41_memguard_tripped 1 while the trip marker blocks the rank units (until doit clear-trip).",
-        "# TYPE dsv41_memguard_tripped gauge",
-        f"dsv41_memguard_tripped {int(tripped)}",
-    ]
-
-
-class Textfile:
-    """Writes the metrics file on a thread of its own (write_textfile fsyncs; the guard's loop never
-    waits for a disk). Only the newest lines are written; a failure is kept in .error for the guard
-    to log from its own thread."""
-
-    STACK = 256 << 10      # mlockall(MCL_FUTURE) locks a thread's stack too: keep it small
-
-    def __init__(self):
-        self.cv = threading.Condition()
-        self.pending = None             # (directory, lines or None to remove the file)
-        self.error = None
-        self.done = False
-        old = threading.stack_size(self.STACK)
-        try:
-            self.thread = threading.Thread(target=self.run, name="metrics", daemon=True)
-            self.thread.start()
-        finally:
-            threading.stack_size(old)
-
-    def submit(self, directory, lines):
-        with self.cv:
-            self.pending = (directory, lines)
-            self.cv.notify()
-
-    def run(self):
-        while True:
-            with self.cv:
-                while self.pending is None and not self.done:
-                    self.cv.wait()
-                if self.pending is None:
-                    return
-                (directory, lines), self.pending = self.pending, None
-            try:
-                if lines is None:
-                    try:
-                        os.unlink(os.path.join(directory, METRICS_FILE))
-                    except FileNotFoundError:
-                        pass
-                else:
-                    write_textfile(directory, METRICS_FILE, lines)
-                self.error = None
-            except OSError as err:
-                self.error = f"{err.filename or directory}: {err.strerror}"
-
-    def close(self, timeout=2.0):
-        """Write what is pending, then stop."""
-        with self.cv:
-            self.done = True
-            self.cv.notify()
-        self.thread.join(timeout)
 
 
 # --- the guard ---------------------------------------------------------------------------------
