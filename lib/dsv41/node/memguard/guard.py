@@ -11,7 +11,6 @@ METRICS_EVERY_S and at each trip.
 """
 import argparse
 import ctypes
-import datetime
 import json
 import os
 import select
@@ -24,6 +23,7 @@ from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic
 from dsv41.names import DEFAULT_STATE_DIR, GUARD_LOG, RANK_PREFIX, RANK_UNIT_RE, rank_unit
 from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, check_floor, check_metrics_dir, check_mode, gib
+from dsv41.node.memguard.log import Log, now_iso
 from dsv41.node.memguard.marker import below, read_trip, trip_path
 from dsv41.node.memguard.scan import MemInfo, comm, fmt_top, rank_cids, scan, top_holders
 from dsv41.node.memguard.textfile import METRICS_FILE, Textfile, metrics_lines
@@ -40,10 +40,6 @@ PSI_TRIGGERS = (b"some 50000 500000", b"some 100000 2000000")
 METRICS_EVERY_S = 5.0          # the metrics file is rewritten at most this often (and at each trip)
 
 
-def now_iso():
-    return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
-
-
 def poll_interval(headroom, rate):
     """Seconds to the next look at MemAvailable, from the headroom above the floor (bytes) and the
     fill rate (bytes/s): half the time the headroom lasts, 1 s when far from the floor, at most
@@ -55,38 +51,6 @@ def poll_interval(headroom, rate):
 
 
 # --- the guard ---------------------------------------------------------------------------------
-
-class Log:
-    """Lines '<ISO-8601 ms> message' to the log file and stdout (the journal); a slow or broken
-    reader never blocks the guard."""
-
-    MAX = 10 << 20
-
-    def __init__(self, path):
-        self.path = path
-        self.file = open(path, "a", encoding="utf-8")
-        try:
-            if not os.isatty(1):  # a terminal's flags are shared with the shell: leave them
-                os.set_blocking(1, False)
-        except OSError:
-            pass
-
-    def __call__(self, msg):
-        line = f"{now_iso()} {msg}\n"
-        try:
-            os.write(1, line.encode())
-        except OSError:
-            pass
-        try:
-            self.file.write(line)
-            self.file.flush()
-            if self.file.tell() > self.MAX:
-                self.file.close()
-                os.replace(self.path, self.path + ".1")
-                self.file = open(self.path, "a", encoding="utf-8")
-        except (OSError, ValueError):
-            pass
-
 
 def systemctl(argv, log, timeout=10):
     """Run systemctl; failures are logged, never raised. Returns stdout or None."""
