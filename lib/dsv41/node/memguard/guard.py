@@ -16,13 +16,13 @@ import os
 import select
 import signal
 import socket
-import subprocess
 import time
 
 from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic
 from dsv41.names import DEFAULT_STATE_DIR, GUARD_LOG, RANK_PREFIX, RANK_UNIT_RE, rank_unit
 from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, check_floor, check_metrics_dir, check_mode, gib
+from dsv41.node.memguard.kill import kill_all, release, systemctl
 from dsv41.node.memguard.log import Log, now_iso
 from dsv41.node.memguard.marker import below, read_trip, trip_path
 from dsv41.node.memguard.scan import MemInfo, comm, fmt_top, rank_cids, scan, top_holders
@@ -51,67 +51,6 @@ def poll_interval(headroom, rate):
 
 
 # --- the guard ---------------------------------------------------------------------------------
-
-def systemctl(argv, log, timeout=10):
-    """Run systemctl; failures are logged, never raised. Returns stdout or None."""
-    try:
-        res = subprocess.run(["systemctl", *argv], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as err:
-        log(f"systemctl {' '.join(argv)}: {err}")
-        return None
-    if res.returncode != 0:
-        log(f"systemctl {' '.join(argv)}: exit {res.returncode}: {' '.join(res.stderr.split())[:300]}")
-        return None
-    return res.stdout
-
-
-def kill_all(pids, log):
-    """SIGKILL each pid (through a pidfd: no pid-reuse race). Returns ({pid: result}, pidfds for
-    release()); a vanished process is not an error."""
-    results, fds = {}, []
-    for pid in pids:
-        fd = None
-        try:
-            fd = os.pidfd_open(pid)
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-            results[pid] = "killed"
-        except ProcessLookupError:
-            results[pid] = "vanished"
-        except OSError as err:
-            try:  # a kernel without pidfds
-                os.kill(pid, signal.SIGKILL)
-                results[pid] = "killed"
-            except ProcessLookupError:
-                results[pid] = "vanished"
-            except OSError:
-                results[pid] = f"error: {err.strerror}"
-                log(f"kill {pid}: {err.strerror}")
-        if fd is not None:
-            fds.append(fd)
-    return results, fds
-
-
-def release(fds):
-    """Reap the killed processes' memory now (process_mrelease) instead of waiting for each victim
-    to exit, which can be slow or stuck in a driver."""
-    for fd in fds:
-        if MRELEASE:
-            MRELEASE(fd, 0)  # best effort: ENOSYS/EINVAL/ESRCH just mean the victim frees it itself
-        os.close(fd)
-
-
-def _mrelease():
-    if os.uname().machine not in ("x86_64", "aarch64"):
-        return None
-    try:
-        syscall = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        return None
-    return lambda fd, flags: syscall(448, fd, flags)  # __NR_process_mrelease on both
-
-
-MRELEASE = _mrelease()
-
 
 def lock_memory():
     """Keep the guard's pages resident (mlockall) so it cannot stall on page-ins; best effort."""
