@@ -1,7 +1,13 @@
 """The memory guard, one on each node: when MemAvailable falls below a floor it SIGKILLs the processes
 of the node's rank containers, stops their units and leaves a trip marker that blocks their restart.
+It runs as `python3 -m dsv41.node.memguard` (the dsv41-memguard unit); a module for each job:
 
-    python3 -m dsv41.node.memguard ...     runs guard.main (see guard.py for the options)
+    guard.py      the loop: when to look, when to trip and what a trip does; the settings file; options
+    scan.py       what it reads from /proc: MemAvailable, the rank processes, the biggest memory holders
+    kill.py       how it stops the ranks: SIGKILL through pidfds, process_mrelease, systemctl
+    marker.py     the trip marker (the probe reads it for the launcher and status)
+    textfile.py   its metrics file for node_exporter's textfile collector
+    log.py        its log lines
 
 This module holds the settings the guard accepts and their unit: the head's settings schema checks
 MEMGUARD_GIB and MEMGUARD_MODE with them, so it imports nothing of the guard and the head never loads

@@ -5,9 +5,11 @@ leave a trip marker that blocks their restart.
 Runs on the node with the system python3, standard library only:
     python3 -m dsv41.node.memguard --state-dir DIR --settings DIR/memguard.json   (or --floor-gib, --mode)
 
-The trip marker it leaves is described in marker.py; with a metrics dir (METRICS_DIR, "metrics_dir"
-in the settings file) it keeps a metrics file for node_exporter (textfile.py), written every
-METRICS_EVERY_S and at each trip.
+The loop: it looks at MemAvailable (scan.py) as often as the headroom above the floor and the
+kernel's memory-pressure trigger ask, trips once below the floor (kill.py; the marker, marker.py) and
+re-arms above it, re-reads its settings file on SIGHUP, and with a metrics dir (METRICS_DIR,
+"metrics_dir" in the settings file) publishes its metrics (textfile.py) every METRICS_EVERY_S and at
+each trip.
 """
 import argparse
 import ctypes
