@@ -20,6 +20,7 @@ import time
 
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import fsync_dir, write_atomic
+from dsv41.node.progress import MachineProgress, NoProgress, Progress, no_progress
 
 MANIFEST = "sha256-manifest.txt"
 REQUIRED = ("config.json", "model.safetensors.index.json")
@@ -210,113 +211,12 @@ def _read_into(path, sink, progress):
 
 def hash_file(path, progress=None):
     h = hashlib.sha256()
-    _read_into(path, h.update, progress or _NoProgress())
+    _read_into(path, h.update, progress or NoProgress())
     return h.hexdigest()
 
 
 def write_json_atomic(path, data):
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
-
-
-# ---- progress ----------------------------------------------------------------------------------------
-# Checkpoint takes a progress factory: factory(label, total) -> an object with update(n) and close(). On the
-# head that is dsv41.head.core.progress.bar (tqdm); here, standard library only, Progress when the verifier runs
-# alone on a node and MachineProgress when the head runs it and draws the bar itself (--machine-progress).
-
-class _NoProgress:
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
-
-
-def _no_progress(label, total):
-    return _NoProgress()
-
-
-def _fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
-
-
-class Progress:
-    """Byte counter on stderr for a verifier running alone on a node: in place on a terminal, otherwise one
-    plain line every `interval` seconds (none for a step shorter than that) and a closing line after them."""
-
-    INTERVAL_S = 10.0
-
-    def __init__(self, label, total, stream=None, interval=None):
-        self.label, self.total, self.done = label, total, 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.lock = threading.Lock()
-        self.tty = _isatty(self.stream)
-        self.interval = (0.5 if self.tty else self.INTERVAL_S) if interval is None else interval
-        self.enabled = total > 0
-        self.printed = self.closed = False
-        self.t0 = self.last = time.monotonic()
-
-    def update(self, n):
-        with self.lock:
-            self.done += n
-            now = time.monotonic()
-            if self.enabled and not self.closed and now - self.last >= self.interval:
-                self.last = now
-                self._print(now)
-
-    def _print(self, now, end=""):
-        elapsed = max(now - self.t0, 1e-6)
-        rate = self.done / elapsed
-        eta = _fmt_time((self.total - self.done) / rate) if rate > 0 else "?"
-        line = (f"{self.label}: {self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB "
-                f"({100 * self.done / self.total:.0f}%), {rate / 1e6:.0f} MB/s, "
-                + (f"in {_fmt_time(elapsed)}" if end else f"ETA {eta}"))
-        self.stream.write(("\r" + line + end) if self.tty else line + "\n")
-        self.stream.flush()
-        self.printed = True
-
-    def close(self):
-        with self.lock:
-            if self.enabled and not self.closed and (self.tty or self.printed):
-                self._print(time.monotonic(), "\n")
-            self.closed = True
-
-
-class MachineProgress:
-    """`progress <done> <total>` lines (bytes) on stderr, at most every `interval` seconds and once at the
-    end, for the head to draw as its own bar when it runs this verifier on a node."""
-
-    def __init__(self, label, total, stream=None, interval=0.5):
-        self.total, self.done, self.interval = total, 0, interval
-        self.stream = stream if stream is not None else sys.stderr
-        self.lock = threading.Lock()
-        self.last = time.monotonic()
-        if total > 0:
-            self._print()
-
-    def _print(self):
-        self.stream.write(f"progress {self.done} {self.total}\n")
-        self.stream.flush()
-
-    def update(self, n):
-        with self.lock:
-            self.done += n
-            now = time.monotonic()
-            if self.total > 0 and now - self.last >= self.interval:
-                self.last = now
-                self._print()
-
-    def close(self):
-        with self.lock:
-            if self.total > 0:
-                self._print()
-
-
-def _isatty(stream):
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 # ---- verification ---------------------------------------------------------------------------------
@@ -339,7 +239,7 @@ class Checkpoint:
         self.receipt_file = os.path.abspath(os.path.expanduser(receipt_file))
         self.keep_parts, self.plan = keep_parts, plan
         self.workers = workers or default_workers()
-        self.progress = _no_progress if quiet else (progress or Progress)
+        self.progress = no_progress if quiet else (progress or Progress)
         self.lock = threading.Lock()
 
     def path(self, rel):
