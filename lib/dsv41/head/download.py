@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import progress
 from dsv41.head.core.verify import checkpoint, gb, verify
-from dsv41.node import checkpoint as ck
+from dsv41.node import checkpoint as ck, checkpoint_layout as layout
 
 DOWNLOAD_THREADS = 8
 STATE = os.path.join(".cache", "dsv41")
@@ -132,8 +132,8 @@ def download(cfg):
                 if isinstance(f, hf.RepoFile)}
     except Exception as err:  # noqa: BLE001 - mapped to one line or re-raised
         raise (_hub_error(err, cfg, endpoint) or err) from None
-    if ck.MANIFEST not in tree:
-        raise UserError(f"{cfg.hf_repo}@{commit[:12]} has no {ck.MANIFEST}: check HF_REPO and REVISION")
+    if layout.MANIFEST not in tree:
+        raise UserError(f"{cfg.hf_repo}@{commit[:12]} has no {layout.MANIFEST}: check HF_REPO and REVISION")
     os.makedirs(model_dir, exist_ok=True)
     state_dir = os.path.join(model_dir, STATE)
     records_file = os.path.join(state_dir, "download.json")
@@ -263,14 +263,14 @@ def download(cfg):
 
     # 1. the manifest and the small metadata first: they decide what else is needed
     receipt = checker.load_receipt()
-    first = [tree[p] for p in (ck.MANIFEST, *ck.REQUIRED) if p in tree and not done(tree[p], receipt)]
+    first = [tree[p] for p in (layout.MANIFEST, *layout.REQUIRED) if p in tree and not done(tree[p], receipt)]
     fetch_all(first)
-    manifest = ck.read_manifest(model_dir)
+    manifest = layout.read_manifest(model_dir)
 
     # 2. shards already reassembled: verify them (hash only, no reassembly) so their parts are skipped
     groups = {}
     for f in tree.values():
-        m = ck.PART_RE.match(os.path.basename(f.path))
+        m = layout.PART_RE.match(os.path.basename(f.path))
         if m:
             groups.setdefault(os.path.join(os.path.dirname(f.path), m.group("base")), []).append(f)
     present = {b for b in groups if b in manifest and os.path.isfile(os.path.join(model_dir, b))}

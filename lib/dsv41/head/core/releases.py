@@ -47,7 +47,7 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.files import fsync_dir, write_atomic
 from dsv41.head.config import ConfigError, from_resolved, resolved
-from dsv41.node.checkpoint import MANIFEST
+from dsv41.node.checkpoint_layout import MANIFEST
 
 SCHEMA = "dsv41.release/1"
 DIR = "releases"
