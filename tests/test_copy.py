@@ -133,7 +133,7 @@ def test_worker_with_its_own_verified_download_is_skipped(setup, monkeypatch):
     shutil.copytree(s.model, s.wmodel)
     subprocess.run(["/usr/bin/python3", "-m", "dsv41.node.checkpoint", "verify", str(s.wmodel), "--receipt",
                     str(s.wreceipt), "--plan", s.cfg.plan_name], check=True,
-                   env={"PATH": os.environ["PATH"], "PYTHONPATH": head_copy.ck.__file__.rsplit("/dsv41/", 1)[0]})
+                   env={"PATH": os.environ["PATH"], "PYTHONPATH": checkpoint_layout.__file__.rsplit("/dsv41/", 1)[0]})
     no_copy(monkeypatch)
     head_copy.copy(s.cfg)
     assert head_copy.fresh_on_workers(s.cfg)

@@ -18,7 +18,8 @@ from dsv41.head.core import commands, progress
 from dsv41.head.core.cluster import ship_code
 from dsv41.head.core.nodes import Node, end, spawn
 from dsv41.head.core.verify import checkpoint, gb, verify
-from dsv41.node import checkpoint as ck, checkpoint_layout as layout
+from dsv41.node import checkpoint_layout as layout
+from dsv41.node.checkpoint_io import drop
 
 COPY_STREAMS = 4
 
@@ -252,7 +253,7 @@ def _drop_cache(model_dir, rels):
         except OSError:
             continue
         try:
-            ck._drop(fd)
+            drop(fd)
         finally:
             os.close(fd)
 

@@ -8,7 +8,6 @@ Standard library only: this module is shipped to every node and run there as
 """
 import argparse
 import concurrent.futures as cf
-import ctypes
 import hashlib
 import json
 import os
@@ -19,89 +18,12 @@ import time
 
 from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic
+from dsv41.node.checkpoint_io import Writer, hash_file, read_into
 from dsv41.node.checkpoint_layout import (MANIFEST, REQUIRED, TMP_SUFFIX, count_bank_files, find_parts, listing,
                                           part_gap, partial_transfers, plan_banks, read_manifest, subdirs)
-from dsv41.node.progress import MachineProgress, NoProgress, Progress, no_progress
+from dsv41.node.progress import MachineProgress, Progress, no_progress
 
 RECEIPT_VERSION = 1
-CHUNK = 8 << 20
-WINDOW = 64 << 20                       # write-back / page-cache drop granularity
-
-
-# ---- page cache and durable writes ----------------------------------------------------------------
-
-def _drop(fd, offset=0, length=0):
-    try:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-    except (AttributeError, OSError):
-        pass
-
-
-def _sync_file_range():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-        fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-        return fn
-    except (OSError, AttributeError):
-        return None
-
-
-_SFR = _sync_file_range()
-
-
-class _Writer:
-    """Sequential writer that starts write-back of each 64 MiB window as soon as it is full and drops the
-    previous one from the page cache once on disk: the final fsync has little left to do and a 100 GB
-    shard never sits in memory (unified memory is shared with the GPU)."""
-
-    def __init__(self, fd):
-        self.fd, self.off, self.mark, self.prev = fd, 0, 0, None
-
-    def write(self, mv):
-        while mv:
-            n = os.write(self.fd, mv)
-            mv, self.off = mv[n:], self.off + n
-        if _SFR and self.off - self.mark >= WINDOW:
-            _SFR(self.fd, self.mark, self.off - self.mark, 2)            # start write-back
-            if self.prev:
-                _SFR(self.fd, self.prev[0], self.prev[1], 1 | 2 | 4)     # wait for the previous window
-                _drop(self.fd, *self.prev)
-            self.prev, self.mark = (self.mark, self.off - self.mark), self.off
-
-    def finish(self):
-        os.fsync(self.fd)
-        _drop(self.fd)
-
-
-def _read_into(path, sink, progress):
-    """Stream a file in large reads to sink(memoryview); drops it from the page cache as it goes."""
-    buf = bytearray(CHUNK)
-    mv = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        except (AttributeError, OSError):
-            pass
-        off = dropped = 0
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            sink(mv[:n])
-            off += n
-            progress.update(n)
-            if off - dropped >= WINDOW:
-                _drop(fd, dropped, off - dropped)
-                dropped = off
-        _drop(fd)
-    return off
-
-
-def hash_file(path, progress=None):
-    h = hashlib.sha256()
-    _read_into(path, h.update, progress or NoProgress())
-    return h.hexdigest()
 
 
 def write_json_atomic(path, data):
@@ -308,14 +230,14 @@ class Checkpoint:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         ok = False
         try:
-            w = _Writer(fd)
+            w = Writer(fd)
 
             def sink(mv):
                 h.update(mv)
                 w.write(mv)
 
             for _, part in parts:
-                _read_into(self.path(part), sink, progress)
+                read_into(self.path(part), sink, progress)
             actual = h.hexdigest()
             if actual != sha:
                 return (f"{rel}: sha256 of its {len(parts)} joined parts is {actual}, expected {sha}: "
