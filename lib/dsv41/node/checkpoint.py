@@ -5,6 +5,9 @@ Standard library only: this module is shipped to every node and run there as
   python3 -m dsv41.node.checkpoint verify|check MODEL_DIR --receipt FILE [--keep-parts] [--plan NAME] [--json]
                                    [--quiet | --machine-progress]
 `check` compares the receipt with a stat of the files (exit 0: fresh, 1: not fresh); `verify` does the work.
+
+What it reads of the model dir is in checkpoint_layout.py, how it streams the big files past the page
+cache in checkpoint_io.py, its progress display in progress.py.
 """
 import argparse
 import concurrent.futures as cf
