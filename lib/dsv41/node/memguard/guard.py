@@ -21,12 +21,11 @@ import socket
 import time
 
 from dsv41.errors import UserError, cli
-from dsv41.files import fsync_dir, write_atomic
 from dsv41.names import DEFAULT_STATE_DIR, GUARD_LOG, RANK_PREFIX, RANK_UNIT_RE, rank_unit
 from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, check_floor, check_metrics_dir, check_mode, gib
 from dsv41.node.memguard.kill import kill_all, release, systemctl
 from dsv41.node.memguard.log import Log, now_iso
-from dsv41.node.memguard.marker import below, read_trip, trip_path
+from dsv41.node.memguard.marker import below, read_trip, trip_path, trips_so_far, write_trip
 from dsv41.node.memguard.scan import MemInfo, comm, fmt_top, rank_cids, scan, top_holders
 from dsv41.node.memguard.textfile import METRICS_FILE, Textfile, metrics_lines
 
@@ -268,11 +267,9 @@ class Guard:
                      f"{', '.join(sorted(units)) or 'no units'}; top: {fmt_top(marker['top'])}")
             return
         path = trip_path(self.state_dir)
-        old = read_trip(self.state_dir) or {}
-        prev = old.get("trips") if isinstance(old.get("trips"), int) else (1 if old else 0)
-        marker["trips"] = prev + 1
+        marker["trips"] = trips_so_far(self.state_dir) + 1
         try:
-            write_atomic(path, json.dumps(marker, indent=1).encode())
+            write_trip(self.state_dir, marker)
         except OSError as err:
             self.log(f"cannot write trip marker {path}: {err}")
         results, fds = kill_all(sorted(ranks), self.log)
@@ -290,8 +287,7 @@ class Guard:
             if systemctl(["stop", "--no-block", unit], self.log) is not None:
                 self.log(f"asked systemd to stop {unit}")
         try:
-            write_atomic(path, json.dumps(marker, indent=1).encode())
-            fsync_dir(self.state_dir)
+            write_trip(self.state_dir, marker, durable=True)
         except OSError as err:
             self.log(f"cannot update trip marker {path}: {err}")
         self.log(f"trip marker {path} written; rank units stay blocked until it is removed")

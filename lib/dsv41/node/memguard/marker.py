@@ -9,6 +9,7 @@ import json
 import math
 import os
 
+from dsv41.files import fsync_dir, write_atomic
 from dsv41.names import TRIP_MARKER
 from dsv41.node.memguard import GIB
 
@@ -39,6 +40,19 @@ def read_trip(state_dir):
         return None
     except OSError as err:
         return {"error": f"cannot read {path}: {err.strerror}"}
+
+
+def trips_so_far(state_dir):
+    """The trips the marker counts: none without a marker, one for a marker that does not say."""
+    old = read_trip(state_dir) or {}
+    return old.get("trips") if isinstance(old.get("trips"), int) else (1 if old else 0)
+
+
+def write_trip(state_dir, trip, durable=False):
+    """Write the trip marker atomically; durable: its directory entry too (an fsync of the state dir)."""
+    write_atomic(trip_path(state_dir), json.dumps(trip, indent=1).encode())
+    if durable:
+        fsync_dir(state_dir)
 
 
 def below(avail, floor):
