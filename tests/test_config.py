@@ -161,16 +161,16 @@ def test_second_concurrent_run_fails_at_once(tmp_path):
 
 def test_the_guard_floor_has_one_rule():
     """Config and the guard accept and reject the same floors, and say the range."""
-    from dsv41.node import memguard
+    from dsv41.node.memguard import guard
     for value in ("0", "0.05", "-1", "2000", "abc"):
         with pytest.raises(ConfigError, match=r"MEMGUARD_GIB=.* expected the memory guard's floor in GiB, a number "
                                               r"from 0\.1 to 1024"):
             load_config({"MEMGUARD_GIB": value})
-        with pytest.raises(memguard.UserError):
-            memguard.parse_args(["--floor-gib", value], env={})
+        with pytest.raises(guard.UserError):
+            guard.parse_args(["--floor-gib", value], env={})
     for value in ("0.1", "1", "1024"):
         assert load_config({"MEMGUARD_GIB": value}).memguard_gib == float(value)
-        assert memguard.parse_args(["--floor-gib", value], env={}).floor == int(float(value) * memguard.GIB)
+        assert guard.parse_args(["--floor-gib", value], env={}).floor == int(float(value) * guard.GIB)
 
 
 def test_a_target_starting_with_a_dash_never_reaches_ssh():

@@ -13,7 +13,7 @@ import pytest
 
 from dsv41.head import copy_checkpoint as head_copy
 from dsv41.head.core import runlock, verify
-from dsv41.node import checkpoint
+from dsv41.node import checkpoint_layout
 from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
 from fixture_checkpoint import make_checkpoint, shard_name
@@ -88,7 +88,7 @@ def test_interrupted_copy_resumes_from_the_partial(setup):
     verify.verify(s.cfg)
     name = shard_name(2)
     # what a killed rsync leaves: the first part of a file in the partial dir, nothing at the final name
-    partial = s.wmodel / checkpoint.PARTIAL_DIR / name
+    partial = s.wmodel / checkpoint_layout.PARTIAL_DIR / name
     partial.parent.mkdir(parents=True)
     partial.write_bytes((s.model / name).read_bytes()[:700_000])
     head_copy.copy(s.cfg)
@@ -133,7 +133,7 @@ def test_worker_with_its_own_verified_download_is_skipped(setup, monkeypatch):
     shutil.copytree(s.model, s.wmodel)
     subprocess.run(["/usr/bin/python3", "-m", "dsv41.node.checkpoint", "verify", str(s.wmodel), "--receipt",
                     str(s.wreceipt), "--plan", s.cfg.plan_name], check=True,
-                   env={"PATH": os.environ["PATH"], "PYTHONPATH": head_copy.ck.__file__.rsplit("/dsv41/", 1)[0]})
+                   env={"PATH": os.environ["PATH"], "PYTHONPATH": checkpoint_layout.__file__.rsplit("/dsv41/", 1)[0]})
     no_copy(monkeypatch)
     head_copy.copy(s.cfg)
     assert head_copy.fresh_on_workers(s.cfg)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv41.node import memguard
+from dsv41.files import write_atomic
+from dsv41.node.memguard import guard, marker, scan, textfile
 
-LIB = str(Path(memguard.__file__).resolve().parents[1])
+LIB = str(Path(guard.__file__).resolve().parents[3])
 REPO = Path(LIB).parent
 GIB = 1 << 30
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d ")
@@ -58,7 +59,7 @@ time.sleep(600)
 
 
 def mem_available():
-    return memguard.MemInfo().available()
+    return scan.MemInfo().available()
 
 
 def need_pressure_rig():
@@ -209,7 +210,7 @@ def test_trip_kills_rank_processes_writes_marker_and_stops_units(tmp_path, nodes
         assert bystander.poll() is None
         text = node.wait_log("trip marker")
 
-        trip = memguard.read_trip(node.state)
+        trip = marker.read_trip(node.state)
         assert trip["floor_gib"] == floor
         assert trip["mem_available_bytes"] < trip["floor_bytes"] == int(floor * GIB)
         assert {(k["rank"], k["how"], k["result"]) for k in trip["killed"]} == (
@@ -230,7 +231,7 @@ def test_trip_kills_rank_processes_writes_marker_and_stops_units(tmp_path, nodes
         while "re-armed" not in node.text() and time.monotonic() < end:
             time.sleep(0.1)
         if "re-armed" not in node.text():
-            assert mem_available() < floor * GIB + memguard.REARM_GIB * GIB
+            assert mem_available() < floor * GIB + guard.REARM_GIB * GIB
         assert node.proc.poll() is None
     finally:
         if cgroup:
@@ -252,7 +253,7 @@ def test_observe_mode_logs_once_and_kills_nothing(tmp_path, nodes):
     assert hog.poll() is None
     assert text.count("TRIP") == 1
     assert re.search(r"would kill python3?\[\d+\] rank 0 .*and stop dsv41-r0\.service", text)
-    assert memguard.read_trip(node.state) is None
+    assert marker.read_trip(node.state) is None
     assert "stop" not in calls.read_text()
 
 
@@ -292,7 +293,7 @@ def test_guard_survives_its_own_errors(tmp_path, nodes, systemctl):
     failure = "No such file" if systemctl == "missing" else "exit 1: Failed to connect to bus"
     assert failure in text
     assert bystander.poll() is None
-    assert memguard.read_trip(state)["units"] == ["dsv41-r3.service"]
+    assert marker.read_trip(state)["units"] == ["dsv41-r3.service"]
     time.sleep(0.5)
     assert node.proc.poll() is None
     os.kill(node.guard_pid, signal.SIGTERM)
@@ -301,22 +302,22 @@ def test_guard_survives_its_own_errors(tmp_path, nodes, systemctl):
 
 
 def test_read_and_clear_trip(tmp_path):
-    assert memguard.read_trip(tmp_path) is None
-    assert memguard.clear_trip(tmp_path) is None
-    memguard.write_atomic(memguard.trip_path(tmp_path), json.dumps({"time": "t", "floor_gib": 1.0}).encode())
-    assert memguard.read_trip(tmp_path) == {"time": "t", "floor_gib": 1.0}
-    assert memguard.clear_trip(tmp_path)["time"] == "t"
-    assert memguard.read_trip(tmp_path) is None
-    Path(memguard.trip_path(tmp_path)).write_text("{half")
-    assert "unreadable trip marker" in memguard.read_trip(tmp_path)["error"]  # still a trip
+    assert marker.read_trip(tmp_path) is None
+    assert marker.clear_trip(tmp_path) is None
+    write_atomic(marker.trip_path(tmp_path), json.dumps({"time": "t", "floor_gib": 1.0}).encode())
+    assert marker.read_trip(tmp_path) == {"time": "t", "floor_gib": 1.0}
+    assert marker.clear_trip(tmp_path)["time"] == "t"
+    assert marker.read_trip(tmp_path) is None
+    Path(marker.trip_path(tmp_path)).write_text("{half")
+    assert "unreadable trip marker" in marker.read_trip(tmp_path)["error"]  # still a trip
 
 
 def test_polls_fast_only_near_the_floor():
-    assert memguard.poll_interval(20 * GIB, 0) == 1.0
-    assert memguard.poll_interval(3 * GIB, 0) <= 0.1
-    assert memguard.poll_interval(0.2 * GIB, 0) < 0.05
-    assert memguard.poll_interval(3 * GIB, 100 * GIB) < memguard.poll_interval(3 * GIB, 0)
-    assert memguard.poll_interval(-1, 0) == memguard.MIN_S
+    assert guard.poll_interval(20 * GIB, 0) == 1.0
+    assert guard.poll_interval(3 * GIB, 0) <= 0.1
+    assert guard.poll_interval(0.2 * GIB, 0) < 0.05
+    assert guard.poll_interval(3 * GIB, 100 * GIB) < guard.poll_interval(3 * GIB, 0)
+    assert guard.poll_interval(-1, 0) == guard.MIN_S
 
 
 @pytest.mark.parametrize("args,env,needle", [
@@ -362,7 +363,7 @@ def test_unit_template_verifies(tmp_path):
 
 def test_logs_top_memory_holders_when_low(tmp_path):
     # Here MemAvailable is far above 10 GiB: raise the threshold so the low-memory report runs now.
-    code = "from dsv41.node import memguard as m; m.TOP_BELOW_GIB = 1 << 20; m.main()"
+    code = "from dsv41.node.memguard import guard as m; m.TOP_BELOW_GIB = 1 << 20; m.main()"
     guard = subprocess.Popen([sys.executable, "-c", code, "--floor-gib", "0.5", "--state-dir", str(tmp_path)],
                              env={**os.environ, "PYTHONPATH": LIB}, stdout=subprocess.PIPE, text=True)
     try:
@@ -397,7 +398,7 @@ def prom(path, timeout=20, until=lambda m: True):
 
 def test_metrics_lines_are_prometheus_text_with_conventional_names():
     from prometheus_client.parser import text_string_to_metric_families
-    text = "\n".join(memguard.metrics_lines(5 * GIB, GIB, "observe", 2, 1700000000.25, True)) + "\n"
+    text = "\n".join(textfile.metrics_lines(5 * GIB, GIB, "observe", 2, 1700000000.25, True)) + "\n"
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     assert {n: f.type for n, f in fams.items()} == {
         "dsv41_memguard_mem_available_bytes": "gauge", "dsv41_memguard_floor_bytes": "gauge",
@@ -451,7 +452,7 @@ def test_enforced_trip_shows_tripped_and_metrics_follow_the_settings_file(tmp_pa
     os.kill(node.guard_pid, signal.SIGHUP)
     m = prom(path, until=lambda m: m["dsv41_memguard_trips_total"] == 1)
     assert m["dsv41_memguard_tripped"] == 1 and m["dsv41_memguard_floor_bytes"] == int(above * GIB)
-    assert memguard.read_trip(node.state)["trips"] == 1
+    assert marker.read_trip(node.state)["trips"] == 1
 
     settings.write_text(json.dumps({"floor_gib": above, "mode": "enforce", "metrics_dir": "textfile"}))
     os.kill(node.guard_pid, signal.SIGHUP)

@@ -17,7 +17,7 @@ from dsv41.head import config, monitoring
 from dsv41.vllm.recipe import Vllm
 from dsv41.settings import kinds, layers, resolved
 from dsv41.head.core import exporter
-from dsv41.node import memguard
+from dsv41.node.memguard import textfile
 
 RECORDED = Path("/work/shared/data/vllm-0.32-cpu-metrics.txt")
 # node_exporter 1.5's series the dashboard and rules read (meminfo, systemd and textfile collectors)
@@ -257,7 +257,7 @@ def selectors(expr):
 
 def project_series(tmp_path):
     """dsv41_ series as the guard and the watchdog write them (their own code, run here)."""
-    lines = memguard.metrics_lines(10 * GIB, GIB, "enforce", 1, 1.0, True)
+    lines = textfile.metrics_lines(10 * GIB, GIB, "enforce", 1, 1.0, True)
     from dsv41.head import watchdog
     cfg = cfg_for(tmp_path, METRICS_DIR=str(tmp_path / "metrics"), WORKERS="")
     os.makedirs(cfg.state_dir, exist_ok=True)

@@ -53,5 +53,5 @@ def test_the_package_holds_what_runs_without_the_checkout(installed):
     import zipfile
     [wheel] = (installed / "wheels").glob("dsv41-*.whl")
     files = zipfile.ZipFile(wheel).namelist()
-    assert "dsv41/py.typed" in files and "dsv41/node/memguard.py" in files and "dsv41/client/smoke.py" in files
+    assert "dsv41/py.typed" in files and "dsv41/node/memguard/guard.py" in files and "dsv41/client/smoke.py" in files
     assert not [f for f in files if f.startswith("dsv41/head/")]

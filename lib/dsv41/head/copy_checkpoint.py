@@ -18,7 +18,8 @@ from dsv41.head.core import commands, progress
 from dsv41.head.core.cluster import ship_code
 from dsv41.head.core.nodes import Node, end, spawn
 from dsv41.head.core.verify import checkpoint, gb, verify
-from dsv41.node import checkpoint as ck
+from dsv41.node import checkpoint_layout as layout
+from dsv41.node.checkpoint_io import drop
 
 COPY_STREAMS = 4
 
@@ -88,7 +89,7 @@ def copy(cfg):
     with the head's receipt."""
     workers = cfg.require_workers()
     head = verify(cfg)
-    files = ck.listing(cfg.model_dir)
+    files = layout.listing(cfg.model_dir)
     todo = [t for t in (_plan(cfg, spec, head, files) for spec in workers) if t]
     sending = [t for t in todo if t.send]
     if sending:
@@ -171,7 +172,7 @@ def _bins(rels, sizes, n):
 
 
 def rsync_argv(node, src, dest, list_file, kind):
-    argv = ["rsync", "-rlt", "--partial", f"--partial-dir={ck.PARTIAL_DIR}", "--from0",
+    argv = ["rsync", "-rlt", "--partial", f"--partial-dir={layout.PARTIAL_DIR}", "--from0",
             f"--files-from={list_file}", "--info=progress2", "--no-human-readable",
             "--exclude=.cache/", "--exclude=*.part[0-9][0-9]",
             "--no-whole-file" if kind == "resume" else "--whole-file",
@@ -252,7 +253,7 @@ def _drop_cache(model_dir, rels):
         except OSError:
             continue
         try:
-            ck._drop(fd)
+            drop(fd)
         finally:
             os.close(fd)
 

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import progress
 from dsv41.head.core.verify import checkpoint, gb, verify
-from dsv41.node import checkpoint as ck
+from dsv41.node import checkpoint as ck, checkpoint_layout as layout
 
 DOWNLOAD_THREADS = 8
 STATE = os.path.join(".cache", "dsv41")
@@ -153,8 +153,8 @@ class _Download:
                          if isinstance(f, self.hf.RepoFile)}
         except Exception as err:  # noqa: BLE001 - mapped to one line or re-raised
             raise (_hub_error(err, cfg, self.endpoint) or err) from None
-        if ck.MANIFEST not in self.tree:
-            raise UserError(f"{cfg.hf_repo}@{self.commit[:12]} has no {ck.MANIFEST}: check HF_REPO and REVISION")
+        if layout.MANIFEST not in self.tree:
+            raise UserError(f"{cfg.hf_repo}@{self.commit[:12]} has no {layout.MANIFEST}: check HF_REPO and REVISION")
         os.makedirs(self.model_dir, exist_ok=True)
         try:
             with open(self.records_file) as fh:
@@ -166,10 +166,10 @@ class _Download:
         """The manifest and the small metadata first: they decide what else is needed (the manifest is
         read once they are here). -> the receipt."""
         receipt = self.checker.load_receipt()
-        first = [self.tree[p] for p in (ck.MANIFEST, *ck.REQUIRED)
+        first = [self.tree[p] for p in (layout.MANIFEST, *layout.REQUIRED)
                  if p in self.tree and not self.done(self.tree[p], receipt)]
         self.fetch_all(first)
-        self.manifest = ck.read_manifest(self.model_dir)
+        self.manifest = layout.read_manifest(self.model_dir)
         return receipt
 
     def verify_assembled(self, receipt):
@@ -177,7 +177,7 @@ class _Download:
         -> ({shard: its parts}, the shards verified, the receipt)."""
         groups = {}
         for f in self.tree.values():
-            m = ck.PART_RE.match(os.path.basename(f.path))
+            m = layout.PART_RE.match(os.path.basename(f.path))
             if m:
                 groups.setdefault(os.path.join(os.path.dirname(f.path), m.group("base")), []).append(f)
         present = {b for b in groups if b in self.manifest and os.path.isfile(os.path.join(self.model_dir, b))}

@@ -5,318 +5,32 @@ Standard library only: this module is shipped to every node and run there as
   python3 -m dsv41.node.checkpoint verify|check MODEL_DIR --receipt FILE [--keep-parts] [--plan NAME] [--json]
                                    [--quiet | --machine-progress]
 `check` compares the receipt with a stat of the files (exit 0: fresh, 1: not fresh); `verify` does the work.
+
+What it reads of the model dir is in checkpoint_layout.py, how it streams the big files past the page
+cache in checkpoint_io.py, its progress display in progress.py.
 """
 import argparse
 import concurrent.futures as cf
-import ctypes
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import threading
 import time
 
-from dsv41.errors import UserError, cli, one_line
+from dsv41.errors import UserError, cli
 from dsv41.files import fsync_dir, write_atomic
+from dsv41.node.checkpoint_io import Writer, hash_file, read_into
+from dsv41.node.checkpoint_layout import (MANIFEST, REQUIRED, TMP_SUFFIX, count_bank_files, find_parts, listing,
+                                          part_gap, partial_transfers, plan_banks, read_manifest, subdirs)
+from dsv41.node.progress import MachineProgress, Progress, no_progress
 
-MANIFEST = "sha256-manifest.txt"
-REQUIRED = ("config.json", "model.safetensors.index.json")
-PART_RE = re.compile(r"^(?P<base>.+)\.part(?P<n>\d{2,})$")
-TMP_SUFFIX = ".dsv41-tmp"
-PARTIAL_DIR = ".dsv41-partial"          # rsync's partial dir on receiving nodes
 RECEIPT_VERSION = 1
-CHUNK = 8 << 20
-WINDOW = 64 << 20                       # write-back / page-cache drop granularity
-
-
-# ---- files ----------------------------------------------------------------------------------------
-
-def read_manifest(model_dir):
-    path = os.path.join(model_dir, MANIFEST)
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{path} is missing: run `doit download` (or copy the model here)") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} cannot be read: {err}") from None
-    entries = {}
-    for i, line in enumerate(lines, 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        m = re.match(r"^([0-9a-fA-F]{64}) [ *](.+)$", line)
-        rel = m and os.path.normpath(m.group(2))
-        if not m or rel.startswith(("/", "..")) or rel == ".":
-            raise UserError(f"{path} line {i} is not `<sha256>  <relative path>`: {one_line(line, 120)}")
-        if PART_RE.match(os.path.basename(rel)):
-            continue        # a .partNN line: its shard's own hash covers the joined parts, which go after
-        entries[rel] = m.group(1).lower()
-    if not entries:
-        raise UserError(f"{path} lists no files: download it again")
-    return entries
-
-
-def _skip_name(name):
-    return name.startswith(".") or name.endswith(TMP_SUFFIX)
-
-
-def listing(model_dir):
-    """{relative path: (size, mtime_ns)} of the checkpoint's files: no part files, no hidden files or
-    dirs (.cache/, rsync partials), no temporary files."""
-    out = {}
-    for root, dirs, files in os.walk(model_dir):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            if _skip_name(name) or PART_RE.match(name):
-                continue
-            p = os.path.join(root, name)
-            try:
-                st = os.stat(p)
-            except FileNotFoundError:
-                continue
-            out[os.path.relpath(p, model_dir)] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
-def find_parts(model_dir, names):
-    """{base relative path: [(n, relative part path), ...] sorted} for the part files next to `names`."""
-    groups = {}
-    for d in sorted({os.path.dirname(n) for n in names}):
-        try:
-            entries = os.listdir(os.path.join(model_dir, d))
-        except FileNotFoundError:
-            continue
-        for name in entries:
-            m = PART_RE.match(name)
-            if m and not name.startswith("."):
-                base = os.path.join(d, m.group("base"))
-                groups.setdefault(base, []).append((int(m.group("n")), os.path.join(d, name)))
-    return {b: sorted(p) for b, p in groups.items()}
-
-
-def part_gap(parts):
-    """A message if the numbering starts late or has a gap, else None."""
-    nums = [n for n, _ in parts]
-    if nums[0] > 1:
-        return f"part {0:02d} is missing (the first present is {nums[0]:02d})"
-    for a, b in zip(nums, nums[1:]):
-        if b != a + 1:
-            missing = ", ".join(f"{n:02d}" for n in range(a + 1, b))
-            return f"part {missing} is missing (found {nums[0]:02d}-{nums[-1]:02d})"
-    return None
-
-
-def plan_banks(model_dir, plan):
-    """Bank dirs (relative to model_dir) named by the plan's `qdir`, after checking the plan exists."""
-    path = os.path.join(model_dir, "exl3", "plan", plan)
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"plan file {path} is missing: check PLAN_NAME or download the model again") from None
-    except (OSError, ValueError) as err:
-        raise UserError(f"plan file {path} is not valid JSON: {one_line(err, 120)}") from None
-    qdir = data.get("qdir") if isinstance(data, dict) else None
-    if not isinstance(qdir, str) or not qdir.strip(":"):
-        raise UserError(f"plan file {path} has no `qdir` (colon-separated bank dirs under exl3/)")
-    return [os.path.join("exl3", os.path.normpath(q)) for q in qdir.split(":") if q]
-
-
-def count_bank_files(model_dir, banks):
-    total = 0
-    for bank in banks:
-        d = os.path.join(model_dir, bank)
-        if not os.path.isdir(d):
-            raise UserError(f"EXL3 bank dir {d} is missing: download or copy the model again")
-        n = sum(1 for name in os.listdir(d)
-                if not _skip_name(name) and os.path.isfile(os.path.join(d, name)))
-        if not n:
-            raise UserError(f"EXL3 bank dir {d} is empty: download or copy the model again")
-        total += n
-    return total
-
-
-# ---- page cache and durable writes ----------------------------------------------------------------
-
-def _drop(fd, offset=0, length=0):
-    try:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-    except (AttributeError, OSError):
-        pass
-
-
-def _sync_file_range():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-        fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-        return fn
-    except (OSError, AttributeError):
-        return None
-
-
-_SFR = _sync_file_range()
-
-
-class _Writer:
-    """Sequential writer that starts write-back of each 64 MiB window as soon as it is full and drops the
-    previous one from the page cache once on disk: the final fsync has little left to do and a 100 GB
-    shard never sits in memory (unified memory is shared with the GPU)."""
-
-    def __init__(self, fd):
-        self.fd, self.off, self.mark, self.prev = fd, 0, 0, None
-
-    def write(self, mv):
-        while mv:
-            n = os.write(self.fd, mv)
-            mv, self.off = mv[n:], self.off + n
-        if _SFR and self.off - self.mark >= WINDOW:
-            _SFR(self.fd, self.mark, self.off - self.mark, 2)            # start write-back
-            if self.prev:
-                _SFR(self.fd, self.prev[0], self.prev[1], 1 | 2 | 4)     # wait for the previous window
-                _drop(self.fd, *self.prev)
-            self.prev, self.mark = (self.mark, self.off - self.mark), self.off
-
-    def finish(self):
-        os.fsync(self.fd)
-        _drop(self.fd)
-
-
-def _read_into(path, sink, progress):
-    """Stream a file in large reads to sink(memoryview); drops it from the page cache as it goes."""
-    buf = bytearray(CHUNK)
-    mv = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        except (AttributeError, OSError):
-            pass
-        off = dropped = 0
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            sink(mv[:n])
-            off += n
-            progress.update(n)
-            if off - dropped >= WINDOW:
-                _drop(fd, dropped, off - dropped)
-                dropped = off
-        _drop(fd)
-    return off
-
-
-def hash_file(path, progress=None):
-    h = hashlib.sha256()
-    _read_into(path, h.update, progress or _NoProgress())
-    return h.hexdigest()
 
 
 def write_json_atomic(path, data):
     write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
-
-
-# ---- progress ----------------------------------------------------------------------------------------
-# Checkpoint takes a progress factory: factory(label, total) -> an object with update(n) and close(). On the
-# head that is dsv41.head.core.progress.bar (tqdm); here, standard library only, Progress when the verifier runs
-# alone on a node and MachineProgress when the head runs it and draws the bar itself (--machine-progress).
-
-class _NoProgress:
-    def update(self, n):
-        pass
-
-    def close(self):
-        pass
-
-
-def _no_progress(label, total):
-    return _NoProgress()
-
-
-def _fmt_time(s):
-    s = int(s)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
-
-
-class Progress:
-    """Byte counter on stderr for a verifier running alone on a node: in place on a terminal, otherwise one
-    plain line every `interval` seconds (none for a step shorter than that) and a closing line after them."""
-
-    INTERVAL_S = 10.0
-
-    def __init__(self, label, total, stream=None, interval=None):
-        self.label, self.total, self.done = label, total, 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.lock = threading.Lock()
-        self.tty = _isatty(self.stream)
-        self.interval = (0.5 if self.tty else self.INTERVAL_S) if interval is None else interval
-        self.enabled = total > 0
-        self.printed = self.closed = False
-        self.t0 = self.last = time.monotonic()
-
-    def update(self, n):
-        with self.lock:
-            self.done += n
-            now = time.monotonic()
-            if self.enabled and not self.closed and now - self.last >= self.interval:
-                self.last = now
-                self._print(now)
-
-    def _print(self, now, end=""):
-        elapsed = max(now - self.t0, 1e-6)
-        rate = self.done / elapsed
-        eta = _fmt_time((self.total - self.done) / rate) if rate > 0 else "?"
-        line = (f"{self.label}: {self.done / 1e9:.2f}/{self.total / 1e9:.2f} GB "
-                f"({100 * self.done / self.total:.0f}%), {rate / 1e6:.0f} MB/s, "
-                + (f"in {_fmt_time(elapsed)}" if end else f"ETA {eta}"))
-        self.stream.write(("\r" + line + end) if self.tty else line + "\n")
-        self.stream.flush()
-        self.printed = True
-
-    def close(self):
-        with self.lock:
-            if self.enabled and not self.closed and (self.tty or self.printed):
-                self._print(time.monotonic(), "\n")
-            self.closed = True
-
-
-class MachineProgress:
-    """`progress <done> <total>` lines (bytes) on stderr, at most every `interval` seconds and once at the
-    end, for the head to draw as its own bar when it runs this verifier on a node."""
-
-    def __init__(self, label, total, stream=None, interval=0.5):
-        self.total, self.done, self.interval = total, 0, interval
-        self.stream = stream if stream is not None else sys.stderr
-        self.lock = threading.Lock()
-        self.last = time.monotonic()
-        if total > 0:
-            self._print()
-
-    def _print(self):
-        self.stream.write(f"progress {self.done} {self.total}\n")
-        self.stream.flush()
-
-    def update(self, n):
-        with self.lock:
-            self.done += n
-            now = time.monotonic()
-            if self.total > 0 and now - self.last >= self.interval:
-                self.last = now
-                self._print()
-
-    def close(self):
-        with self.lock:
-            if self.total > 0:
-                self._print()
-
-
-def _isatty(stream):
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 # ---- verification ---------------------------------------------------------------------------------
@@ -339,7 +53,7 @@ class Checkpoint:
         self.receipt_file = os.path.abspath(os.path.expanduser(receipt_file))
         self.keep_parts, self.plan = keep_parts, plan
         self.workers = workers or default_workers()
-        self.progress = _no_progress if quiet else (progress or Progress)
+        self.progress = no_progress if quiet else (progress or Progress)
         self.lock = threading.Lock()
 
     def path(self, rel):
@@ -470,7 +184,7 @@ class Checkpoint:
                     if not os.path.isfile(self.path(req)):
                         raise UserError(f"{self.path(req)} is missing: download or copy the model again")
                 banks = (plan_banks(self.dir, self.plan) if self.plan else
-                         sorted(os.path.join("exl3", d) for d in _subdirs(self.path("exl3")) if d != "plan"))
+                         sorted(os.path.join("exl3", d) for d in subdirs(self.path("exl3")) if d != "plan"))
                 receipt["exl3_files"] = count_bank_files(self.dir, banks)
                 receipt["banks"] = banks
                 receipt["plan"] = self.plan
@@ -519,14 +233,14 @@ class Checkpoint:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         ok = False
         try:
-            w = _Writer(fd)
+            w = Writer(fd)
 
             def sink(mv):
                 h.update(mv)
                 w.write(mv)
 
             for _, part in parts:
-                _read_into(self.path(part), sink, progress)
+                read_into(self.path(part), sink, progress)
             actual = h.hexdigest()
             if actual != sha:
                 return (f"{rel}: sha256 of its {len(parts)} joined parts is {actual}, expected {sha}: "
@@ -542,13 +256,6 @@ class Checkpoint:
         fsync_dir(os.path.dirname(dst))
         self._record(receipt, rel, sha)
         return None
-
-
-def _subdirs(d):
-    try:
-        return [n for n in os.listdir(d) if os.path.isdir(os.path.join(d, n)) and not n.startswith(".")]
-    except FileNotFoundError:
-        return []
 
 
 def free_bytes(path):
@@ -581,7 +288,7 @@ def main(argv=None):
         fresh, reason, receipt, fresh_files = ck.check()
         if a.json:
             partials = {}
-            for k, (size, _) in _partials(ck.dir).items():
+            for k, (size, _) in partial_transfers(ck.dir).items():
                 partials[k] = size
             print(json.dumps({"fresh": fresh, "reason": reason, "receipt": receipt, "fresh_files": fresh_files,
                               "listing": listing(ck.dir) if os.path.isdir(ck.dir) else {},
@@ -598,21 +305,6 @@ def main(argv=None):
     if a.json:
         print(json.dumps({"ok": True, "receipt": receipt}))
     return 0
-
-
-def _partials(model_dir):
-    """Interrupted rsync transfers: {relative path of the target: (size, mtime_ns)}."""
-    out = {}
-    for root, dirs, files in os.walk(model_dir):
-        if os.path.basename(root) == PARTIAL_DIR:
-            for name in files:
-                st = os.stat(os.path.join(root, name))
-                out[os.path.relpath(os.path.join(os.path.dirname(root), name), model_dir)] = (
-                    st.st_size, st.st_mtime_ns)
-            dirs[:] = []
-        else:
-            dirs[:] = [d for d in dirs if d == PARTIAL_DIR or not d.startswith(".")]
-    return out
 
 
 if __name__ == "__main__":

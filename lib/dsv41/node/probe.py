@@ -14,7 +14,7 @@ import time
 
 from dsv41.names import GUARD_SETTINGS, MEM_BASELINE, UNIT_DIR
 from dsv41.node.facts import MEMINFO, memory_facts, run_quiet
-from dsv41.node.memguard import describe_trip, read_trip
+from dsv41.node.memguard.marker import describe_trip, read_trip
 
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState", "UnitFileState",
         "ActiveEnterTimestamp", "InactiveEnterTimestamp", "ConditionResult")

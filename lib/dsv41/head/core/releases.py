@@ -49,7 +49,7 @@ from dsv41.errors import UserError, one_line
 from dsv41.files import fsync_dir, write_atomic
 from dsv41.settings.kinds import ConfigError
 from dsv41.settings.resolved import from_resolved, resolved
-from dsv41.node.checkpoint import MANIFEST
+from dsv41.node.checkpoint_layout import MANIFEST
 
 SCHEMA = "dsv41.release/1"
 DIR = "releases"

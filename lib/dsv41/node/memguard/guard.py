@@ -5,36 +5,29 @@ leave a trip marker that blocks their restart.
 Runs on the node with the system python3, standard library only:
     python3 -m dsv41.node.memguard --state-dir DIR --settings DIR/memguard.json   (or --floor-gib, --mode)
 
-Marker `$STATE_DIR/memguard.tripped` (JSON): time (of the reading), killed_at, host, mode,
-mem_available_gib, floor_gib (and _bytes), killed [{pid, rank, comm, rss_gib, how, result}], units,
-top [{pid, comm, rss_gib}], trips.
-
-With a metrics dir (METRICS_DIR, "metrics_dir" in the settings file) it keeps
-<dir>/dsv41_memguard.prom for node_exporter's textfile collector: MemAvailable, the floor, the mode,
-trips since it started and the last trip's time, whether the trip marker exists; written every
-METRICS_EVERY_S and at each trip, by a thread of its own so that a slow disk never delays a reading.
+The loop: it looks at MemAvailable (scan.py) as often as the headroom above the floor and the
+kernel's memory-pressure trigger ask, trips once below the floor (kill.py; the marker, marker.py) and
+re-arms above it, re-reads its settings file on SIGHUP, and with a metrics dir (METRICS_DIR,
+"metrics_dir" in the settings file) publishes its metrics (textfile.py) every METRICS_EVERY_S and at
+each trip.
 """
 import argparse
 import ctypes
-import datetime
 import json
-import math
 import os
-import re
 import select
 import signal
 import socket
-import subprocess
-import threading
 import time
 
 from dsv41.errors import UserError, cli
-from dsv41.files import fsync_dir, write_atomic, write_textfile
-from dsv41.names import CIDFILE_RE, DEFAULT_STATE_DIR, GUARD_LOG, RANK_ENV, RANK_PREFIX, RANK_UNIT_RE, RUN, TRIP_MARKER, rank_unit
-
-GIB = 1 << 30
-RANK_ENV_B = f"{RANK_ENV}=".encode()
-CID_RE = re.compile(r"^[0-9a-f]{12,64}$")
+from dsv41.names import DEFAULT_STATE_DIR, GUARD_LOG, RANK_PREFIX, RANK_UNIT_RE, rank_unit
+from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, check_floor, check_metrics_dir, check_mode, gib
+from dsv41.node.memguard.kill import kill_all, release, systemctl
+from dsv41.node.memguard.log import Log, now_iso
+from dsv41.node.memguard.marker import below, read_trip, trip_path, trips_so_far, write_trip
+from dsv41.node.memguard.scan import MemInfo, comm, fmt_top, rank_cids, scan, top_holders
+from dsv41.node.memguard.textfile import METRICS_FILE, Textfile, metrics_lines
 
 SLOW_S, FAST_S, MIN_S = 1.0, 0.1, 0.01  # poll period: far from the floor, near it, at the floor
 NEAR_GIB = 4.0  # within this of the floor, look at least every FAST_S
@@ -44,187 +37,8 @@ TOP_BELOW_GIB, TOP_EVERY_S = 10.0, 10.0  # under this, log the top memory holder
 PSI_FAST_S = 3.0  # after a pressure event, poll at FAST_S at least this long
 # PSI triggers, tried in order: windows under 2 s need CAP_SYS_RESOURCE.
 PSI_TRIGGERS = (b"some 50000 500000", b"some 100000 2000000")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
-
-FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
-DEFAULT_FLOOR_GIB = 1.0        # MEMGUARD_GIB's default (the settings schema reads it from here)
-MODES = ("enforce", "observe")
-METRICS_FILE = "dsv41_memguard.prom"
 METRICS_EVERY_S = 5.0          # the metrics file is rewritten at most this often (and at each trip)
-
-
-def check_floor(value, var="MEMGUARD_GIB"):
-    """The floor in GiB, or UserError naming the accepted range (the one rule, used by the Config too)."""
-    try:
-        gib_ = float(str(value).strip())
-    except ValueError:
-        gib_ = float("nan")
-    lo, hi = FLOOR_GIB
-    if not lo <= gib_ <= hi:
-        raise UserError(f"{var}={value!r} is not valid: expected the memory guard's floor in GiB, "
-                        f"a number from {lo:g} to {hi:g}")
-    return gib_
-
-
-def check_mode(value, var="MEMGUARD_MODE"):
-    if value not in MODES:
-        raise UserError(f"{var}={value!r} is not valid: expected {' or '.join(MODES)}")
-    return value
-
-
-def check_metrics_dir(value, var="METRICS_DIR"):
-    """The metrics dir: an absolute directory, or empty for no metrics file."""
-    if not isinstance(value, str) or (value and not os.path.isabs(value)) or "\0" in value:
-        raise UserError(f"{var}={value!r} is not valid: expected an absolute directory, or empty for no metrics file")
-    return value.rstrip("/") or ("/" if value else "")
-
-
-def now_iso():
-    return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
-
-
-def gib(nbytes):
-    return round(nbytes / GIB, 2)
-
-
-# --- the trip marker (also used by the launcher and status) -------------------------------------
-
-def trip_path(state_dir):
-    return os.path.join(os.path.expanduser(str(state_dir)), TRIP_MARKER)
-
-
-def parse_trip(raw, where=TRIP_MARKER):
-    """A trip marker's bytes (e.g. read from a worker with Node.read_file) as a dict; a marker that
-    cannot be parsed still counts as a trip: {"error": ...}."""
-    try:
-        trip = json.loads(raw)
-        if not isinstance(trip, dict):
-            raise ValueError("not a JSON object")
-        return trip
-    except ValueError as err:
-        return {"error": f"unreadable trip marker {where}: {err}"}
-
-
-def read_trip(state_dir):
-    """The node's trip marker as a dict, or None when it has not tripped."""
-    path = trip_path(state_dir)
-    try:
-        with open(path, "rb") as f:
-            return parse_trip(f.read(), path)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        return {"error": f"cannot read {path}: {err.strerror}"}
-
-
-def below(avail, floor):
-    """'MemAvailable 18.998 GiB < floor 19.000 GiB': MemAvailable rounded down, so it never shows equal
-    to the floor it fell under."""
-    return f"MemAvailable {math.floor(avail / GIB * 1000) / 1000:.3f} GiB < floor {floor / GIB:.3f} GiB"
-
-
-def describe_trip(trip):
-    """One line about a trip marker (as the launcher and status show it)."""
-    if "mem_available_bytes" not in trip or "floor_bytes" not in trip:
-        return f"tripped ({trip.get('error') or 'marker without readings'})"
-    return f"tripped at {trip.get('time', '?')} on {trip.get('host', '?')}: " + below(
-        trip["mem_available_bytes"], trip["floor_bytes"])
-
-
-def clear_trip(state_dir):
-    """Remove the trip marker (no error when absent); returns what it said, or None."""
-    trip = read_trip(state_dir)
-    try:
-        os.unlink(trip_path(state_dir))
-    except FileNotFoundError:
-        pass
-    return trip
-
-
-# --- facts from /proc --------------------------------------------------------------------------
-
-class MemInfo:
-    """MemAvailable through a kept-open /proc/meminfo (about 10 us a read)."""
-
-    def __init__(self, path="/proc/meminfo"):
-        self.fd = os.open(path, os.O_RDONLY)
-
-    def available(self):
-        data = os.pread(self.fd, 16384, 0)
-        i = data.index(b"MemAvailable:") + 13
-        return int(data[i:data.index(b"\n", i)].split()[0]) * 1024
-
-    def __del__(self):
-        os.close(self.fd)
-
-
-def _read(path, limit=-1):
-    try:
-        with open(path, "rb", buffering=0) as f:
-            return f.read(limit) if limit > 0 else f.readall()
-    except OSError:
-        return b""
-
-
-def rank_cids(state_dir):
-    """{container id: rank} from the cidfiles in $STATE_DIR/run (docker run --cidfile)."""
-    run = os.path.join(state_dir, RUN)
-    cids = {}
-    try:
-        names = os.listdir(run)
-    except OSError:
-        return cids
-    for name in names:
-        m = CIDFILE_RE.match(name)
-        cid = _read(os.path.join(run, name), 200).strip().decode("ascii", "replace")
-        if m and CID_RE.match(cid):
-            cids[cid] = int(m.group(1))
-    return cids
-
-
-def scan(cids, want_ranks=True):
-    """One pass over /proc: (rank processes {pid: (rank, how)}, user processes [(rss, pid)]).
-    A rank process is in a container's cgroup (its id from a cidfile) or has DSV41_RANK= in its
-    environment."""
-    me = os.getpid()
-    ranks, sizes = {}, []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        statm = _read(f"/proc/{pid}/statm", 200).split()
-        rss = int(statm[1]) * PAGE if len(statm) > 1 else 0
-        if rss == 0 or pid == me:
-            continue  # kernel thread, zombie, gone, or the guard itself
-        sizes.append((rss, pid))
-        if not want_ranks:
-            continue
-        if cids:
-            cg = _read(f"/proc/{pid}/cgroup").decode("ascii", "replace")
-            hit = next((c for c in cids if c in cg), None)
-            if hit:
-                ranks[pid] = (cids[hit], "cgroup")
-                continue
-        env = _read(f"/proc/{pid}/environ")
-        i = env.find(RANK_ENV_B)
-        if i == 0 or (i > 0 and env[i - 1] == 0):
-            value = env[i + len(RANK_ENV_B):].split(b"\0", 1)[0]
-            ranks[pid] = (int(value) if value.isdigit() else None, "env")
-    return ranks, sizes
-
-
-def comm(pid):
-    return _read(f"/proc/{pid}/comm", 64).strip().decode("utf-8", "replace") or "?"
-
-
-def top_holders(sizes, n=3):
-    return [{"pid": pid, "comm": comm(pid), "rss_gib": gib(rss)}
-            for rss, pid in sorted(sizes, reverse=True)[:n]]
-
-
-def fmt_top(top):
-    return ", ".join(f"{t['comm']}[{t['pid']}] {t['rss_gib']:.2f} GiB" for t in top) or "none"
 
 
 def poll_interval(headroom, rate):
@@ -237,178 +51,7 @@ def poll_interval(headroom, rate):
     return min(cap, max(MIN_S, headroom / (2 * max(rate, ASSUMED_RATE))))
 
 
-# --- textfile metrics --------------------------------------------------------------------------
-
-def metrics_lines(avail, floor, mode, trips, last_trip, tripped):
-    """The guard's metrics in Prometheus' text format, for node_exporter's textfile collector."""
-    return [
-        "# HELP dsv41_memguard_mem_available_bytes MemAvailable at the guard's last reading.",
-        "# TYPE dsv41_memguard_mem_available_bytes gauge",
-        f"dsv41_memguard_mem_available_bytes {avail}",
-        "# HELP dsv41_memguard_floor_bytes Below this MemAvailable the guard stops the ranks (MEMGUARD_GIB).",
-        "# TYPE dsv41_memguard_floor_bytes gauge",
-        f"dsv41_memguard_floor_bytes {floor}",
-        "# HELP dsv41_memguard_mode The guard's mode, 1 for the current one (observe only logs).",
-        "# TYPE dsv41_memguard_mode gauge",
-        *(f'dsv41_memguard_mode{{mode="{m}"}} {int(m == mode)}' for m in MODES),
-        "# HELP dsv41_memguard_trips_total Times MemAvailable fell below the floor since the guard started.",
-        "# TYPE dsv41_memguard_trips_total counter",
-        f"dsv41_memguard_trips_total {trips}",
-        "# HELP dsv41_memguard_last_trip_timestamp_seconds When the guard last tripped (0: not since it started).",
-        "# TYPE dsv41_memguard_last_trip_timestamp_seconds gauge",
-        f"dsv41_memguard_last_trip_timestamp_seconds {last_trip:.3f}",
-        "# HELP dsv41_memguard_tripped 1 while the trip marker blocks the rank units (until doit clear-trip).",
-        "# TYPE dsv41_memguard_tripped gauge",
-        f"dsv41_memguard_tripped {int(tripped)}",
-    ]
-
-
-class Textfile:
-    """Writes the metrics file on a thread of its own (write_textfile fsyncs; the guard's loop never
-    waits for a disk). Only the newest lines are written; a failure is kept in .error for the guard
-    to log from its own thread."""
-
-    STACK = 256 << 10      # mlockall(MCL_FUTURE) locks a thread's stack too: keep it small
-
-    def __init__(self):
-        self.cv = threading.Condition()
-        self.pending = None             # (directory, lines or None to remove the file)
-        self.error = None
-        self.done = False
-        old = threading.stack_size(self.STACK)
-        try:
-            self.thread = threading.Thread(target=self.run, name="metrics", daemon=True)
-            self.thread.start()
-        finally:
-            threading.stack_size(old)
-
-    def submit(self, directory, lines):
-        with self.cv:
-            self.pending = (directory, lines)
-            self.cv.notify()
-
-    def run(self):
-        while True:
-            with self.cv:
-                while self.pending is None and not self.done:
-                    self.cv.wait()
-                if self.pending is None:
-                    return
-                (directory, lines), self.pending = self.pending, None
-            try:
-                if lines is None:
-                    try:
-                        os.unlink(os.path.join(directory, METRICS_FILE))
-                    except FileNotFoundError:
-                        pass
-                else:
-                    write_textfile(directory, METRICS_FILE, lines)
-                self.error = None
-            except OSError as err:
-                self.error = f"{err.filename or directory}: {err.strerror}"
-
-    def close(self, timeout=2.0):
-        """Write what is pending, then stop."""
-        with self.cv:
-            self.done = True
-            self.cv.notify()
-        self.thread.join(timeout)
-
-
 # --- the guard ---------------------------------------------------------------------------------
-
-class Log:
-    """Lines '<ISO-8601 ms> message' to the log file and stdout (the journal); a slow or broken
-    reader never blocks the guard."""
-
-    MAX = 10 << 20
-
-    def __init__(self, path):
-        self.path = path
-        self.file = open(path, "a", encoding="utf-8")
-        try:
-            if not os.isatty(1):  # a terminal's flags are shared with the shell: leave them
-                os.set_blocking(1, False)
-        except OSError:
-            pass
-
-    def __call__(self, msg):
-        line = f"{now_iso()} {msg}\n"
-        try:
-            os.write(1, line.encode())
-        except OSError:
-            pass
-        try:
-            self.file.write(line)
-            self.file.flush()
-            if self.file.tell() > self.MAX:
-                self.file.close()
-                os.replace(self.path, self.path + ".1")
-                self.file = open(self.path, "a", encoding="utf-8")
-        except (OSError, ValueError):
-            pass
-
-
-def systemctl(argv, log, timeout=10):
-    """Run systemctl; failures are logged, never raised. Returns stdout or None."""
-    try:
-        res = subprocess.run(["systemctl", *argv], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.SubprocessError) as err:
-        log(f"systemctl {' '.join(argv)}: {err}")
-        return None
-    if res.returncode != 0:
-        log(f"systemctl {' '.join(argv)}: exit {res.returncode}: {' '.join(res.stderr.split())[:300]}")
-        return None
-    return res.stdout
-
-
-def kill_all(pids, log):
-    """SIGKILL each pid (through a pidfd: no pid-reuse race). Returns ({pid: result}, pidfds for
-    release()); a vanished process is not an error."""
-    results, fds = {}, []
-    for pid in pids:
-        fd = None
-        try:
-            fd = os.pidfd_open(pid)
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-            results[pid] = "killed"
-        except ProcessLookupError:
-            results[pid] = "vanished"
-        except OSError as err:
-            try:  # a kernel without pidfds
-                os.kill(pid, signal.SIGKILL)
-                results[pid] = "killed"
-            except ProcessLookupError:
-                results[pid] = "vanished"
-            except OSError:
-                results[pid] = f"error: {err.strerror}"
-                log(f"kill {pid}: {err.strerror}")
-        if fd is not None:
-            fds.append(fd)
-    return results, fds
-
-
-def release(fds):
-    """Reap the killed processes' memory now (process_mrelease) instead of waiting for each victim
-    to exit, which can be slow or stuck in a driver."""
-    for fd in fds:
-        if MRELEASE:
-            MRELEASE(fd, 0)  # best effort: ENOSYS/EINVAL/ESRCH just mean the victim frees it itself
-        os.close(fd)
-
-
-def _mrelease():
-    if os.uname().machine not in ("x86_64", "aarch64"):
-        return None
-    try:
-        syscall = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        return None
-    return lambda fd, flags: syscall(448, fd, flags)  # __NR_process_mrelease on both
-
-
-MRELEASE = _mrelease()
-
 
 def lock_memory():
     """Keep the guard's pages resident (mlockall) so it cannot stall on page-ins; best effort."""
@@ -624,11 +267,9 @@ class Guard:
                      f"{', '.join(sorted(units)) or 'no units'}; top: {fmt_top(marker['top'])}")
             return
         path = trip_path(self.state_dir)
-        old = read_trip(self.state_dir) or {}
-        prev = old.get("trips") if isinstance(old.get("trips"), int) else (1 if old else 0)
-        marker["trips"] = prev + 1
+        marker["trips"] = trips_so_far(self.state_dir) + 1
         try:
-            write_atomic(path, json.dumps(marker, indent=1).encode())
+            write_trip(self.state_dir, marker)
         except OSError as err:
             self.log(f"cannot write trip marker {path}: {err}")
         results, fds = kill_all(sorted(ranks), self.log)
@@ -646,8 +287,7 @@ class Guard:
             if systemctl(["stop", "--no-block", unit], self.log) is not None:
                 self.log(f"asked systemd to stop {unit}")
         try:
-            write_atomic(path, json.dumps(marker, indent=1).encode())
-            fsync_dir(self.state_dir)
+            write_trip(self.state_dir, marker, durable=True)
         except OSError as err:
             self.log(f"cannot update trip marker {path}: {err}")
         self.log(f"trip marker {path} written; rank units stay blocked until it is removed")
@@ -704,6 +344,3 @@ def main(argv=None):
                         f"point --state-dir/--log at a writable directory") from None
     Guard(args.floor, args.mode, args.state_dir, log, args.settings, args.metrics_dir).run()
 
-
-if __name__ == "__main__":
-    main()
