@@ -16,16 +16,17 @@ install: .venv/.installed
 test: install
 	$(PYTEST) -q
 
+# Every benchmark runs, and one that failed or had no figure (exit non-zero) fails the target at the end.
 # A lab the benchmarks bring up is taken down after them; one that was up before is left as it was.
 # The chaos soak has its own target (make chaos): 30 minutes by default; the fault table at the watchdog's
 # defaults (bench_faults.py, about 35 minutes) has `make faults`.
 LAB_OWNER = $${LAB_STATE:-/var/lib/dsv41-lab}/owner
 bench: install
-	@before=$$(cat $(LAB_OWNER) 2>/dev/null); rc=0; \
+	@before=$$(cat $(LAB_OWNER) 2>/dev/null); rc=0; failed=; \
 	for b in bench/bench_*.py; do case $$b in bench/bench_chaos.py|bench/bench_faults.py) continue;; esac; \
-		echo "== $$b"; $(PY) $$b || { rc=1; break; }; done; \
+		echo "== $$b"; $(PY) $$b || { rc=1; failed="$$failed $$b"; }; done; \
 	if [ -z "$$before" ] && [ "$$(cat $(LAB_OWNER) 2>/dev/null)" = "$$(printf '%s\nbench' "$(CURDIR)")" ]; then \
-		bash tests/lab/down.sh; fi; exit $$rc
+		bash tests/lab/down.sh; fi; [ -z "$$failed" ] || echo "== failed or no figure:$$failed"; exit $$rc
 
 lab-up: install        # LAB_NODES=3 for three nodes; LAB_ENGINE=vllm to push the real engine too
 	bash tests/lab/up.sh

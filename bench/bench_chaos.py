@@ -17,6 +17,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +29,6 @@ from chaos.load import Load, served_model  # noqa: E402
 from labctl import LAB_DIR, MODEL, STATE, Lab, LabRefused, missing, up  # noqa: E402
 
 from dsv41.client.api import HEALTH_TIMEOUT  # noqa: E402   the watchdog's /health and /metrics requests
-from dsv41.settings.schema import BY_NAME  # noqa: E402
 
 # the lab tests' fast watchdog (tests/lab/test_self_healing.py)
 FAST = {"WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12", "SSH_TIMEOUT_S": "5"}
@@ -118,12 +118,26 @@ def watchdog_env(a):
     return {**env, **(FAST if a.watchdog == "fast" else {})}
 
 
+def settings(env, *names):
+    """{name: value} of the named settings as this tree's `doit config` resolves them, env's values of them
+    over the defaults (the verb, not the settings' module, whose path moves)."""
+    clean = {k: v for k, v in os.environ.items() if k not in names and k not in ("DSV41_PROFILE", "WORKER", "WORKERS")}
+    with tempfile.TemporaryDirectory() as state:
+        r = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "config", "--json", *names],
+                           env={**clean, **{k: env[k] for k in names if k in env}, "STATE_DIR": state,
+                                "PYTHONPATH": str(REPO / "lib")}, cwd=REPO, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"chaos: doit config {' '.join(names)}: {' '.join(r.stderr.split())[-300:]}")
+    return {k: v["value"] for k, v in json.loads(r.stdout).items()}
+
+
 def detection_bound(env):
     """Seconds within which the watchdog must see a fault: a stall (WATCHDOG_STALL_S) confirmed by a probe
     (WATCHDOG_PROBE_S) at the next look, plus that look's own time before its probe (at most the /health
     timeout, the nodes' probes running meanwhile); or an API that does not answer two looks in a row (a
     look at a silent API lasts the /health timeout, so looks come no faster than that)."""
-    get = lambda k: float(env.get(k, BY_NAME[k].default))  # noqa: E731
+    values = settings(env, "WATCHDOG_STALL_S", "WATCHDOG_PROBE_S", "WATCHDOG_INTERVAL_S")
+    get = lambda k: float(values[k])  # noqa: E731
     interval = get("WATCHDOG_INTERVAL_S")
     return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + interval + HEALTH_TIMEOUT,
                2 * max(interval, HEALTH_TIMEOUT) + HEALTH_TIMEOUT)

@@ -8,10 +8,15 @@
    time); also against the durable variant with `sync shard` (ours fsyncs before the rename).
 3. a second verify with nothing changed at two sizes (target < 0.5 s, larger <= 1.2x smaller).
 
+The baselines are coreutils, measured in the same run. The verifier is run as `python3 -m CHECKPOINT`
+(the command the head runs on a node) and, for one shard, as CHECKPOINT's Checkpoint: the one module path
+this benchmark names.
+
 Env: BENCH_SHARD_MB (default 400), BENCH_BIG_GB (default 8), BENCH_DIR (default: a temp dir in /tmp).
 Disk use peaks at about max(12 x BENCH_SHARD_MB, BENCH_BIG_GB) and is removed at the end.
 """
 import hashlib
+import importlib
 import os
 import shutil
 import subprocess
@@ -25,6 +30,7 @@ sys.path[:0] = [os.path.join(ROOT, "lib"), os.path.join(ROOT, "tests")]
 
 from fixture_checkpoint import PLAN, make_checkpoint, shard_name  # noqa: E402
 
+CHECKPOINT = "dsv41.node.checkpoint"    # the node's verifier: its command line and its Checkpoint
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.path.join(ROOT, "lib")}
 CORES = os.cpu_count() or 1
@@ -53,7 +59,7 @@ def warm(paths):
 
 
 def verify_cli(d, receipt, *extra):
-    subprocess.run([PY, "-m", "dsv41.node.checkpoint", "verify", d, "--receipt", receipt, "--plan", PLAN,
+    subprocess.run([PY, "-m", CHECKPOINT, "verify", d, "--receipt", receipt, "--plan", PLAN,
                     "--quiet", *extra], check=True, env=ENV)
 
 
@@ -111,7 +117,7 @@ def bench_verify(work, shard):
                        before=reset5)
 
     def ours5():
-        from dsv41.node.checkpoint import Checkpoint
+        Checkpoint = importlib.import_module(CHECKPOINT).Checkpoint
         Checkpoint(d, receipt, keep_parts=True, quiet=True).verify(only={name}, strict=False)
         assert os.path.exists(s5)
 

@@ -1,8 +1,9 @@
 """Download throughput from the Hub stand-in (tests/hubstub.py: real HTTP on loopback, its LFS "CDN" on
-127.0.0.2), the current `doit download` against a baseline measured in the same run: the download module
-as it was before it moved to huggingface_hub's public API only (commit BASELINE, read with `git show`; it
-drove the private `http_get(..., _tqdm_bar=)`). Same checkpoint, same stand-in, a fresh MODEL_DIR each run.
-Verification is left out of both (bench_checkpoint.py measures it): the figure is bytes fetched / seconds.
+127.0.0.2), the current `doit download` against a baseline measured in the same run: the download code as
+it was before it moved to huggingface_hub's public API only, run from the tree of commit BASELINE checked
+out into a temporary worktree (bench/baseline.py; it drove the private `http_get(..., _tqdm_bar=)`). Same
+checkpoint, same stand-in, a fresh MODEL_DIR each run. Verification is left out of both (bench_checkpoint.py
+measures it): the figure is bytes fetched / seconds.
 
 The stand-in and the client share this machine's cores, so the absolute MB/s says more about the machine
 than about a real uplink; the ratio is the point (target >= 0.9x: the public API costs no throughput).
@@ -16,61 +17,49 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:0] = [os.path.join(ROOT, "lib"), os.path.join(ROOT, "tests")]
+import baseline
+
+ROOT = baseline.ROOT
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from fixture_checkpoint import make_checkpoint  # noqa: E402
 from hubstub import HubStub  # noqa: E402
 
-BASELINE = "9ecaf04"        # the last commit with the private-API download module
+# d150ddf (One progress display: tqdm on the head...): the parent of bc129ca, which moved the download to
+# huggingface_hub's public API and wrote this benchmark against the module before it (the same file as
+# at 9ecaf04, the commit the benchmark first named).
+BASELINE = "d150ddf45a6ce02f5dde54dbda1dc77ba9330b92"
 
-# Runs in a fresh interpreter (huggingface_hub reads HF_* at import): load the module, leave out the final
-# verification, time download(cfg), print the seconds.
+# Runs in a fresh interpreter (huggingface_hub reads HF_* at import) with the tree's lib/ on sys.path: what
+# `doit download` calls, through the tree's own dodo.py (its config and download function), without the
+# final verification; prints the seconds.
 CHILD = r"""
-import importlib.util, sys, time
-sys.path.insert(0, sys.argv[2])
-path = sys.argv[1]
-if path == "-":
-    from dsv41.head import download as mod
-else:
-    spec = importlib.util.spec_from_file_location("baseline_download", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-mod.verify = lambda cfg: None
-from dsv41.settings.layers import load_config
-cfg = load_config()
+import runpy, sys, time
+dodo = runpy.run_path(sys.argv[1])
+download, cfg = dodo["download"].download, dodo["CFG"]
+if "verify" not in download.__globals__:
+    sys.exit("bench_download: download() calls no verify(cfg) of its module any more: update CHILD to leave it out")
+download.__globals__["verify"] = lambda cfg: None
 t = time.perf_counter()
-mod.download(cfg)
+download(cfg)
 print(time.perf_counter() - t)
 """
 
 
-def baseline_module(work):
-    path = os.path.join(work, "baseline_download.py")
-    r = subprocess.run(["git", "-C", ROOT, "show", f"{BASELINE}:lib/dsv41/head/download.py"],
-                       capture_output=True, text=True)
-    if r.returncode:
-        return None, f"git show {BASELINE} failed: {r.stderr.strip()[:200]}"
-    with open(path, "w") as f:
-        f.write(r.stdout)
-    return path, None
-
-
-def fetch(hub, work, module, run):
+def fetch(hub, work, tree, run):
+    """Seconds the download of tree (the current one or the baseline's) took into a fresh MODEL_DIR."""
     model = os.path.join(work, f"model-{run}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
     env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=os.path.join(work, "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
                MODEL_DIR=model, STATE_DIR=os.path.join(work, f"state-{run}"))
-    r = subprocess.run([sys.executable, "-c", CHILD, module, os.path.join(ROOT, "lib")], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", CHILD, os.path.join(tree, "dodo.py")], env=baseline.env(tree, env),
+                       cwd=tree, capture_output=True, text=True)
     shutil.rmtree(model, ignore_errors=True)
     shutil.rmtree(env["STATE_DIR"], ignore_errors=True)
     if r.returncode:
-        if module != "-":                                 # e.g. a huggingface_hub without the private API
-            return None, f"the baseline failed: {' '.join(r.stderr.split())[-300:]}"
-        raise SystemExit(f"download failed: {r.stderr.strip()[-600:]}")
-    return float(r.stdout.strip().splitlines()[-1]), None
+        which = f"the baseline ({BASELINE[:12]})" if tree != ROOT else "the current download"
+        raise SystemExit(f"bench_download: {which} failed: {' '.join(r.stderr.split())[-600:]}")
+    return float(r.stdout.strip().splitlines()[-1])
 
 
 def main():
@@ -78,32 +67,25 @@ def main():
     runs = int(os.environ.get("BENCH_RUNS", "3"))
     work = tempfile.mkdtemp(prefix="dsv41-bench-dl-", dir=os.environ.get("BENCH_DIR"))
     try:
-        base_mod, why = baseline_module(work)
-        src = os.path.join(work, "repo")
-        make_checkpoint(src, shard_bytes=int(total_mb * 1e6 / 6), parts=4)
-        with HubStub(src) as hub:
-            nbytes = sum(f["size"] for f in hub.files.values())
-            times = {"baseline": [], "current": []}
-            for i in range(runs):                        # interleaved: drift hits both alike
-                if base_mod:
-                    took, why = fetch(hub, work, base_mod, f"b{i}")
-                    if took is None:
-                        base_mod = None
-                    else:
-                        times["baseline"].append(took)
-                times["current"].append(fetch(hub, work, "-", f"c{i}")[0])
+        with baseline.checkout(BASELINE) as old:
+            src = os.path.join(work, "repo")
+            make_checkpoint(src, shard_bytes=int(total_mb * 1e6 / 6), parts=4)
+            with HubStub(src) as hub:
+                nbytes = sum(f["size"] for f in hub.files.values())
+                times = {"baseline": [], "current": []}
+                for i in range(runs):                    # interleaved: drift hits both alike
+                    times["baseline"].append(fetch(hub, work, old, f"b{i}"))
+                    times["current"].append(fetch(hub, work, ROOT, f"c{i}"))
         print(f"download from the Hub stand-in, {len(hub.files)} files, {nbytes / 1e6:.0f} MB, fresh MODEL_DIR, "
               f"median of {runs}, {os.cpu_count()} cores shared with the stand-in:")
         cur = nbytes / statistics.median(times["current"]) / 1e6
-        if base_mod:
-            base = nbytes / statistics.median(times["baseline"]) / 1e6
-            print(f"  baseline (private http_get, {BASELINE}): {base:.0f} MB/s; current (public API): {cur:.0f} MB/s")
-            print(f"  current / baseline throughput {cur / base:.2f}x (target >= 0.9x)")
-        else:
-            print(f"  current (public API): {cur:.0f} MB/s; no baseline: {why}")
+        base = nbytes / statistics.median(times["baseline"]) / 1e6
+        print(f"  baseline (private http_get, {BASELINE[:12]}): {base:.0f} MB/s; current (public API): {cur:.0f} MB/s")
+        print(f"  current / baseline throughput {cur / base:.2f}x (target >= 0.9x)")
+        return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,12 +1,17 @@
-"""Memory guard benchmarks, against a 1-second polling loop like the original guard's (same kill path).
+"""Memory guard benchmarks, against a 1-second polling loop like the original guard's, around the kill path
+of the guard's first commit (BASELINE, checked out into a temporary worktree by bench/baseline.py).
 
 Reaction: a stand-in rank process (DSV41_RANK=0) allocates and touches pages until MemAvailable
 falls under a floor set 0.75 GiB below the measured MemAvailable (at most 2 GiB, freed when it dies);
 the time from the crossing (the stand-in's own MemAvailable samples, one per 4 MiB) to the
 watcher's SIGKILL (its own timestamp) and to the stand-in's end (pidfd) is measured, p50/p95 over
 several trials. Each watcher runs as PID 1 of its own PID namespace, so it can only kill the stand-in.
+Scan: one trip's pass over this host's /proc, the current guard's against the first guard's.
 CPU: user+system time of a watcher over 20 s at steady state, far from the floor and near it.
-Needs root, unshare and nsenter; prints a reason and exits 0 otherwise.
+Needs root, unshare and nsenter; prints a reason and exits 2 otherwise.
+
+The current guard is run only as `python -m GUARD` and its scan() (both in a separate process) and read
+through its trip marker file, so GUARD (and its scan module) is the one module path this benchmark names.
 """
 import datetime
 import os
@@ -16,19 +21,24 @@ import shutil
 import signal
 import subprocess
 import sys
+import json
 import tempfile
 import time
 from pathlib import Path
 
-LIB = str(Path(__file__).resolve().parents[1] / "lib")
-sys.path.insert(0, LIB)
-from dsv41.node import memguard  # noqa: E402
+import baseline
 
+GUARD = "dsv41.node.memguard"            # the current guard's package: its command line (python -m GUARD)
+GUARD_SCAN = GUARD + ".scan"             # ... and its scan()
+# 38a75b5 (Memory guard: kills rank processes directly...): the commit that added the guard (then
+# dsv41/memguard.py) and this benchmark; its MemInfo, scan and kill_all are the kill path the 1 s loop
+# was written around, and its scan is the first guard's.
+BASELINE = "38a75b519355fc33ba20be5d20a7bc19e156619c"
+TRIP_MARKER = "memguard.tripped"         # $STATE_DIR/memguard.tripped (JSON), killed_at: when it killed
 GIB = 1 << 30
 TRIALS = int(os.environ.get("BENCH_TRIALS", "10"))
 HEADROOM = 0.75 * GIB
 TICK = os.sysconf("SC_CLK_TCK")
-MEM = memguard.MemInfo()
 
 # Stand-in for a rank container: on "go", allocate and touch pages, printing (time, MemAvailable).
 HOG = r"""
@@ -52,10 +62,10 @@ while off < limit:
 time.sleep(60)
 """
 
-# The baseline: what the original guard did, once a second.
-BASELINE = r"""
+# The baseline: what the original guard did, once a second (run in BASELINE's tree).
+LOOP = r"""
 import sys, time
-from dsv41.node.memguard import MemInfo, scan, kill_all
+from dsv41.memguard import MemInfo, scan, kill_all
 floor, mem = int(sys.argv[1]), MemInfo()
 print("ready", flush=True)
 while True:
@@ -65,18 +75,36 @@ while True:
     time.sleep(1)
 """
 
+# One trip's scan of the host's /proc: the best of 5, in ms (argv[1]: the module holding scan()).
+SCAN = r"""
+import importlib, sys, time
+scan = importlib.import_module(sys.argv[1]).scan
+best = float("inf")
+for _ in range(5):
+    t0 = time.perf_counter()
+    _, sizes = scan({"ab" * 32: 0})
+    best = min(best, time.perf_counter() - t0)
+print(best * 1000, len(sizes))
+"""
+
+
+def available():
+    """MemAvailable in bytes."""
+    with open("/proc/meminfo", "rb") as f:
+        data = f.read()
+    i = data.index(b"MemAvailable:") + 13
+    return int(data[i:data.index(b"\n", i)].split()[0]) * 1024
+
 
 def children(pid):
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def start_watcher(kind, floor, state):
-    """(unshare Popen, host pid of the watcher = PID 1 of its namespace)."""
-    cmd = ([sys.executable, "-m", "dsv41.node.memguard", "--floor-gib", repr(floor / GIB),
-            "--state-dir", state] if kind == "memguard" else
-           [sys.executable, "-c", BASELINE, str(floor)])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
-    env["PYTHONPATH"] = LIB
+def start_watcher(kind, floor, state, tree):
+    """(unshare Popen, host pid of the watcher = PID 1 of its namespace), importing dsv41 from tree/lib."""
+    cmd = ([sys.executable, "-m", GUARD, "--floor-gib", repr(floor / GIB), "--state-dir", state]
+           if kind == "memguard" else [sys.executable, "-c", LOOP, str(floor)])
+    env = baseline.env(tree, {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")})
     proc = subprocess.Popen([shutil.which("unshare"), "--pid", "--fork", "--mount-proc", "--kill-child",
                              *cmd], env=env, stdout=subprocess.PIPE, text=True)
     while "ready" not in (line := proc.stdout.readline()) and "memguard started" not in line:
@@ -90,11 +118,11 @@ def stop(proc):
     proc.wait()
 
 
-def one_reaction(kind):
-    avail0 = MEM.available()
+def one_reaction(kind, tree):
+    avail0 = available()
     floor = int(avail0 - HEADROOM)
     with tempfile.TemporaryDirectory() as state:
-        proc, wpid = start_watcher(kind, floor, state)
+        proc, wpid = start_watcher(kind, floor, state, tree)
         try:
             time.sleep(random.uniform(0.2, 1.2))  # any phase of the watcher's polling
             hog = subprocess.Popen([shutil.which("nsenter"), "--target", str(wpid), "--pid", "--",
@@ -138,7 +166,8 @@ def kill_time(kind, proc, state):
         if not line:
             raise RuntimeError(f"{kind} exited without a kill record")
     if kind == "memguard":
-        wall = datetime.datetime.fromisoformat(memguard.read_trip(state)["killed_at"]).timestamp()
+        marker = json.loads(Path(state, TRIP_MARKER).read_text())
+        wall = datetime.datetime.fromisoformat(marker["killed_at"]).timestamp()
     else:
         wall = float(line.split()[1])
     return wall - (time.time() - time.monotonic())
@@ -146,7 +175,7 @@ def kill_time(kind, proc, state):
 
 def settle(target):
     end = time.monotonic() + 10
-    while MEM.available() < target and time.monotonic() < end:
+    while available() < target and time.monotonic() < end:
         time.sleep(0.1)
 
 
@@ -160,22 +189,37 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])
 
 
+def scan_ms(tree, module):
+    """(best ms of one trip's scan of this host's /proc, processes seen) by tree's module."""
+    r = subprocess.run([sys.executable, "-c", SCAN, module], env=baseline.env(tree), capture_output=True,
+                       text=True)
+    if r.returncode:
+        raise SystemExit(f"bench_memguard: the scan of {module} failed: {' '.join(r.stderr.split())[-300:]}")
+    ms, n = r.stdout.split()
+    return float(ms), int(n)
+
+
 def main():
     if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
-        print("skipped: needs root, unshare and nsenter")
-        return
-    avail = MEM.available()
+        print("skipped: needs root, unshare and nsenter; no figures")
+        return 2
+    avail = available()
     if avail < 6 * GIB:
-        print(f"skipped: needs 6 GiB available, have {avail / GIB:.1f}")
-        return
+        print(f"skipped: needs 6 GiB available, have {avail / GIB:.1f}; no figures")
+        return 2
+    with baseline.checkout(BASELINE) as old:
+        return bench(avail, {"memguard": baseline.ROOT, "baseline": old})
 
+
+def bench(avail, trees):
+    """Every figure, the current guard from trees["memguard"], the 1 s loop from trees["baseline"]."""
     results = {}
     for kind in ("memguard", "baseline"):
         kills, gones = [], []
         for i in range(TRIALS):
             for _ in range(3):  # other work on this machine may free memory faster than the hog eats it
                 settle(avail - 0.25 * GIB)
-                r = one_reaction(kind)
+                r = one_reaction(kind, trees[kind])
                 if r != "floor not reached":
                     break
                 print(f"  {kind} trial {i + 1}: floor not reached (other work freed memory), again")
@@ -198,17 +242,18 @@ def main():
                   f"{'met' if pct(g, 95) < 0.2 and len(g) == TRIALS else 'MISSED'}")
 
     # A trip's /proc scan on this whole host (the namespaces above hold only a few processes).
-    t0 = time.perf_counter()
-    _, sizes = memguard.scan({"ab" * 32: 0})
-    ms = (time.perf_counter() - t0) * 1000
-    print(f"trip scan of this host's /proc ({len(sizes)} processes): {ms:.1f} ms")
+    ms, n = scan_ms(trees["memguard"], GUARD_SCAN)
+    first, _ = scan_ms(trees["baseline"], "dsv41.memguard")
+    print(f"trip scan of this host's /proc ({n} processes), best of 5: {ms:.1f} ms; the first guard's "
+          f"({BASELINE[:12]}): {first:.1f} ms; ratio {ms / first:.2f}x")
 
     span = 20
     with tempfile.TemporaryDirectory() as s1, tempfile.TemporaryDirectory() as s2:
-        avail = MEM.available()
-        runs = {"memguard, far from floor (floor 1 GiB)": start_watcher("memguard", GIB, s1),
-                "memguard, 1.5 GiB above floor": start_watcher("memguard", int(avail - 1.5 * GIB), s2),
-                "1 s polling loop (baseline)": start_watcher("baseline", GIB, None)}
+        avail = available()
+        runs = {"memguard, far from floor (floor 1 GiB)": start_watcher("memguard", GIB, s1, trees["memguard"]),
+                "memguard, 1.5 GiB above floor": start_watcher("memguard", int(avail - 1.5 * GIB), s2,
+                                                               trees["memguard"]),
+                "1 s polling loop (baseline)": start_watcher("baseline", GIB, None, trees["baseline"])}
         try:
             time.sleep(2)
             before = {k: cpu_ticks(pid) for k, (_, pid) in runs.items()}
@@ -222,7 +267,8 @@ def main():
         print(f"  {k:42s} {v:.2f}%")
     far = used["memguard, far from floor (floor 1 GiB)"]
     print(f"  target far from floor < 0.5%: {'met' if far < 0.5 else 'MISSED'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

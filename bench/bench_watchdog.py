@@ -2,7 +2,7 @@
 to the API generating again, for a killed worker rank and for a wedged engine, in the two-node lab with
 the stand-in engine and the default WATCHDOG_INTERVAL_S (15 s) and WATCHDOG_PROBE_S (60 s). The baseline
 is the fastest a person could do: a `doit launch` typed the moment the fault happens. Needs root and the
-lab; prints a reason and exits 0 otherwise."""
+lab; prints a reason and exits 2 otherwise (no figure is not a pass)."""
 import sys
 import time
 
@@ -25,7 +25,7 @@ def recovered(lab, since, timeout=600):
 def main():
     lab = launched()
     if lab is None:
-        return 0
+        return 2
     lab.on("head", f"rm -f {STATE}/incidents.jsonl {STATE}/watchdog.gaveup")
     lab.doit("launch")                                  # the default watchdog settings
     rows = []

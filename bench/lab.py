@@ -19,7 +19,7 @@ def launched():
     saying why, when the lab cannot run here."""
     why = missing()
     if why:
-        print(f"skipped: {why}")
+        print(f"skipped: {why}; no figures")
         return None
     try:
         up("bench")              # a lab of this checkout's; `make bench` takes down one it brought up
