@@ -269,12 +269,19 @@ def test_doit_config_names_the_profile_a_worker_came_from(tmp_path):
     assert r.stdout.split() == ["PORT", "8001", "(environment)", "r1.ip", "198.51.100.13", "(profile", "lab", "(R1_IP))"]
 
 
-def test_readme_settings_table_is_the_schema():
-    """README's settings table is made from the schema (`python -m dsv41.settings.schema` prints it)."""
+def test_the_settings_page_holds_exactly_the_schemas_table():
+    """docs/settings.md's table is made from the schema (`python -m dsv41.settings.schema` prints it): the
+    page holds that table whole and no other row, every setting with its type and accepted values."""
     from dsv41.settings import schema
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    assert schema.readme_table() in readme
-    assert all(f"| `{s.name}` |" in readme for s in schema.SETTINGS)
+    page = open(os.path.join(ROOT, "docs", "settings.md")).read().splitlines()
+    start = page.index("| name | type | range or choices | default | where | meaning |")
+    end = next((i for i in range(start, len(page)) if not page[i].startswith("|")), len(page))
+    assert "\n".join(page[start:end]) == schema.docs_table(), "run: python -m dsv41.settings.schema"
+    assert sum(line.startswith("| name | type |") for line in page) == 1
+    rows = {line.split(" | ")[0][3:-1]: line.split(" | ") for line in page[start + 2:end]}
+    for s in schema.SETTINGS:
+        assert rows[s.name][1] == schema.KIND_TYPES[s.kind] and rows[s.name][2], s.name
+    assert rows["PORT"][2] == "1 to 65535" and rows["MEMGUARD_MODE"][2] == "`enforce`, `observe`"
 
 
 def test_the_watchdog_settings_are_the_resolved_config_without_secrets(tmp_path):

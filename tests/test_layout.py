@@ -1,4 +1,4 @@
-"""The layout holds by test, not by discipline (README's "Layout" states the same rules): code shipped
+"""The layout holds by test, not by discipline (docs/layout.md states the same rules): code shipped
 to nodes (what core.cluster ships: dsv41/node/ and the shared modules) imports only the standard
 library and itself; client tools import only themselves and the shared modules; the settings
 (dsv41/settings/) import no head, client or engine code but the engine's own settings module; an
@@ -208,7 +208,7 @@ def test_the_import_graph_stays_small():
     assert len(chain) <= MAX_CHAIN, "longest import chain: " + " -> ".join(chain)
     assert arrows / count <= MAX_ARROWS_PER_MODULE, (
         f"{arrows} import arrows among {count} modules ({arrows / count:.2f} a module); keep dependencies few "
-        "(see README's layout)")
+        "(see docs/layout.md)")
 
 
 def test_the_verbs_stand_on_the_machinery():

@@ -265,7 +265,7 @@ def test_stop_leaves_nothing_running(lab, vllm):
     assert r.returncode == 3
 
 
-# The watchdog's short settings for these tests (the defaults are measured by the chaos soak: README).
+# The watchdog's short settings for these tests (the defaults are measured by the chaos soak: docs/faults.md).
 WATCHED = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "30", "WATCHDOG_PROBE_S": "20",
            "WATCHDOG_BACKOFF_S": "5", "WATCHDOG_MAX_RECOVERIES": "10", "SSH_TIMEOUT_S": "5"}
 HANG_BOUND_S = 30 + 20 + 5            # WATCHDOG_STALL_S + WATCHDOG_PROBE_S + one interval

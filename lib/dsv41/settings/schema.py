@@ -2,12 +2,12 @@
 where it may be set and what it means (settings/kinds.py says what a setting is and checks a value).
 The engine's own settings (its flags) are declared by its recipe's package (dsv41/vllm/settings.py)
 and join these in table(): layers.py checks the environment and every profile against that table, and
-`doit config`, README's settings table and bash completion are made from it.
+`doit config`, the settings page (docs/settings.md) and bash completion are made from it.
 
 Per-node values follow one scheme for any number of nodes: R<N>_IP, R<N>_IFNAME, R<N>_HCAS,
 R<N>_GID_INDEX, R<N>_MODEL_DIR for rank N, where HEAD_* is R0_* and WORKER_* is R1_*.
 
-    python -m dsv41.settings.schema          # prints README's settings table
+    python -m dsv41.settings.schema          # prints docs/settings.md's table (a test compares the two)
 """
 import re
 from typing import NamedTuple
@@ -187,7 +187,52 @@ def per_node_rank(var):
     return int(m.group(1)) if m.group(1) is not None else (0 if var.startswith("HEAD_") else 1)
 
 
-# ---- README's settings table ---------------------------------------------------------------------
+# ---- docs/settings.md's table -------------------------------------------------------------------
+
+KIND_TYPES = {"int": "integer", "float": "number", "floor": "number (GiB)", "bool": "boolean", "choice": "choice",
+              "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "path": "path",
+              "words": "shell words", "command": "command", "target": "ssh target", "targets": "ssh targets",
+              "list": "list", "caps": "list of integers", "image": "image reference", "ip": "IPv4 address",
+              "ifname": "interface name", "hcas": "list of RDMA devices"}
+# what a kind accepts, in words, when the setting itself does not say more (settings/kinds.py checks it)
+KIND_ACCEPTS = {
+    "bool": "1 or 0 (also true/false, yes/no, on/off); a profile writes true or false",
+    "secret": "any text; never printed",
+    "webhook": "an http:// or https:// URL",
+    "path": "an absolute path or one starting with `~/`",
+    "words": "shell words with balanced quotes; no `--api-key` or `--hf-token`",
+    "target": "`user@host` (the host alone too), neither starting with `-`; at most 255 characters",
+    "targets": "a comma list of distinct ssh targets, `user@a,user@b`",
+    "caps": "a comma list of positive whole numbers, e.g. `1,2,4,8`",
+    "image": "`name@sha256:<64 hex digits>`; a tag without a digest only with `ALLOW_UNPINNED_IMAGE`",
+    "ip": "an IPv4 address on the fabric network",
+    "ifname": "an interface name as `ip -br a` shows it (1 to 15 of letters, digits, `_ . : -`)",
+    "hcas": "a comma list of RDMA devices as `rdma link` shows them, e.g. `rocep1s0f1`",
+}
+
+
+def _num(x):
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def accepts(s):
+    """A setting's accepted values in words: its range, its choices or what its kind and pattern take."""
+    if s.kind == "int":
+        return f"{_num(s.lo)} to {_num(s.hi)}" if s.hi is not None else f"{_num(s.lo)} or more"
+    if s.kind == "float":
+        return f"more than {_num(s.lo)}, at most {_num(s.hi)}"
+    if s.kind == "floor":
+        return f"{_num(s.lo)} to {_num(s.hi)}"
+    if s.kind == "choice":
+        return ", ".join(f"`{c}`" for c in s.choices)
+    if s.kind == "list":
+        return "a comma list of " + ", ".join(f"`{c}`" for c in s.choices)
+    if s.kind in ("text", "command"):
+        said = s.expect or (f"matching `{s.pattern}`" if s.pattern else "any text")
+        return said.replace("|", "\\|")
+    words = KIND_ACCEPTS.get(s.kind, "")
+    return words + (" (or empty)" if s.kind == "path" and s.default == "" else "")
+
 
 def shown_default(s):
     if s.shown:
@@ -198,14 +243,19 @@ def shown_default(s):
         s.default, float) else str(s.default)
 
 
-def readme_table(engine=ENGINE):
-    """The markdown table README's "Settings" section holds (a test compares the two)."""
-    rows = ["| variable | default | where | meaning |", "| --- | --- | --- | --- |"]
-    rows += [f"| `{s.name}` | {shown_default(s)} | {s.where} | {s.help} |" for s in table(engine)]
-    rows += [f"| `R<N>_{k}` (`HEAD_{k}` = R0, `WORKER_{k}` = R1) | {p.shown} | environment, profile `[overrides]` "
-             f"| {p.help} |" for k, p in PER_NODE.items()]
+def docs_table(engine=ENGINE):
+    """The markdown table docs/settings.md holds (a test compares the two): every setting's name, type,
+    accepted values, default, where it may be set and meaning, then the per-node ones."""
+    def row(name, s, default, where):
+        return f"| {name} | {KIND_TYPES[s.kind]} | {accepts(s)} | {default} | {where} | {s.help} |"
+
+    rows = ["| name | type | range or choices | default | where | meaning |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    rows += [row(f"`{s.name}`", s, shown_default(s), s.where) for s in table(engine)]
+    rows += [row(f"`R<N>_{k}` (`HEAD_{k}` = R0, `WORKER_{k}` = R1)", Setting(k, p.kind, "", p.help, lo=p.lo, hi=p.hi),
+                 p.shown, "environment, profile `[overrides]`") for k, p in PER_NODE.items()]
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
-    print(readme_table())
+    print(docs_table())

@@ -60,8 +60,8 @@ A wedged engine takes no step, so it notices a lost rank only once unwedged.
 Chunked prefill: each step has a token budget, --max-num-batched-tokens (default 2048). Running
 requests take it first (one token each in decode, the next chunk of a prompt still in prefill), then
 waiting requests are admitted with what is left, so a prompt longer than the budget is prefilled over
-several steps. As measured on vLLM 0.32 (README, "Hangs: what moves during a long prefill"), only the
-KV-cache usage moves while a prompt is prefilled: vLLM records iteration stats from a step's outputs,
+several steps. As measured on vLLM 0.32 (docs/faults.md, "Hangs: what moves during a long prefill"), only
+the KV-cache usage moves while a prompt is prefilled: vLLM records iteration stats from a step's outputs,
 so vllm:prompt_tokens_total, vllm:generation_tokens_total and vllm:iteration_tokens_total (its _count)
 move only when the prefill is done and the first token comes out (one observation: the whole prompt
 plus that token). The KV-cache usage counts blocks of --block-size computed so far. Prompt tokens

@@ -16,7 +16,7 @@ What it does
     model's output is unchanged, but 12 and 4 divide by the tensor-parallel size 2. head_dim = 64
     is written into config.json explicitly (it no longer equals hidden_size / heads).
   * Checks in-process that the padded model's logits and greedy answer equal the original's.
-  * Lays the folder out like the real checkpoint (README, "The lab's real engine"):
+  * Lays the folder out like the real checkpoint (docs/lab.md, "The lab's real engine"):
         config.json, generation_config.json, tokenizer files (self-contained, HF_HUB_OFFLINE=1 works)
         model-0000{1..6}-of-00006.safetensors + model.safetensors.index.json
             shard 1: embeddings; shards 2..6: six decoder layers each; shard 6 also the final norm.
