@@ -274,3 +274,43 @@ def test_no_two_test_modules_share_a_name():
     for path in sorted((LIB.parent / "tests").rglob("test_*.py")):
         seen.setdefault(path.name, []).append(str(path.relative_to(LIB.parent)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def layout_tree(text):
+    """{path under lib/dsv41: times named} from docs/layout.md's tree: a name's indent (two spaces a
+    level below `lib/dsv41/`) places it in the folder above it; a line indented past column 12 goes on
+    describing the one before."""
+    block = text.split("```\n", 2)[1]
+    named, folders, inside = {}, [], False
+    for line in block.splitlines():
+        if line.startswith("lib/dsv41/"):
+            inside = True
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if not inside or indent == 0:
+            inside = False
+            continue
+        if indent > 12:
+            continue
+        depth = indent // 2
+        names = line.strip().split("  ")[0].split(", ")
+        del folders[depth - 1:]
+        for name in names:
+            if name.endswith("/"):
+                folders.append(name.rstrip("/"))
+            else:
+                path = "/".join([*folders, name])
+                named[path] = named.get(path, 0) + 1
+    return named
+
+
+def test_docs_layout_names_every_module_once():
+    named = layout_tree((LIB.parent / "docs" / "layout.md").read_text())
+    have = {str(p.relative_to(LIB / "dsv41")) for p in (LIB / "dsv41").rglob("*.py") if "__pycache__" not in p.parts}
+    assert {p for p in have if named.get(p) != 1} == set(), "named not once in docs/layout.md"
+    assert {p for p in named if p.endswith(".py")} - have == set(), "named in docs/layout.md but not a module"
+
+
+def test_the_tree_reader_sees_a_missing_and_a_twice_named_module():
+    text = "```\nlib/dsv41/\n  a.py  x\n  node/  y\n    b.py, a.py  z\n    c.py\n                 more on c\ndone\n```\n"
+    assert layout_tree(text) == {"a.py": 1, "node/b.py": 1, "node/a.py": 1, "node/c.py": 1}

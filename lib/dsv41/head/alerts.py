@@ -8,7 +8,7 @@ from dsv41.errors import UserError
 from dsv41.head.core import alertmanager as am
 from dsv41.head.core.silences import clock
 
-NOT_DELIVERED = 3                       # doit alerts test: an integration did not deliver (README)
+NOT_DELIVERED = 3                       # doit alerts test: an integration did not deliver (docs/operating.md)
 TEST_ALERT = "DSV41Test"                # alertmanager.yml routes it alone, at once
 TEST_WAIT_S = 40                        # Alertmanager gives up a delivery after 10 s; then a retry's margin
 

@@ -192,14 +192,14 @@ def monitoring(cfg, install=False):
     print(f"rendered into {out_dir(cfg)}:")
     print(f"  {CONFIG:<24} Prometheus: the engine at {engine_target(cfg)}, node_exporter on "
           + ", ".join(f"{n['name']} {n['target']}" for n in node_targets(cfg)))
-    print(f"  {RULES:<24} alert rules (README \"Monitoring\")")
+    print(f"  {RULES:<24} alert rules (docs/monitoring.md)")
     print(f"  {AM_CONFIG:<24} Alertmanager: alerts of cluster {cfg.cluster_name} to "
           + (", ".join(am.receivers(cfg)) or "nowhere") + " (mode 0600)")
     print(f"  {DASHBOARD:<24} Grafana dashboard: import it with a Prometheus data source")
     print(f"  {names.PROMETHEUS_UNIT:<24} and {names.ALERTMANAGER_UNIT}: the units --install runs")
     if not am.receivers(cfg):
         print("note: no alert receiver is set, alerts go nowhere (set ALERT_WEBHOOK_URL or ALERT_EMAIL_TO: "
-              "README \"Alerts\")")
+              "docs/monitoring.md)")
     if not cfg.metrics_dir:
         print("note: METRICS_DIR is not set: no node_exporter is enabled, and the guard and watchdog write no "
               "metrics (set it, e.g. METRICS_DIR=/var/lib/dsv41/metrics, and run `doit launch`)")

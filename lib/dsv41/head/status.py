@@ -1,6 +1,6 @@
 """doit status: every node's guard, rank unit, container and memory, the API's health, and the cluster's
 Health (core.health, as the watchdog, top and launch judge it) as one word and an exit code a monitor can
-use (core.health.WORDS; README lists them). A recovery under way is RECOVERING, with the step it is on.
+use (core.health.WORDS; docs/operating.md lists them). A recovery under way is RECOVERING, with the step it is on.
 The release in service, and one that failed after it, come from core.release_status."""
 import json as _json
 import time

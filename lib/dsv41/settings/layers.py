@@ -104,7 +104,7 @@ def _email(values):
     if values["ALERT_EMAIL_TO"]:
         for need in ("ALERT_SMTP_SMARTHOST", "ALERT_EMAIL_FROM"):
             if not values[need]:
-                raise ConfigError(f"ALERT_EMAIL_TO is set but {need} is empty: set it too (README \"Alerts\"), "
+                raise ConfigError(f"ALERT_EMAIL_TO is set but {need} is empty: set it too (docs/monitoring.md), "
                                   "or unset ALERT_EMAIL_TO")
     if bool(values["ALERT_SMTP_USER"]) != bool(values["ALERT_SMTP_PASSWORD_FILE"]):
         given, missing = (("ALERT_SMTP_USER", "ALERT_SMTP_PASSWORD_FILE") if values["ALERT_SMTP_USER"]
@@ -150,7 +150,7 @@ def _profile_layer(name, prof, changes, settings, engine):
                 raise ConfigError(f"{where}: {k} may be set only in the environment (a secret, or the profile's "
                                   "own name, never goes into a file)")
             raise ConfigError(f"{where}: unknown setting {k!r}{kinds.nearest(k, by_key)}: the settings "
-                              "are README's table in lower case; per-node values go under [overrides]")
+                              "are docs/settings.md's table in lower case; per-node values go under [overrides]")
         values[s.name] = kinds.toml_type(s, f"{where} {k}", v)
     return Layer(f"profile {name}", values, per_node)
 

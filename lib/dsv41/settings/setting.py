@@ -15,7 +15,7 @@ class Setting(NamedTuple):
     expect: str = ""          # text, words, list: what is accepted, in words
     choices: tuple = ()       # choice, list: the accepted words
     env_only: bool = False    # never in a file: secrets, the profile's own name
-    shown: str = ""           # README's default column when the default needs words
+    shown: str = ""           # docs/settings.md's default column when the default needs words
 
     @property
     def key(self):

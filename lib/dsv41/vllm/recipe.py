@@ -25,7 +25,7 @@ class Vllm(Recipe):
     series = SERIES
     work_metrics = (SERIES.running, SERIES.waiting)
     work_words = ("running", "waiting")
-    # What moves while the engine works. Measured (README, "Hangs: what moves during a long prefill"):
+    # What moves while the engine works. Measured (docs/faults.md, "Hangs: what moves during a long prefill"):
     # vLLM records iteration stats only for steps with output, so while a long prompt is prefilled chunk by
     # chunk alone, the token totals and the step count (the _count of the tokens-per-step histogram) stand
     # still and only the KV-cache use grows, block by block; with output, the step count and the token

@@ -1,6 +1,6 @@
 """vLLM's own settings: its flags as measured on two Sparks (serving-config.md), declared here once.
 The settings package checks them like dsv41's own (settings/kinds.py) and keeps their values in
-Config.engine; `doit config`, README's settings table and bash completion show them with the rest.
+Config.engine; `doit config`, docs/settings.md's table and bash completion show them with the rest.
 A profile sets them under their lower-case names (kv_bytes = ...) like any other setting."""
 from dsv41.settings.setting import Setting as S
 
