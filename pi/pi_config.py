@@ -66,6 +66,10 @@ def settings_from_env(env):
     if flag not in ("0", "1", "false", "true", "no", "yes", ""):
         raise UserError(f"SET_DEFAULT={flag!r}: use 1 (make dsv41-sparks Pi's start-up model) or 0")
     pi_dir = env.get("PI_CODING_AGENT_DIR") or os.path.join("~", ".pi", "agent")
+    full = os.path.normpath(os.path.expanduser(pi_dir))
+    if not os.path.isabs(full) or full in ("/", "//", os.path.expanduser("~")):
+        raise UserError(f"PI_CODING_AGENT_DIR={pi_dir!r} is not valid: give Pi's own folder as an absolute path "
+                        "or one starting with ~/, e.g. ~/.pi/agent")
     return {
         "max_len": int(max_len),
         "set_default": flag in ("1", "true", "yes"),

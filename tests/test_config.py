@@ -110,6 +110,25 @@ def test_bad_value_is_one_line_naming_the_variable(env, var, tmp_path):
     assert not (tmp_path / "state").exists()  # nothing touched
 
 
+SCATTERING = [("STATE_DIR", "/"), ("STATE_DIR", "~"), ("STATE_DIR", "$HOME/"), ("STATE_DIR", "/tmp/.."),
+              ("MODEL_DIR", "~/"), ("API_KEY_FILE", "api_key"), ("METRICS_DIR", "//"), ("IMAGE_FILE", "image"),
+              ("WORKER_MODEL_DIR", "$HOME"), ("R1_MODEL_DIR", "/"), ("R1_MODEL_DIR", "models")]
+
+
+@pytest.mark.parametrize("var,value", SCATTERING, ids=[f"{k}={v}" for k, v in SCATTERING])
+def test_a_path_that_would_scatter_state_is_refused_before_anything_is_written(var, value, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), var: value.replace("$HOME", str(home)), "WORKER": "u@w"}
+    r = subprocess.run(DOIT + ["config"], env={**os.environ, "STATE_DIR": str(home / "state"), **env},
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"dsv41: {var}=") and "is not valid: expected" in line, line
+    assert "/ or the home directory itself" in line or "an absolute path" in line, line
+    assert list(home.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
 def test_empty_worker_when_launch_needs_one(tmp_path):
     r = doit(["copy"], tmp_path, WORKER="")
     assert r.returncode != 0 and "WORKER is empty" in r.stderr and "Traceback" not in r.stderr

@@ -102,6 +102,17 @@ def test_settings_from_env():
         pi_config.settings_from_env({"SET_DEFAULT": "maybe"})
 
 
+@pytest.mark.parametrize("pi_dir", ["agent", "./x", "/", "~", "~/"])
+def test_a_pi_dir_that_would_scatter_its_files_is_one_line_and_creates_nothing(pi_dir, tmp_path, monkeypatch,
+                                                                               capsys):
+    monkeypatch.chdir(tmp_path)
+    code = pi_config.main(["--base-url", URL, "--pi-version", "1.6.0"], env={"PI_CODING_AGENT_DIR": pi_dir})
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"dsv41: PI_CODING_AGENT_DIR={pi_dir!r} is not valid: give Pi's own folder"), err
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------- lenient JSON
 
 def test_comments_and_trailing_commas_are_tolerated_and_strings_survive():

@@ -4,6 +4,7 @@ and what is accepted. The tables of settings are elsewhere: dsv41's own in setti
 engine's in its package (dsv41/vllm/settings.py)."""
 import difflib
 import ipaddress
+import os
 import re
 import shlex
 
@@ -106,13 +107,21 @@ def _webhook(s, label, v):
 
 def _path(s, label, v):
     """An absolute path or one starting with ~/ (as configured: each node resolves ~ against its home);
-    empty when the setting may be empty."""
+    empty when the setting may be empty. Never / or the home directory itself: what dsv41 keeps there
+    would be scattered among everything else."""
     v = v.strip()
     if not v and s.default == "":
         return ""
     if not v or "\n" in v or "\0" in v or not (v.startswith("/") or v == "~" or v.startswith("~/")):
         raise bad(label, v, "an absolute path or one starting with ~/ (spaces and quotes are fine)")
-    return v.rstrip("/") or "/"
+    if {_folder(v[1:] if v[0] == "~" else v), _folder(os.path.expanduser(v))} & {"/", _folder("~")}:
+        raise bad(label, v, "a folder of its own below / or ~, not / or the home directory itself, e.g. ~/dsv41")
+    return v.rstrip("/")
+
+
+def _folder(path):
+    """The folder a path names, ~ expanded and every `//`, `.` and `..` resolved (no symlink followed)."""
+    return "/" + os.path.normpath(os.path.expanduser(path) or "/").lstrip("/")
 
 
 def _words(s, label, v):
