@@ -202,6 +202,15 @@ def test_docker_run_argv_layout(cfg):
         vllm.docker_run_argv(cfg, spec, WORKER, paths)                   # worker without the head's ip
 
 
+@pytest.mark.parametrize("gpus,want", [("0,1", ["--gpus", '"device=0,1"']), ("", []), ("all", ["--gpus", "all"])])
+def test_gpus_reach_docker_run_as_a_device_list(gpus, want, tmp_path):
+    cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path), "GPUS": gpus})
+    argv = vllm.docker_run_argv(cfg, cfg.nodes[1], WORKER, {"model_dir": "/m", "state_dir": "/s"},
+                                master_addr=HEAD["ip"])
+    at = argv.index("--gpus") if "--gpus" in argv else None
+    assert (argv[at:at + 2] if at is not None else []) == want
+
+
 def test_small_builders():
     assert c.docker_pull("img@sha256:" + "a" * 64) == ["docker", "pull", "img@sha256:" + "a" * 64]
     assert c.docker_image_id("x") == ["docker", "image", "inspect", "--format", "{{.Id}}", "x"]

@@ -192,6 +192,32 @@ def test_the_guard_floor_has_one_rule():
         assert guard.parse_args(["--floor-gib", value], env={}).floor == int(float(value) * guard.GIB)
 
 
+HUGE = "99999999999999999999"
+OUT_OF_RANGE = [("KV_BYTES", HUGE, "a whole number from 1 to 137438953472"),
+                ("FREE_GIB_HEAD", HUGE, "a whole number from 0 to 65536"),
+                ("FREE_GIB_WORKER", HUGE, "a whole number from 0 to 65536"),
+                ("CAPS", HUGE, "a comma list of whole numbers from 1 to 8192"),
+                ("PORT", "\u0663", "a whole number from 1 to 65535"),          # an Arabic-Indic three
+                ("GPUS", "abc", "device numbers from 0 to 255"), ("GPUS", "-5", "device numbers"),
+                ("GPUS", "nan", "device numbers"), ("GPUS", "0,,1", "device numbers"),
+                ("GPUS", "256", "device numbers")]
+
+
+@pytest.mark.parametrize("var,value,says", OUT_OF_RANGE, ids=[f"{k}={v}" for k, v, _ in OUT_OF_RANGE])
+def test_every_number_has_a_range_and_says_it(var, value, says):
+    from dsv41.settings import schema
+    with pytest.raises(ConfigError, match=rf"^{var}='{value}' is not valid: expected .*{says}"):
+        load_config({var: value})
+    s = schema.BY_NAME[var]
+    row = schema.docs_table().split(f"| `{var}` |")[1].split("\n")[0]
+    assert f"{schema._num(s.lo)} to {schema._num(s.hi)}" in row
+
+
+def test_gpus_is_all_none_or_a_device_list_as_docker_takes_it():
+    assert [load_config({"GPUS": v}).gpus for v in ("all", "", "0", "1,0", "device=0,1", '"device=3"')] == [
+        "all", "", "device=0", '"device=0,1"', '"device=0,1"', "device=3"]
+
+
 def test_a_target_starting_with_a_dash_never_reaches_ssh():
     with pytest.raises(ConfigError, match=r"WORKER='-V' is not valid: .*do not start with '-'"):
         load_config({"WORKER": "-V"})

@@ -41,15 +41,18 @@ def bad(label, value, accepted):
     return ConfigError(f"{label}{sep}{shown!r} is not valid: expected {accepted}")
 
 
+def _num(x):
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _range(s):
-    return f" from {s.lo:g} to {s.hi:g}" if s.hi is not None else f" of at least {s.lo:g}"
+    return f" from {_num(s.lo)} to {_num(s.hi)}" if s.hi is not None else f" of at least {_num(s.lo)}"
 
 
 def _int(s, label, v):
-    try:
-        n = int(v.strip().replace("_", ""))
-    except ValueError:
-        raise bad(label, v, f"a whole number{_range(s)}") from None
+    if not re.fullmatch(r"[+-]?[0-9][0-9_]*", v.strip()):
+        raise bad(label, v, f"a whole number{_range(s)}")
+    n = int(v.strip().replace("_", ""))
     if n < s.lo or (s.hi is not None and n > s.hi):
         raise bad(label, v, f"a whole number{_range(s)}")
     return n
@@ -187,9 +190,21 @@ def _caps(s, label, v):
         sizes = sorted({int(x) for x in v.split(",") if x.strip()})
     except ValueError:
         sizes = []
-    if not sizes or sizes[0] < 1:
-        raise bad(label, v, "a comma list of positive whole numbers, e.g. 1,2,4,8")
+    if not sizes or sizes[0] < s.lo or sizes[-1] > s.hi:
+        raise bad(label, v, f"a comma list of whole numbers{_range(s)}, e.g. 1,2,4,8")
     return tuple(sizes)
+
+
+def _gpus(s, label, v):
+    """all, none (empty) or device numbers, written as docker run --gpus takes a device list."""
+    v = v.strip()
+    if v in ("", "all"):
+        return v
+    items = v.strip('"').removeprefix("device=").split(",")
+    if not all(re.fullmatch(r"[0-9]{1,3}", x.strip()) and int(x) <= s.hi for x in items):
+        raise bad(label, v, f"all, empty (no GPU) or device numbers{_range(s)} as a comma list, e.g. 0 or 0,1")
+    ids = ",".join(str(n) for n in sorted({int(x) for x in items}))
+    return f'"device={ids}"' if "," in ids else f"device={ids}"
 
 
 def _image(s, label, v):
@@ -218,7 +233,7 @@ def _hcas(s, label, v):
 
 KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice": _choice, "text": _text,
          "secret": _secret, "webhook": _webhook, "path": _path, "words": _words, "command": _command,
-         "target": _target, "targets": _targets, "list": _list, "caps": _caps, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
+         "target": _target, "targets": _targets, "list": _list, "caps": _caps, "gpus": _gpus, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
 # what a profile writes for each kind (TOML types); every other kind is a string
 HIDDEN_KINDS = ("secret", "webhook")     # `doit config` shows these as set or unset
 TOML_TYPES = {"int": (int,), "float": (int, float), "floor": (int, float), "bool": (bool,)}

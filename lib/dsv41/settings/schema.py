@@ -132,12 +132,13 @@ OWN = (
       lo=1, hi=7 * 24 * 60),
     S("ALERT_SILENCE_MAX_H", "int", 6, "a silence set by `doit stop` (or a restart) ends after at most this long",
       lo=1, hi=7 * 24),
-    S("FREE_GIB_HEAD", "int", 700, "free disk preflight wants on the head (a download plus reassembly)", lo=0),
-    S("FREE_GIB_WORKER", "int", 470, "free disk preflight wants on each worker", lo=0),
+    S("FREE_GIB_HEAD", "int", 700, "free disk preflight wants on the head (a download plus reassembly)", lo=0,
+      hi=65536),
+    S("FREE_GIB_WORKER", "int", 470, "free disk preflight wants on each worker", lo=0, hi=65536),
     S("SKIP_CHECKS", "list", "", "preflight checks to downgrade to WARN (comma list)", choices=CHECK_NAMES,
       shown="(none)"),
-    S("GPUS", "text", "all", "`docker run --gpus` value (empty: none, as in the lab)",
-      pattern=r'^[A-Za-z0-9=,:"-]+$', expect="docker run's --gpus value, e.g. all or device=0 (empty: none)"),
+    S("GPUS", "gpus", "all", "`docker run --gpus`: `all`, device numbers `0,1` (or `device=0,1`), empty: none "
+      "(as in the lab)", lo=0, hi=255),
     S("MEMLOCK", "text", "-1", "`docker run --ulimit memlock=` value", pattern=r"^(-1|\d+(:\d+)?)$",
       expect="-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes"),
     S("PRIVILEGED", "bool", True, "run the rank containers `--privileged`"),
@@ -192,7 +193,7 @@ def per_node_rank(var):
 KIND_TYPES = {"int": "integer", "float": "number", "floor": "number (GiB)", "bool": "boolean", "choice": "choice",
               "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "path": "path",
               "words": "shell words", "command": "command", "target": "ssh target", "targets": "ssh targets",
-              "list": "list", "caps": "list of integers", "image": "image reference", "ip": "IPv4 address",
+              "list": "list", "caps": "list of integers", "gpus": "GPU devices", "image": "image reference", "ip": "IPv4 address",
               "ifname": "interface name", "hcas": "list of RDMA devices"}
 # what a kind accepts, in words, when the setting itself does not say more (settings/kinds.py checks it)
 KIND_ACCEPTS = {
@@ -203,7 +204,6 @@ KIND_ACCEPTS = {
     "words": "shell words with balanced quotes; no `--api-key` or `--hf-token`",
     "target": "`user@host` (the host alone too), neither starting with `-`; at most 255 characters",
     "targets": "a comma list of distinct ssh targets, `user@a,user@b`",
-    "caps": "a comma list of positive whole numbers, e.g. `1,2,4,8`",
     "image": "`name@sha256:<64 hex digits>`; a tag without a digest only with `ALLOW_UNPINNED_IMAGE`",
     "ip": "an IPv4 address on the fabric network",
     "ifname": "an interface name as `ip -br a` shows it (1 to 15 of letters, digits, `_ . : -`)",
@@ -225,6 +225,10 @@ def accepts(s):
         return f"{_num(s.lo)} to {_num(s.hi)}"
     if s.kind == "choice":
         return ", ".join(f"`{c}`" for c in s.choices)
+    if s.kind == "caps":
+        return f"a comma list of whole numbers {_num(s.lo)} to {_num(s.hi)}, e.g. `1,2,4,8`"
+    if s.kind == "gpus":
+        return f"`all`, empty (no GPU), or device numbers {_num(s.lo)} to {_num(s.hi)} as a comma list, e.g. `0,1`"
     if s.kind == "list":
         return "a comma list of " + ", ".join(f"`{c}`" for c in s.choices)
     if s.kind in ("text", "command"):

@@ -8,14 +8,14 @@ GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEW
 SECRET_ENV = ("VLLM_API_KEY",)        # the engine's variables that carry a secret: never in a unit file
 
 SETTINGS = (
-    S("KV_BYTES", "int", 2700000000, "KV cache bytes (fp8; 2,023,717 tokens)", lo=1),
+    S("KV_BYTES", "int", 2700000000, "KV cache bytes (fp8; 2,023,717 tokens)", lo=1, hi=128 * 2**30),
     S("MAX_LEN", "int", 262144, "max model length", lo=16, hi=16_777_216),
     S("MAX_SEQS", "int", 2, "max concurrent sequences", lo=1, hi=1024),
     S("NSPEC", "int", 7, "DSpark speculative draft tokens", lo=0, hi=32),
     S("BATCH", "int", 2048, "max batched tokens", lo=1, hi=1_048_576),
     S("GPU_UTIL", "float", 0.88, "GPU memory utilisation", lo=0, hi=1),
     S("GRAPH_MODE", "choice", "FULL_DECODE_ONLY", "CUDA graph mode", choices=GRAPH_MODES),
-    S("CAPS", "caps", "", "CUDA graph capture sizes, comma list", shown="derived (1..8,12,16)"),
+    S("CAPS", "caps", "", "CUDA graph capture sizes, comma list", lo=1, hi=8192, shown="derived (1..8,12,16)"),
     S("EXTRA", "words", "", "extra vLLM arguments for rank 0 (shell words; no secrets)", shown="(none)"),
     S("ENGINE_CMD", "command", "vllm serve", "the serving image's server command (the rank containers' "
       "entrypoint)", expect="the serving image's command, e.g. vllm serve"),
