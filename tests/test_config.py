@@ -213,6 +213,22 @@ def test_every_number_has_a_range_and_says_it(var, value, says):
     assert f"{schema._num(s.lo)} to {schema._num(s.hi)}" in row
 
 
+@pytest.mark.parametrize("var", ["SERVED_MODEL_NAME", "MEMLOCK", "HF_REPO", "PLAN_NAME", "WATCHDOG", "PRIVILEGED"])
+def test_an_empty_value_that_means_nothing_is_one_line(var, tmp_path):
+    r = doit(["config"], tmp_path, **{var: ""})
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"dsv41: {var}='' is not valid: expected "), line
+    assert not (tmp_path / "state").exists()
+
+
+def test_an_empty_value_with_a_documented_meaning_is_kept():
+    cfg = load_config({k: "" for k in ("GPUS", "EXTRA", "CAPS", "REVISION", "SSH_OPTS")})
+    assert (cfg.gpus, cfg.engine_value("EXTRA"), cfg.revision, cfg.ssh_opts) == ("", (), "", ())
+    e = cfg.engine_settings()
+    assert e.caps == capture_sizes(e.max_seqs, e.nspec)
+
+
 def test_gpus_is_all_none_or_a_device_list_as_docker_takes_it():
     assert [load_config({"GPUS": v}).gpus for v in ("all", "", "0", "1,0", "device=0,1", '"device=3"')] == [
         "all", "", "device=0", '"device=0,1"', '"device=0,1"', "device=3"]

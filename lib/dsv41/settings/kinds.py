@@ -79,7 +79,7 @@ def _bool(s, label, v):
     low = v.strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True
-    if low in ("0", "false", "no", "off", ""):
+    if low in ("0", "false", "no", "off"):
         return False
     raise bad(label, v, "1 or 0 (true/false)")
 
@@ -91,8 +91,9 @@ def _choice(s, label, v):
 
 
 def _text(s, label, v):
+    """Empty only where the default is: an empty model name or memlock value means nothing."""
     v = v.strip()
-    if v and not re.match(s.pattern, v):
+    if (v or s.default != "") and not re.match(s.pattern, v):
         raise bad(label, v, s.expect)
     return v
 

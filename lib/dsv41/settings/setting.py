@@ -11,7 +11,7 @@ class Setting(NamedTuple):
     help: str
     lo: float | None = None   # int, float: the accepted range
     hi: float | None = None
-    pattern: str = ""         # text: a regular expression the value matches (empty is always accepted)
+    pattern: str = ""         # text: a regular expression the value matches (empty: only when the default is)
     expect: str = ""          # text, words, list: what is accepted, in words
     choices: tuple = ()       # choice, list: the accepted words
     env_only: bool = False    # never in a file: secrets, the profile's own name
