@@ -287,6 +287,13 @@ INPUTS = [   # (id, profile files {name: bytes}, environment, what the one line 
     ("EXTRA --api-key", {}, {"EXTRA": "--api-key sk-123"}, "EXTRA carries --api-key: a secret never goes into a unit file"),
     ("EXTRA --api-key=", {}, {"EXTRA": "--max-num-seqs 2 --api-key=sk-123"}, "EXTRA carries --api-key"),
     ("profile name", {}, {"DSV41_PROFILE": "../etc"}, "DSV41_PROFILE='../etc' is not valid"),
+    ("profile value the environment overrides", {"p": b"port = 99999\n"}, {"PORT": "8001"},
+     "conf/p.toml port = '99999' is not valid: expected a whole number from 1 to 65535"),
+    ("base profile value overridden", {"p": b'base = "q"\nplan_name = "x.json"\n', "q": b'plan_name = "x y"\n'}, {},
+     "conf/q.toml plan_name = 'x y' is not valid"),
+    ("profile worker the environment overrides", {"p": b'worker = "-V"\n'}, {"WORKER": "u@w"},
+     "conf/p.toml worker = '-V' is not valid"),
+    ("HEAD_IP beside R0_IP", {}, {"R0_IP": "10.0.0.1", "HEAD_IP": "10.0.0"}, "HEAD_IP='10.0.0' is not valid"),
 ]
 
 

@@ -34,7 +34,9 @@ def load_config(env=None, engine=schema.ENGINE):
     for s in settings:
         if s.name in ("WORKER", "WORKERS") or s.env_only:
             continue
-        layer = next(la for la in reversed(layers) if s.name in la.values)
+        *below, layer = [la for la in layers if s.name in la.values]
+        for la in below:                                # checked too, though a later layer overrides it
+            kinds.parse(s, la.label(s), la.values[s.name])
         values[s.name] = kinds.parse(s, layer.label(s), layer.values[s.name])
         sources[s.key] = layer.source
     values["HF_TOKEN"] = str(env.get("HF_TOKEN", ""))
@@ -186,6 +188,10 @@ def _engine_change(where, table, key, value, engine):
 
 def _workers(layers, values, sources):
     """The worker targets from the highest layer that sets WORKER or WORKERS (both in one layer: refused)."""
+    for la in layers:                                   # each layer's, checked though a later one overrides it
+        for k in ("WORKER", "WORKERS"):
+            if k in la.values:
+                kinds.parse(schema.BY_NAME[k], la.label(schema.BY_NAME[k]), la.values[k])
     layer = next(la for la in reversed(layers) if "WORKER" in la.values or "WORKERS" in la.values)
     given = [k for k in ("WORKER", "WORKERS") if str(layer.values.get(k, "")).strip()]
     if len(given) == 2:
@@ -276,6 +282,8 @@ def _nodes(layers, targets, worker_model_dir, sources):
             if la.source == "environment" and schema.per_node_rank(var) >= count:
                 raise ConfigError(f"{var} is set but there is no rank {schema.per_node_rank(var)}: ranks are "
                                   f"r0 (head) to r{count - 1}; check WORKER/WORKERS")
+            if la.source == "environment":              # HEAD_IP is checked though R0_IP wins
+                kinds.parse(schema.per_node_setting(var), var, la.per_node[var])
 
     def per_rank(rank, key):
         names_ = [f"R{rank}_{key}"] + {0: ["HEAD_" + key], 1: ["WORKER_" + key]}.get(rank, [])
