@@ -16,10 +16,12 @@ from dsv41.head import (alerts, completion, config, copy_checkpoint, download, f
                         incident_log, launch, logs, monitoring, pi, plan, releases, render, smoke_bench, status,
                         stop)
 from dsv41.head.core import image, preflight, verify  # noqa: E402
-from dsv41.head.core.doit_setup import Reporter, SizeMtimeChecker, action, quiet_on_closed_pipe  # noqa: E402
+from dsv41.head.core.doit_setup import (Reporter, SizeMtimeChecker, action, bad_options_exit_2,  # noqa: E402
+                                        quiet_on_closed_pipe)
 from dsv41.settings.layers import load_config  # noqa: E402
 
 quiet_on_closed_pipe()                  # `doit ... | head -1` ends quietly, as head expects
+bad_options_exit_2()                    # `doit status --bogus` is bad input (2), not NOT RUNNING (3)
 try:
     CFG = load_config()
 except UserError as err:

@@ -129,6 +129,21 @@ def test_a_path_that_would_scatter_state_is_refused_before_anything_is_written(v
     assert list(home.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
 
 
+BAD_OPTIONS = [(["status", "--bogus"], "dsv41: status: option --bogus not recognized: `doit help status` lists"),
+               (["top", "--interval", "abc"], "dsv41: top: Error parsing parameter 'interval'"),
+               (["logs", "-n"], "dsv41: logs: option -n requires argument"),
+               (["statsu"], 'dsv41: Invalid parameter: "statsu". Must be a command, task, or a target.')]
+
+
+@pytest.mark.parametrize("args,says", BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_a_bad_task_option_is_bad_input_not_a_cluster_state(args, says, tmp_path):
+    """doit returns 3 for these, which `doit status` means as NOT RUNNING."""
+    r = doit(args, tmp_path)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith(says), line
+
+
 def test_empty_worker_when_launch_needs_one(tmp_path):
     r = doit(["copy"], tmp_path, WORKER="")
     assert r.returncode != 0 and "WORKER is empty" in r.stderr and "Traceback" not in r.stderr

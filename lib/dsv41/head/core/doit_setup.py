@@ -4,8 +4,9 @@ import os
 import sys
 
 from doit.cmd_base import DoitCmdBase
+from doit.cmdparse import CmdParseError
 from doit.dependency import FileChangedChecker
-from doit.exceptions import TaskFailed
+from doit.exceptions import InvalidCommand, TaskFailed
 from doit.reporter import ConsoleReporter
 
 from dsv41.errors import QuietPipe, UserError, one_line
@@ -51,12 +52,43 @@ def quiet_on_closed_pipe():
     command that is loading it is given the QuietPipe too."""
     if not isinstance(sys.stdout, QuietPipe):
         sys.stdout = QuietPipe(sys.stdout)
+    for cmd in _loading_commands():
+        cmd.outstream = sys.stdout
+
+
+def _loading_commands():
+    """The doit commands on the stack: the one loading dodo.py."""
     frame = sys._getframe(1)
     while frame is not None:
         cmd = frame.f_locals.get("self")
         if isinstance(cmd, DoitCmdBase):
-            cmd.outstream = sys.stdout
+            yield cmd
         frame = frame.f_back
+
+
+def bad_options_exit_2():
+    """A task option doit cannot parse (`doit status --bogus`, `doit top --interval x`) or a task it does
+    not know is bad input: one line and exit 2. doit itself returns 3 for them, which `doit status`
+    means as NOT RUNNING. (doit's own options, before the task name, are parsed before dodo.py loads.)"""
+    for cmd in _loading_commands():
+        if "_execute" in type(cmd).__dict__:
+            cmd._execute = _checked(cmd, cmd._execute)
+
+
+def _checked(cmd, execute):
+    @functools.wraps(execute)
+    def run(*args, **kwargs):
+        try:
+            return execute(*args, **kwargs)
+        except (CmdParseError, InvalidCommand) as err:
+            msg = one_line(str(err).split(" (parsing options:")[0].removeprefix("Error parsing Task: "), 400)
+            task = (getattr(cmd, "sel_tasks", None) or ["TASK"])[0]
+            if isinstance(err, InvalidCommand):
+                print(f"dsv41: {msg}", file=sys.stderr)
+            else:
+                print(f"dsv41: {task}: {msg}: `doit help {task}` lists its options", file=sys.stderr)
+            raise SystemExit(2) from None
+    return run
 
 
 def action(func, *, name=None, lock_dir=None):
