@@ -46,7 +46,7 @@ def test_server_500_mid_run_keeps_partial_results(standin, tmp_path):
     out = tmp_path / "b.json"
     r = run_cli("bench", "--url", url, "--out", str(out), "--prefill", "32", "--reps", "1",
                 "--conc", "1", "2", "--kinds", "code")
-    assert r.returncode == 2
+    assert r.returncode == 3
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41:")]
     assert len(errors) == 1 and "decode code c2" in errors[0] and "HTTP 500" in errors[0], r.stderr
     data = json.loads(out.read_text())
@@ -69,7 +69,7 @@ def test_422_on_optional_field_is_retried_without_it(standin, tmp_path):
 
 def test_unreachable_url_is_one_line(tmp_path):
     r = run_cli("bench", "--url", f"127.0.0.1:{free_port()}", "--out", str(tmp_path / "b.json"))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot reach" in r.stderr, r.stderr
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "cannot reach" in r.stderr, r.stderr
 
 
 def test_out_is_required(tmp_path):
@@ -201,7 +201,7 @@ def test_a_silent_server_is_cut_at_the_deadline(standin, tmp_path):
     out = tmp_path / "b.json"
     r = run_cli("bench", "--url", url, "--out", str(out), "--prefill", "32", "--request-timeout-s", "1")
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41:")]
-    assert r.returncode == 2 and len(errors) == 1, r.stderr
+    assert r.returncode == 3 and len(errors) == 1, r.stderr
     assert "prefill 32: no token within 1 s" in errors[0] and "raise --request-timeout-s" in errors[0]
     assert "no token within 1 s" in json.loads(out.read_text())["error"]
 

@@ -12,6 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from oddserver import OddServer
+from servers import standin  # noqa: F401  (a fixture)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEADLINE = 3
 MARGIN = 3          # python's start-up, imports and the exit
@@ -100,7 +103,7 @@ def test_bench_ends_within_its_deadline(server, tmp_path):
     kind, port = server
     r, took = timed("dsv41.client.bench", "--url", f"http://127.0.0.1:{port}/v1", "--out", "b.json",
                     "--prefill", "64", "--conc", "1", "--request-timeout-s", str(DEADLINE), tmp_path=tmp_path)
-    assert r.returncode == 2 and took < DEADLINE + MARGIN, (kind, took, r.stderr)
+    assert r.returncode == 3 and took < DEADLINE + MARGIN, (kind, took, r.stderr)
     assert "within 3 s" in r.stderr and "Traceback" not in r.stderr
     assert ("/tokenize" in r.stderr) == (kind == "no-tokenize"), r.stderr
 
@@ -110,6 +113,31 @@ def test_smoke_ends_within_its_deadline(server, tmp_path):
     r, took = timed("dsv41.client.smoke", f"http://127.0.0.1:{port}/v1", "--request-timeout-s", str(DEADLINE),
                     tmp_path=tmp_path)
     assert took < (DEADLINE + MARGIN) * (1 if kind != "no-tokenize" else 6), (kind, took, r.stderr)
-    assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode in (1, 3) and "Traceback" not in r.stderr, r.stderr
     if kind != "no-tokenize":                # the model check itself is bounded
-        assert r.returncode == 2 and "timed out: no complete answer within 3 s" in r.stderr, r.stderr
+        assert r.returncode == 3 and "timed out: no complete answer within 3 s" in r.stderr, r.stderr
+
+
+def test_smoke_ends_within_its_whole_run_deadline_against_a_trickling_chat(tmp_path):
+    """/v1/models answers at once, every chat request trickles a byte every 0.5 s: each check alone
+    would take its whole --request-timeout-s."""
+    with OddServer({"data": [{"id": "m"}]}, trickle=0.5) as srv:
+        r, took = timed("dsv41.client.smoke", srv.url, "--request-timeout-s", "2", "--deadline-s", str(DEADLINE),
+                        "--json", tmp_path=tmp_path)
+    out = json.loads(r.stdout)
+    checks = {c["check"]: c for c in out["checks"]}
+    assert r.returncode == 1 and took < DEADLINE + MARGIN, (took, r.stderr)
+    assert list(checks) == ["text", "tools", "vision", "reasoning", "stream"]
+    assert checks["text"]["evidence"] == "no answer within 2 s (--request-timeout-s)"
+    assert checks["stream"]["evidence"] == "the run's 3 s deadline passed (--deadline-s)", checks
+
+
+def test_bench_ends_within_its_whole_run_deadline_with_results_so_far(standin, tmp_path):
+    srv, url = standin
+    srv.ttft, srv.itl, srv.tokens = 1.2, 0.001, 3     # each prefill run well within its own deadline
+    r, took = timed("dsv41.client.bench", "--url", url, "--out", "b.json", "--prefill", "32", "--reps", "5",
+                    "--conc", "1", "--request-timeout-s", "2", "--deadline-s", str(DEADLINE), tmp_path=tmp_path)
+    assert r.returncode == 3 and took < DEADLINE + MARGIN, (took, r.stderr)
+    [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41:")]
+    assert "bench stopped at prefill 32: the run's deadline of 3 s passed (--deadline-s)" in line, line
+    assert "the run's deadline" in json.loads((tmp_path / "b.json").read_text())["error"]

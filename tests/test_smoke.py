@@ -11,6 +11,7 @@ from dsv41.client.api import load_key, normalize_base
 from dsv41.errors import UserError
 from dsv41.client.smoke import CHECKS, TEXT_PROMPT, red_blue_png
 from dsv41.client.smoke import run_smoke
+from oddserver import OddServer
 from servers import free_port, llama, run_cli, standin, tfserve  # noqa: F401  (fixtures)
 
 LINE = re.compile(r"^(text|tools|vision|reasoning|stream)\s+(PASS|FAIL|SKIP) (.+)$")
@@ -111,7 +112,7 @@ def test_smoke_key_file(llama, tmp_path):
 def test_smoke_unreachable_is_one_line():
     url = f"http://127.0.0.1:{free_port()}"
     r = run_cli("smoke", url)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot reach" in r.stderr, r.stderr
+    assert r.returncode == 3 and r.stderr.count("\n") == 1 and "cannot reach" in r.stderr, r.stderr
 
 
 @pytest.mark.servers
@@ -176,3 +177,50 @@ def test_smoke_json_shape_is_pinned(standin):
     out = json.loads(r.stdout)
     assert r.returncode == 2 and out["schema"] == "dsv41.smoke/1" and out["checks"] == [] and out["ok"] is False
     assert set(out) == {"schema", "url", "model", "ok", "error", "checks"} and "'standin'" in out["error"]
+
+
+MODELS = {"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}
+ANSWER = {"choices": [{"message": {"role": "assistant", "content": "391"}, "finish_reason": "stop"}]}
+
+
+@pytest.mark.parametrize("models", [[{"id": "m"}], 7, {"data": 5}, {"data": "m"}],
+                         ids=["array", "number", "data number", "data string"])
+def test_a_models_answer_of_another_shape_is_one_line_and_a_server_fault(models, tmp_path):
+    with OddServer(models) as srv:
+        smoke = run_cli("smoke", srv.url)
+        bench = run_cli("bench", "--url", srv.url, "--out", str(tmp_path / "b.json"))
+    for r in (smoke, bench):
+        assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+        [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41:")]
+        assert "is this an OpenAI-compatible API?" in line or "lists no model" in line, line
+
+
+ODD_STREAM = (b'data: {"choices": 5, "usage": "x"}\n\ndata: [1, 2]\n\ndata: "text"\n\n'
+              b'data: {"choices": [{"delta": {"tool_calls": [5, {"function": "f"}]}, "finish_reason": {"a": 1}}]}\n\n'
+              b'data: {"choices": [{"delta": [1], "text": 5}], "usage": {"completion_tokens": "many"}}\n\n'
+              b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("chat", [{"choices": "nope", "usage": [1]}, {"choices": [5]},
+                                  {"choices": [{"message": {"content": {"x": 1}, "tool_calls": [5]}}], "usage": "x"},
+                                  {"choices": [{"message": {"tool_calls": [{"function": {"name": 5}}]}}]}])
+def test_answers_of_another_shape_fail_their_checks_without_a_traceback(chat, tmp_path):
+    with OddServer(MODELS, chat=chat, stream=ODD_STREAM) as srv:
+        smoke = run_cli("smoke", srv.url, "--json")
+        bench = run_cli("bench", "--url", srv.url, "--out", str(tmp_path / "b.json"), "--prefill", "32",
+                        "--reps", "1", "--conc", "1")
+    out = json.loads(smoke.stdout)
+    assert smoke.returncode == 1 and "Traceback" not in smoke.stderr, smoke.stderr
+    assert [c["check"] for c in out["checks"]] == list(CHECKS) and out["checks"][0]["status"] == "FAIL"
+    assert bench.returncode == 3 and "Traceback" not in bench.stderr, bench.stderr
+    assert "prefill 32: the stream ended without a token" in bench.stderr
+
+
+def test_a_stream_cut_mid_message_fails_that_check_and_keeps_every_other(tmp_path):
+    with OddServer(MODELS, chat=ANSWER, stream=b'data: {"choices": [{"delta": {"content": "39', cut=True) as srv:
+        r = run_cli("smoke", srv.url, "--json")
+    out = json.loads(r.stdout)
+    checks = {c["check"]: c for c in out["checks"]}
+    assert r.returncode == 1 and list(checks) == list(CHECKS) and out["error"] is None, r.stderr
+    assert checks["text"]["status"] == "PASS" and checks["tools"]["status"] == "FAIL"
+    assert checks["stream"]["status"] == "FAIL" and "broke" in checks["stream"]["evidence"], checks["stream"]

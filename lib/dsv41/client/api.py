@@ -18,16 +18,31 @@ READ_TIMEOUT = 1800  # each call's deadline: a 262k-token prefill on a busy serv
 HEALTH_TIMEOUT = 5
 
 
-class ApiError(UserError):
-    """The server answered with an error status (or an error event in a stream)."""
+SERVER_FAULT = 3     # smoke's and bench's exit code when the server cannot be used (2: bad input)
+
+
+class ServerFault(UserError):
+    """The server cannot be used: not reachable, not an OpenAI-compatible answer, no answer in time."""
+
+    exit_code = SERVER_FAULT
+
+
+class ApiError(ServerFault):
+    """The server answered with an error status (or an error event in a stream); a rejected key is
+    bad input (exit 2): the key is the user's to fix."""
 
     def __init__(self, message, status=None):
         super().__init__(message)
         self.status = status
+        self.exit_code = 2 if status in (401, 403) else SERVER_FAULT
 
 
-class TimedOut(UserError):
+class TimedOut(ServerFault):
     """The server sent nothing for the read timeout (or a request's deadline)."""
+
+
+class RunDeadline(TimedOut):
+    """The whole run's deadline (--deadline-s) passed."""
 
 
 def normalize_base(url):
@@ -74,10 +89,11 @@ def load_key(key_file=None, env=None):
     return key
 
 
-def check_request_timeout(seconds):
-    """--request-timeout-s of smoke and bench: a positive number of seconds."""
-    if not seconds > 0:
-        raise UserError(f"--request-timeout-s {seconds:g}: give a positive number of seconds, e.g. 600")
+def check_request_timeout(seconds, deadline_s=None):
+    """--request-timeout-s and --deadline-s of smoke and bench: positive numbers of seconds."""
+    for flag, value in (("--request-timeout-s", seconds), ("--deadline-s", deadline_s)):
+        if value is not None and not 0 < value < float("inf"):
+            raise UserError(f"{flag} {value:g}: give a positive number of seconds, e.g. 600")
 
 
 @dataclass
@@ -168,10 +184,25 @@ class Client:
     """Small OpenAI-compatible client. Each call opens its own connection, so threads may share it.
     Every call ends within read_timeout seconds of wall time (connect and every read together)."""
 
-    def __init__(self, url, key=None, read_timeout=READ_TIMEOUT):
+    def __init__(self, url, key=None, read_timeout=READ_TIMEOUT, deadline_s=None):
         self.base = normalize_base(url)
         self.key = key
         self.read_timeout = read_timeout
+        self.deadline_s = deadline_s            # the whole run's, over every call; None: each call's only
+        self.ends_at = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def budget(self, seconds):
+        """`seconds`, or less so that the call ends by the run's deadline; RunDeadline once it passed."""
+        if self.ends_at is None:
+            return seconds
+        left = self.ends_at - time.monotonic()
+        if left <= 0:
+            raise RunDeadline(f"the run's deadline of {self.deadline_s:g} s passed (--deadline-s)")
+        return min(seconds, left)
+
+    @property
+    def past_deadline(self):
+        return self.ends_at is not None and time.monotonic() >= self.ends_at - 0.05
 
     def headers(self):
         h = {"Content-Type": "application/json"}
@@ -184,14 +215,14 @@ class Client:
         up to the response's headers (Client.stream bounds the body), else the whole body. root: the
         path is under the server's root, not /v1."""
         url = (self.base[: -len("/v1")] if root else self.base) + path
-        limit = read_timeout or self.read_timeout
+        limit = self.budget(read_timeout or self.read_timeout)
         try:
             resp = bounded(lambda: requests.request(method, url, headers=self.headers(), json=body, stream=stream,
                                                     timeout=(min(CONNECT_TIMEOUT, limit), limit)),
                            limit, f"{method} {url}")
         except requests.exceptions.ConnectionError as err:
             why = "connection refused" if "refused" in str(err).lower() else one_line(err, 120)
-            raise UserError(f"cannot reach {self.base} ({why}): is the server running and the URL right?") from None
+            raise ServerFault(f"cannot reach {self.base} ({why}): is the server running and the URL right?") from None
         except requests.exceptions.Timeout:
             raise TimedOut(f"{method} {url} timed out: the server did not answer") from None
         if resp.status_code in (401, 403):
@@ -206,34 +237,28 @@ class Client:
         return resp
 
     def get_json(self, path):
-        resp = self._request("GET", path)
-        try:
-            return resp.json()
-        except ValueError:
-            raise UserError(f"GET {self.base}{path} did not return JSON: is this an OpenAI-compatible API?") from None
+        return _object(self._request("GET", path), f"GET {self.base}{path}")
 
     def post_json(self, path, body, optional=(), root=False):
         """POST; on HTTP 422 (unknown field) retry once without the `optional` fields."""
-        resp = self._with_retry(path, body, optional, stream=False, root=root)
-        try:
-            return resp.json()
-        except ValueError:
-            raise UserError(f"POST {self.base}{path} did not return JSON") from None
+        return _object(self._with_retry(path, body, optional, stream=False, root=root), f"POST {self.base}{path}")
 
     def models(self):
         return [m["id"] for m in self.model_entries()]
 
     def model_entries(self):
         """The /v1/models entries that have an id (vLLM's also carry max_model_len)."""
-        data = self.get_json("/models").get("data") or []
-        return [m for m in data if isinstance(m, dict) and m.get("id")]
+        data = self.get_json("/models").get("data")
+        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]] if isinstance(
+            data, list) else []
 
     def served_model(self, model=None):
         """The /v1/models entry of `model` (default: the first listed). A model the server does not
         list is a UserError naming the ones it does."""
         entries = self.model_entries()
         if not entries:
-            raise UserError(f"{self.base}/models lists no model: is the server still loading it?")
+            raise ServerFault(f"{self.base}/models lists no model: is the server still loading it, and is it "
+                              "an OpenAI-compatible API?")
         if model is None:
             return entries[0]
         for m in entries:
@@ -286,7 +311,7 @@ class Client:
         body = dict(body, stream=True)
         body.setdefault("stream_options", {"include_usage": True})
         s = Stream(t_start=time.perf_counter())
-        deadline_s = min(self.read_timeout, deadline_s or self.read_timeout)
+        deadline_s = self.budget(min(self.read_timeout, deadline_s or self.read_timeout))
         at = s.t_start + deadline_s
         try:
             resp = self._with_retry(path, body, optional, stream=True, read_timeout=deadline_s)
@@ -304,7 +329,7 @@ class Client:
                 try:
                     obj = json.loads(data)
                 except ValueError:
-                    raise UserError(f"bad SSE message from {path}: {one_line(data, 120)}") from None
+                    raise ServerFault(f"bad SSE message from {path}: {one_line(data, 120)}") from None
                 if not isinstance(obj, dict):
                     continue
                 if obj.get("error"):
@@ -312,10 +337,10 @@ class Client:
                     msg = err.get("message") if isinstance(err, dict) else err
                     raise ApiError(f"{path} stream reported an error: {one_line(msg, 200)}")
                 s.messages += 1
-                if obj.get("usage"):
+                if isinstance(obj.get("usage"), dict):
                     s.usage = obj["usage"]
-                choices = obj.get("choices") or []
-                if not choices:
+                choices = obj.get("choices")
+                if not (isinstance(choices, list) and choices and isinstance(choices[0], dict)):
                     continue
                 s.t_last = t
                 if _absorb(s, choices[0]):
@@ -326,7 +351,7 @@ class Client:
                             break
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as err:
             if time.perf_counter() < at:
-                raise UserError(f"the stream from {self.base}{path} broke: {one_line(err, 150)}") from None
+                raise ServerFault(f"the stream from {self.base}{path} broke: {one_line(err, 150)}") from None
         finally:
             cutter.cancel()
             resp.close()
@@ -334,6 +359,18 @@ class Client:
         if not s.ended and not first_was_enough and time.perf_counter() >= at:
             s.timed_out, s.finish_reason = True, "timeout"
         return s
+
+
+def _object(resp, what):
+    """The JSON object a response carries; ServerFault for anything else (a JSON array, a number, HTML)."""
+    try:
+        obj = resp.json()
+    except ValueError:
+        raise ServerFault(f"{what} did not return JSON: is this an OpenAI-compatible API?") from None
+    if not isinstance(obj, dict):
+        raise ServerFault(f"{what} answered a JSON {type(obj).__name__}, not an object: is this an "
+                          "OpenAI-compatible API?")
+    return obj
 
 
 def _cut_at(resp, at):
@@ -352,7 +389,7 @@ def _cut_at(resp, at):
 
 def _absorb(s, choice):
     """Add one choice delta to the Stream; True when it carried a token."""
-    if choice.get("finish_reason"):
+    if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
         s.finish_reason = choice["finish_reason"]
     delta = choice.get("delta")
     if not isinstance(delta, dict):
@@ -370,14 +407,18 @@ def _absorb(s, choice):
     if isinstance(reasoning, str) and reasoning:
         s.reasoning += reasoning
         got = True
-    for tc in delta.get("tool_calls") or []:
+    calls = delta.get("tool_calls")
+    for tc in calls if isinstance(calls, list) else []:
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict):
+            continue
         i = tc.get("index", 0)
-        slot = s.tool_calls.setdefault(i, {"name": "", "arguments": ""})
-        fn = tc.get("function") or {}
-        if fn.get("name") and fn["name"] != slot["name"]:  # some servers repeat the name in every delta
-            slot["name"] += fn["name"]
-        if fn.get("arguments"):
-            slot["arguments"] += fn["arguments"]
+        slot = s.tool_calls.setdefault(i if isinstance(i, int) else 0, {"name": "", "arguments": ""})
+        name, args = fn.get("name"), fn.get("arguments")
+        if isinstance(name, str) and name and name != slot["name"]:  # some servers repeat the name in every delta
+            slot["name"] += name
+        if isinstance(args, str):
+            slot["arguments"] += args
         got = True
     return got
 

@@ -3,7 +3,9 @@
 Metrics follow `vllm bench serve`: TTFT (POST to first token), TPOT ((E2EL - TTFT) / (tokens - 1)),
 ITL (gaps between token messages, pooled), E2EL (POST to last choices message), in ms.
 No request carries an output cap; a prefill request is closed after its first token, and a request
-still running after --request-timeout-s is cut (finish reason "timeout"). Sizes that cannot fit the
+still running after --request-timeout-s is cut (finish reason "timeout"); the whole run ends within
+--deadline-s (default 4 h), its results so far kept. Exit 0, 2 for bad input, 3 when the server cannot
+be used (one line on stderr each). Sizes that cannot fit the
 model's max_model_len (from /v1/models, where the server gives it) are skipped. --chart draws the
 figures with matplotlib into a PNG and an SVG beside the JSON.
 
@@ -26,13 +28,15 @@ import time
 import uuid
 from pathlib import Path
 
-from dsv41.client.api import ApiError, Client, check_request_timeout, load_key
+from dsv41.client.api import (ApiError, Client, RunDeadline, ServerFault, TimedOut, check_request_timeout,
+                              load_key)
 from dsv41.client.bench_prompts import CHARS_PER_TOKEN, PROMPTS, TOKENS_PER_WORD, Tokens, ctx_prompt, random_prompt
 from dsv41.client.bench_report import chart, finish_counts, finish_text, markdown
 from dsv41.errors import UserError, cli, one_line
 from dsv41.files import write_atomic
 
 SCHEMA = "dsv41.bench/1"
+DEADLINE_S = 4 * 3600     # the whole run's (--deadline-s)
 ROOM = 256  # tokens a size must leave free in max_model_len (chat template, the answer), plus 2%
 
 
@@ -69,10 +73,12 @@ class Bench:
 
     def no_token(self, s):
         """The error for a stream that brought no token at all (run() names the step)."""
+        if s.timed_out and self.client.past_deadline:
+            return RunDeadline(f"the run's deadline of {self.a.deadline_s:g} s passed (--deadline-s)")
         if s.timed_out:
-            return UserError(f"no token within {self.a.request_timeout_s:g} s: the server is stuck or slower "
-                             "than that; raise --request-timeout-s")
-        return UserError(f"the stream ended without a token (finish {s.finish_reason or 'none'}, "
+            return TimedOut(f"no token within {self.a.request_timeout_s:g} s: the server is stuck or slower "
+                            "than that; raise --request-timeout-s")
+        return ServerFault(f"the stream ended without a token (finish {s.finish_reason or 'none'}, "
                          f"{s.messages} messages): a prompt longer than the server's context?")
 
     def fits(self, n):
@@ -193,7 +199,8 @@ class Bench:
         s = self.stream("/chat/completions", body)
         if s.ttft is None:
             raise self.no_token(s)
-        pt = (s.usage or {}).get("prompt_tokens") or counted or round(len(prompt) / CHARS_PER_TOKEN)
+        pt = (s.usage or {}).get("prompt_tokens")
+        pt = pt if isinstance(pt, int) and pt > 0 else counted or round(len(prompt) / CHARS_PER_TOKEN)
         entry = {"tokens": n, "prompt_tokens": pt, "ttft_ms": round(s.ttft * 1000, 3),
                  "prefill_tok_s": round(pt / s.ttft, 2), "output_tokens": s.output_tokens,
                  "decode_tok_s": None if not s.tpot else round(1 / s.tpot, 2),
@@ -233,7 +240,9 @@ class Bench:
             except UserError as err:
                 self.result["error"] = f"{name}: {err}"
                 self.save()
-                raise UserError(f"bench stopped at {name}: {err} (results so far in {self.a.out})") from None
+                stopped = UserError(f"bench stopped at {name}: {err} (results so far in {self.a.out})")
+                stopped.exit_code = err.exit_code           # a server fault stays one
+                raise stopped from None
             self.save()
 
 
@@ -253,11 +262,13 @@ def parse(args_list):
     p.add_argument("--greedy", action="store_true", help="temperature 0")
     p.add_argument("--request-timeout-s", type=float, default=600.0, metavar="S",
                    help="cut any request still running after S seconds (default 600; no output cap is sent)")
+    p.add_argument("--deadline-s", type=float, default=DEADLINE_S, metavar="S",
+                   help=f"end the whole run within S seconds, results so far kept (default {DEADLINE_S})")
     p.add_argument("--chart", action="store_true", help="also write a PNG and an SVG chart beside --out")
     a = p.parse_args(args_list)
     if any(n < 1 for n in a.prefill + a.conc + a.ctx) or a.reps < 1 or a.dec_reps < 1:
         raise UserError("--prefill, --conc, --ctx, --reps and --dec-reps take positive numbers")
-    check_request_timeout(a.request_timeout_s)
+    check_request_timeout(a.request_timeout_s, a.deadline_s)
     out = Path(a.out)
     if not out.parent.is_dir():
         raise UserError(f"--out {a.out}: directory {out.parent} does not exist")
@@ -265,14 +276,15 @@ def parse(args_list):
 
 
 def run_bench(args_list):
-    """The bench command; returns the exit code (2 with one line on stderr for a user error)."""
+    """The bench command; returns the exit code: 0, 2 (one line on stderr) for bad input, 3 when the
+    server cannot be used (not reachable, no answer in time, not an OpenAI-compatible answer)."""
     a = None
     try:
         try:
             a = parse(args_list)
         except SystemExit as done:  # argparse: --help or a usage error, already printed
             return done.code or 0
-        client = Client(a.url, load_key(a.key_file), read_timeout=a.request_timeout_s)
+        client = Client(a.url, load_key(a.key_file), read_timeout=a.request_timeout_s, deadline_s=a.deadline_s)
         entry = client.served_model(a.model)
         max_len = entry.get("max_model_len")
         max_len = max_len if isinstance(max_len, int) and max_len > 0 else None
@@ -281,7 +293,7 @@ def run_bench(args_list):
         Bench(a, client, entry["id"], max_len).run()
     except UserError as err:
         print(f"dsv41: {one_line(err, 2000)}", file=sys.stderr)
-        return 2
+        return err.exit_code
     except KeyboardInterrupt:
         print(f"dsv41: interrupted{f' (results so far in {a.out})' if a else ''}", file=sys.stderr)
         return 130

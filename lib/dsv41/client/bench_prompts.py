@@ -7,7 +7,7 @@ import sysconfig
 import uuid
 from pathlib import Path
 
-from dsv41.client.api import TimedOut
+from dsv41.client.api import RunDeadline, TimedOut
 from dsv41.errors import UserError
 
 WORDS = ("time year people way day man thing woman life child world school state family student group "
@@ -53,9 +53,11 @@ class Tokens:
                 if isinstance(r.get(key), int):
                     self.how = path
                     return r[key]
+            except RunDeadline:
+                raise
             except TimedOut:
-                raise UserError(f"{path} got no answer within {self.client.read_timeout:g} s "
-                                "(--request-timeout-s): the server is stuck or slower than that") from None
+                raise TimedOut(f"{path} got no answer within {self.client.read_timeout:g} s "
+                               "(--request-timeout-s): the server is stuck or slower than that") from None
             except UserError:  # no usable tokenize endpoint
                 pass
         self.how = False
