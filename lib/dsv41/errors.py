@@ -12,6 +12,11 @@ class UserError(Exception):
     exit_code = 2
 
 
+class BadInput(UserError):
+    """A setting, an option or a word the command cannot take: a doit task then exits 2, as for a bad
+    setting (any other UserError fails the task: 1)."""
+
+
 def one_line(text, limit=300):
     """Collapse whitespace so a message (or a stderr tail) fits on one line."""
     text = " ".join(str(text).split())

@@ -2,36 +2,49 @@
 the watchdog next, so it never fights the stop; then the engine's units in the recipe's stop order, then
 the memory guards) and doit clear-trip.
 Stop is what people reach for when things are broken: it stops everything on every node it can reach,
-then fails naming each node it could not reach and what may still run there."""
+then fails naming each node it could not reach and what may still run there. It says what it stopped,
+what was installed but not running, and which node has nothing of dsv41 installed."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import runlock, silences
 from dsv41.head.core.cluster import Cluster, say
+
+RUNNING = ("active", "activating", "reloading", "deactivating", "")    # "": systemd did not say
 
 
 def stop(cfg):
     cl = Cluster(cfg)
     say(cl.head, silences.silence(cfg, "doit stop"))
     cl.connect()
-    missed = {}
+    missed, seen = {}, {}
+    for node in cl.nodes:                           # which units each node has installed, and their states
+        try:
+            seen[node.name] = cl.probe(node) if not node.unreachable else None
+        except UserError as err:                    # it stopped answering, or answered nonsense
+            missed.setdefault(node, err)
+        if seen.get(node.name) and not any(seen[node.name].unit(u).installed for u in cl.unit_names(node)):
+            say(node, "nothing of dsv41 is installed here")
 
-    def on(node, unit, done):
+    def on(node, unit, what):
         if node.unreachable:
             missed.setdefault(node, node.unreachable)
             return
+        u = seen[node.name].unit(unit) if seen.get(node.name) else None
+        if u is None or not u.installed:
+            return
         try:
             cl.systemctl(node, "stop", unit, check=False)
-            say(node, done)
+            say(node, f"stopped {what}" if u.active in RUNNING else f"{what} was not running")
         except UserError as err:                    # the node stopped answering
             missed.setdefault(node, err)
 
     # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
-    on(cl.head, names.WATCHDOG_UNIT, "stopped the watchdog")
+    on(cl.head, names.WATCHDOG_UNIT, "the watchdog")
     runlock.take(cfg.state_dir)
     for spec, unit in cl.recipe.stop_order(cfg.nodes):
-        on(cl.node(spec), unit, f"stopped {unit}")
+        on(cl.node(spec), unit, unit)
     for node in cl.nodes:
-        on(node, names.MEMGUARD_UNIT, "stopped the memory guard")
+        on(node, names.MEMGUARD_UNIT, "the memory guard")
     if missed:
         raise UserError("not stopped: " + "; ".join(
             f"{n.label} did not answer ({one_line(err, 160)}), so {', '.join(cl.engine_units(n))} and "

@@ -8,7 +8,7 @@ import os
 import re
 import shlex
 
-from dsv41.errors import UserError
+from dsv41.errors import BadInput, UserError
 from dsv41.node import memguard
 
 MAX_VALUE_LEN = 4096          # any setting's value; an ssh target is at most 255 characters
@@ -23,7 +23,7 @@ IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
 TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
 
 
-class ConfigError(UserError):
+class ConfigError(BadInput):
     pass
 
 

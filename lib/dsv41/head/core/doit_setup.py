@@ -6,10 +6,10 @@ import sys
 from doit.cmd_base import DoitCmdBase
 from doit.cmdparse import CmdParseError
 from doit.dependency import FileChangedChecker
-from doit.exceptions import InvalidCommand, TaskFailed
+from doit.exceptions import InvalidCommand, TaskError, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from dsv41.errors import QuietPipe, UserError, one_line
+from dsv41.errors import BadInput, QuietPipe, UserError, one_line
 from dsv41.head.core import runlock
 
 
@@ -34,7 +34,7 @@ class Reporter(ConsoleReporter):
         sys.stderr.write(text)
 
     def add_failure(self, task, fail):
-        if isinstance(fail, TaskFailed) and getattr(fail, "dsv41", False):
+        if getattr(fail, "dsv41", False):
             self.failures.append({"task": task, "exception": fail})
             sys.stderr.write(f"dsv41: {task.name}: {fail.message}\n")
             return
@@ -92,8 +92,9 @@ def _checked(cmd, execute):
 
 
 def action(func, *, name=None, lock_dir=None):
-    """Wrap a task function: a UserError fails the task with its one line, not a traceback.
-    With lock_dir the action first takes the run lock (mutating tasks)."""
+    """Wrap a task function: a UserError fails the task with its one line, not a traceback (doit exits
+    1; 2 for BadInput, as for a bad setting). With lock_dir the action first takes the run lock
+    (mutating tasks)."""
 
     @functools.wraps(func)
     def run(*args, **kwargs):
@@ -107,7 +108,7 @@ def action(func, *, name=None, lock_dir=None):
                 sys.stdout.flush()
                 sys.stderr.write(f"dsv41: {run.__name__}: {one_line(err, 2000)}\n")
                 raise SystemExit(err.exit_code) from None
-            fail = TaskFailed(one_line(err, 2000))
+            fail = (TaskError if isinstance(err, BadInput) else TaskFailed)(one_line(err, 2000))
             fail.dsv41 = True
             return fail
         except KeyboardInterrupt:
