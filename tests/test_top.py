@@ -99,7 +99,8 @@ def test_gpu_memory_where_nvidia_smi_reports_it():
     assert observe.gpu_figures(None) == (None, None)
 
 
-def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
+def sample_view(tmp_path):
+    """head up, worker1 stale, engine not answering: the view run_once() gives."""
     cfg = load_config({"STATE_DIR": str(tmp_path), "MEMGUARD_GIB": "1"})
     (tmp_path / names.GUARD_SETTINGS).write_text(guard_settings(cfg))
     facts = real_probe(tmp_path, units=units(since=1.0), time=61.0)
@@ -114,6 +115,11 @@ def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
             "health": Health(Verdict.UNKNOWN, ("no fresh facts from worker1",), "worker1").as_json(),
             "watchdog": {"enabled": True, "unit": "active", "verdict": "HEALTHY", "time": time.time(),
                          "evidence": "every rank is up"}}
+    return view
+
+
+def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
+    view = sample_view(tmp_path)
     console = Console(force_terminal=True, color_system="standard", width=COLS, record=True)
     console.print(top.render(view))
     text = console.export_text(clear=False)
@@ -125,6 +131,20 @@ def test_near_floor_is_coloured_and_a_stale_node_says_since_when(tmp_path):
     assert "worker1: worker1 (u@w) did not answer within 10 s (SSH_TIMEOUT_S)" in text
     assert "no answer from http://h:8000/metrics (connection refused)" in text
     assert "watchdog: active, saw HEALTHY 0 s ago: every rank is up" in text
+
+
+def test_at_80_columns_every_name_state_and_figure_is_whole(tmp_path):
+    view = sample_view(tmp_path)
+    view["nodes"]["worker2"] = {"state": "connecting", "seen_s_ago": None, "mem_available_bytes": None,
+                                "error": None, "tripped": None}
+    console = Console(width=80, record=True)
+    console.print(top.render(view))
+    text = console.export_text()
+    assert "…" not in text and max(len(ln) for ln in text.splitlines()) <= 80, text
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith(("head ", "worker1 ", "worker2 "))]
+    assert [r[:3] for r in rows[:3]] == [["head", "1s", "ago"], ["worker1", "STALE", "14s"], ["worker2", "connecting", "-"]]
+    assert all("dsv41-r1 active/running" in " ".join(r) for r in rows[:2]), text
+    assert [r[:3] for r in rows[3:]] == [["head", "3.5", "/"], ["worker1", "3.5", "/"], ["worker2", "-", "-"]], text
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -35,6 +35,7 @@ import tty
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -93,42 +94,67 @@ VERDICT_STYLE = {"HEALTHY": "green", "BUSY": "green", "STARTING": "yellow", "STO
                  "SUSPECT": "yellow", "UNKNOWN": "yellow"}
 
 
-def nodes_table(view):
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")
-    for name, justify in (("node", "left"), ("seen", "left"), ("MemAvail GiB", "right"), ("floor", "right"),
-                          ("above", "right"), ("swap GiB", "right"), ("guard", "left"), ("rank", "left"),
-                          ("up", "right"), ("GPU mem GiB", "right")):
-        t.add_column(name, justify=justify, no_wrap=True)
+COLUMNS = (("node", "left"), ("seen", "left"), ("MemAvail GiB", "right"), ("floor", "right"), ("above", "right"),
+           ("swap GiB", "right"), ("guard", "left"), ("rank", "left"), ("up", "right"), ("GPU mem GiB", "right"))
+# a screen too narrow for COLUMNS (80 columns) gets two tables: the states, then the figures
+NARROW = (("node", "seen", "guard", "rank", "up"), ("node", "MemAvail GiB", "floor", "above", "swap GiB", "GPU mem GiB"))
+
+
+class NodesTable:
+    """The nodes' table: one when it fits the screen, else NARROW's two, so that no name or state is cut."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def __rich_console__(self, console, options):
+        whole = nodes_table(self.view)
+        if Measurement.get(console, options.update_width(1000), whole).maximum <= options.max_width:
+            yield whole
+            return
+        yield nodes_table(self.view, NARROW[0])
+        yield Text("")
+        yield nodes_table(self.view, NARROW[1])
+
+
+def nodes_table(view, columns=tuple(name for name, _ in COLUMNS)):
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold", padding=(0, 1),
+              collapse_padding=True)
+    for name, justify in COLUMNS:
+        if name in columns:
+            t.add_column(name, justify=justify, no_wrap=True)
     for name, n in view["nodes"].items():
-        if n["state"] == "connecting":
-            seen = Text("connecting", style="yellow")
-        elif n["state"] == "stale":
-            seen = Text("STALE " + (f"{n['seen_s_ago']:.0f}s" if n["seen_s_ago"] is not None else "never seen"),
-                        style="bold red")
-        else:
-            seen = Text(f"{n['seen_s_ago']:.0f}s ago")
-        if n["mem_available_bytes"] is None:
-            t.add_row(name, seen, *["-"] * 8)
-            continue
-        dim = "dim" if n["state"] == "stale" else ""
-        above = n["above_floor_bytes"]
-        swap = ("none" if not n["swap_total_bytes"] else
-                f"{_gib(n['swap_used_bytes'])} / {_gib(n['swap_total_bytes'])}")
-        gpu = (f"{_gib(n['gpu_used_bytes'])} / {_gib(n['gpu_total_bytes'])}" if n["gpu_total_bytes"] else
-               "n/a" if n["gpu_memory"] else "-")
-        rank_state = n["rank_state"]
-        rank_style = ("green" if rank_state.startswith("active/")
-                      else "yellow" if rank_state.startswith(("activating", "reloading"))
-                      else "red" if rank_state.startswith("failed") else "")
-        t.add_row(name, seen,
-                  f"{_gib(n['mem_available_bytes'])} / {_gib(n['mem_total_bytes'])}",
-                  _gib(n["floor_bytes"]),
-                  Text("-" if above is None else f"{above / GIB:+.1f}", style=MEMORY_STYLE.get(n["memory"], "")),
-                  swap,
-                  Text(n["guard"], style=GUARD_STYLE.get(n["guard"], "red")),
-                  Text(f"{n['rank_unit'].removesuffix('.service')} {rank_state}", style=rank_style),
-                  duration(n["rank_uptime_s"]), gpu, style=dim)
+        cells, style = node_cells(name, n)
+        t.add_row(*(cells.get(c, "-") for c in columns), style=style)
     return t
+
+
+def node_cells(name, n):
+    """{column: cell} of one node's row (a missing column shows "-"), and the row's style."""
+    if n["state"] == "connecting":
+        seen = Text("connecting", style="yellow")
+    elif n["state"] == "stale":
+        seen = Text("STALE " + (f"{n['seen_s_ago']:.0f}s" if n["seen_s_ago"] is not None else "never seen"),
+                    style="bold red")
+    else:
+        seen = Text(f"{n['seen_s_ago']:.0f}s ago")
+    if n["mem_available_bytes"] is None:
+        return {"node": name, "seen": seen}, ""
+    above = n["above_floor_bytes"]
+    swap = ("none" if not n["swap_total_bytes"] else
+            f"{_gib(n['swap_used_bytes'])} / {_gib(n['swap_total_bytes'])}")
+    gpu = (f"{_gib(n['gpu_used_bytes'])} / {_gib(n['gpu_total_bytes'])}" if n["gpu_total_bytes"] else
+           "n/a" if n["gpu_memory"] else "-")
+    rank_state = n["rank_state"]
+    rank_style = ("green" if rank_state.startswith("active/")
+                  else "yellow" if rank_state.startswith(("activating", "reloading"))
+                  else "red" if rank_state.startswith("failed") else "")
+    return {"node": name, "seen": seen,
+            "MemAvail GiB": f"{_gib(n['mem_available_bytes'])} / {_gib(n['mem_total_bytes'])}",
+            "floor": _gib(n["floor_bytes"]),
+            "above": Text("-" if above is None else f"{above / GIB:+.1f}", style=MEMORY_STYLE.get(n["memory"], "")),
+            "swap GiB": swap, "guard": Text(n["guard"], style=GUARD_STYLE.get(n["guard"], "red")),
+            "rank": Text(f"{n['rank_unit'].removesuffix('.service')} {rank_state}", style=rank_style),
+            "up": duration(n["rank_uptime_s"]), "GPU mem GiB": gpu}, "dim" if n["state"] == "stale" else ""
 
 
 def node_notes(view):
@@ -210,7 +236,7 @@ def render(view, live=False):
     title = Text.assemble(("dsv41 top", "bold"), f"   {n} node{'s' if n != 1 else ''}   {every}   {clock}")
     if live:
         title.append("   q quits", style="dim")
-    return Group(title, Text(""), nodes_table(view), *node_notes(view), Text(""), *engine_lines(view), Text(""),
+    return Group(title, Text(""), NodesTable(view), *node_notes(view), Text(""), *engine_lines(view), Text(""),
                  health_text(view), watchdog_text(view), release_text(view))
 
 
