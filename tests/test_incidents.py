@@ -144,3 +144,14 @@ def test_the_newest_are_kept_and_the_listing_is_newest_first(tmp_path):
     same = incidents.save(state, "WEDGED", "again", nodes={}, metrics_text="", fault_at=None, secrets=(), keep=20,
                           now=1_800_000_000 + 60 * 24)
     assert same.endswith("-WEDGED-2") and incidents.list_lines(state)[1].split()[3] == "WEDGED"
+
+
+def test_show_says_what_is_missing_never_none(tmp_path):
+    """A folder an earlier version (or a crash) left with a summary of few fields."""
+    folder = tmp_path / incidents.DIR / "20270101T000000Z-DEAD"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"verdict": "DEAD", "nodes": {"head": {"files": None}}}))
+    shown = incidents.show(str(tmp_path), 1)
+    assert "None" not in shown and "incident 20270101T000000Z-DEAD:" in shown and "head: 0 files in -" in shown
+    (folder / "summary.json").write_text("{not json")
+    assert "None" not in incidents.show(str(tmp_path), 1)

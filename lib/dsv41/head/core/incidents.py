@@ -226,7 +226,7 @@ def show(state_dir, n=1):
         raise UserError(f"no incident {n}: {len(rows)} saved in {root(state_dir)} (`doit incidents` lists them)")
     s = match[0]
     folder = s.get("folder")
-    out = [f"incident {s.get('name')}: {folder or 'no evidence folder'}",
+    out = [f"incident {s.get('name') or '?'}: {folder or 'no evidence folder'}",
            f"  verdict   {s.get('verdict') or '?'}: {s.get('evidence') or '-'}",
            f"  seen      {_when(s.get('time'))}   fault began {_when(s.get('fault_at'))}",
            f"  result    {s.get('result') or '-'}   served again {_when(s.get('ended'))}   outage {_secs(s.get('outage_s'))}"]
@@ -234,9 +234,10 @@ def show(state_dir, n=1):
         if "error" in g:
             out.append(f"  {node}: no evidence: {g['error']}")
             continue
-        out.append(f"  {node}: {len(g.get('files', []))} files in {g.get('took_s')} s"
+        took = "-" if g.get("took_s") is None else f"{g['took_s']} s"
+        out.append(f"  {node}: {len(g.get('files') or [])} files in {took}"
                    + (" (size cap reached)" if g.get("capped") else ""))
-        out += [f"    note: {note}" for note in g.get("notes", [])]
+        out += [f"    note: {note}" for note in g.get("notes") or []]
     walk = sorted(os.walk(folder)) if folder else []
     for dirpath, _, files in walk:
         for fname in sorted(files):
