@@ -12,7 +12,8 @@ def describe(cfg):
     set/unset only."""
     rows = []
     effective = {"IMG": cfg.image, "TP_SIZE": cfg.tp_size, "NNODES": cfg.nnodes, "API_KEY_FILE": cfg.api_key_file,
-                 "WORKER_MODEL_DIR": cfg.values["WORKER_MODEL_DIR"] or "(head's path, home swapped)", **dict(cfg.engine)}
+                 "WORKER_MODEL_DIR": cfg.values["WORKER_MODEL_DIR"] or "(head's path, home swapped)",
+                 **dict(cfg.engine)}
     for s in cfg.settings:
         v = effective.get(s.name, cfg.values[s.name])
         src = cfg.sources.get(s.key, "environment" if s.env_only and v else "default")

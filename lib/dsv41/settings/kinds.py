@@ -234,7 +234,8 @@ def _hcas(s, label, v):
 
 KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice": _choice, "text": _text,
          "secret": _secret, "webhook": _webhook, "path": _path, "words": _words, "command": _command,
-         "target": _target, "targets": _targets, "list": _list, "caps": _caps, "gpus": _gpus, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
+         "target": _target, "targets": _targets, "list": _list, "caps": _caps, "gpus": _gpus, "image": _image,
+         "ip": _ip, "ifname": _ifname, "hcas": _hcas}
 # what a profile writes for each kind (TOML types); every other kind is a string
 HIDDEN_KINDS = ("secret", "webhook")     # `doit config` shows these as set or unset
 TOML_TYPES = {"int": (int,), "float": (int, float), "floor": (int, float), "bool": (bool,)}

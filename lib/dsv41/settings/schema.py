@@ -193,8 +193,8 @@ def per_node_rank(var):
 KIND_TYPES = {"int": "integer", "float": "number", "floor": "number (GiB)", "bool": "boolean", "choice": "choice",
               "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "path": "path",
               "words": "shell words", "command": "command", "target": "ssh target", "targets": "ssh targets",
-              "list": "list", "caps": "list of integers", "gpus": "GPU devices", "image": "image reference", "ip": "IPv4 address",
-              "ifname": "interface name", "hcas": "list of RDMA devices"}
+              "list": "list", "caps": "list of integers", "gpus": "GPU devices", "image": "image reference",
+              "ip": "IPv4 address", "ifname": "interface name", "hcas": "list of RDMA devices"}
 # what a kind accepts, in words, when the setting itself does not say more (settings/kinds.py checks it)
 KIND_ACCEPTS = {
     "bool": "1 or 0 (also true/false, yes/no, on/off); a profile writes true or false",
