@@ -28,7 +28,7 @@ def from_resolved(data, engine=schema.ENGINE):
     if not isinstance(data, dict) or set(data) != want:
         raise ConfigError("the resolved settings were written by another version: run `doit launch`")
     try:
-        values = {k: tuples(v) for k, v in data.items() if k not in want - set(data) and k.upper() not in own}
+        values = {k: tuples(v) for k, v in data.items() if k.upper() not in own}
         values["nodes"] = tuple(NodeSpec(**{k: tuples(x) for k, x in n.items()}) for n in data["nodes"])
         return Config(**values, engine=tuple((n, tuples(data[n.lower()])) for n in own),
                       hf_token="", alert_webhook_url="", sources={}, values={},
