@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from dsv41.client import metrics
-from dsv41.head import config as config_verb, monitoring, stop, top
+from dsv41.head import config as config_verb, monitoring, plan, stop, top
 from dsv41.head.core.observe import Observer
 from dsv41.head.core import rollout
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
@@ -282,3 +282,17 @@ def test_doit_top_once_reads_the_recipes_series(tmp_path):
     out = io.StringIO()
     top.Console(file=out, width=120, highlight=False).print(top.render(shot))
     assert "3 running, 1 waiting" in out.getvalue() and "25.0 %" in out.getvalue()
+
+
+def test_doit_plan_shows_the_recipes_own_settings(tmp_path):
+    from dsv41.vllm.recipe import Vllm
+    cfg = config(tmp_path, KV_BYTES="2500000000")
+    assert plan.settings_lines(cfg, Vllm(cfg)) == [           # as plan printed them before the engine had a package
+        "settings:", f"  IMAGE          {cfg.image}", f"  MODEL_DIR      {cfg.model_dir}",
+        f"  STATE_DIR      {cfg.state_dir}", "  KV_BYTES       2500000000", "  MAX_LEN        262144",
+        "  MAX_SEQS       2", "  NSPEC          7", "  GPU_UTIL       0.88", "  PORT           8000",
+        f"  MEMGUARD_GIB   {cfg.memguard_gib}"]
+    fake = config(tmp_path, engine=FAKE_SETTINGS, FAKE_QUEUE_LIMIT="9")
+    recipe = FakeRecipe(fake)
+    recipe.plan_settings = ("FAKE_QUEUE_LIMIT",)
+    assert "  FAKE_QUEUE_LIMIT 9" in plan.settings_lines(fake, recipe)

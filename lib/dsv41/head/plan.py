@@ -14,10 +14,7 @@ def plan(cfg):
     cl = Cluster(cfg)
     fab = preflight.resolved_fabric(cl)
     states = cl.probe_all()
-    print("settings:")
-    for key in ("image", "model_dir", "state_dir", "kv_bytes", "max_len", "max_seqs", "nspec",
-                "gpu_util", "port", "memguard_gib"):
-        print(f"  {key.upper():<14} {getattr(cfg, key)}")
+    print("\n".join(settings_lines(cfg, cl.recipe)))
     if cfg.engine_args or cfg.engine_env:
         print("engine changes (vLLM's argv and the container's environment differ from a Spark's here):")
         for k, v, src in cfg.engine_args + cfg.engine_env:
@@ -45,6 +42,14 @@ def plan(cfg):
         print("  nothing: everything is installed, running and unchanged")
     for line in release_lines(cfg, want, {n.name: states[n.name].image_id for n in cl.nodes}):
         print(line)
+
+
+def settings_lines(cfg, recipe):
+    """The settings a plan shows first: where things are, the engine's own that size it, the ports."""
+    shown = [(key.upper(), getattr(cfg, key)) for key in ("image", "model_dir", "state_dir")]
+    shown += [(name, cfg.engine_value(name)) for name in recipe.plan_settings]
+    shown += [(key.upper(), getattr(cfg, key)) for key in ("port", "memguard_gib")]
+    return ["settings:"] + [f"  {name:<14} {value}" for name, value in shown]
 
 
 def release_lines(cfg, want, image_ids):

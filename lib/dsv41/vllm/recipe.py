@@ -34,6 +34,7 @@ class Vllm(Recipe):
                         SERIES.kv_usage, SERIES.preemptions, "vllm:prefix_cache_queries_total",
                         "vllm:request_success_total")
     rules_template = HERE / "rules.yml.j2"
+    plan_settings = ("KV_BYTES", "MAX_LEN", "MAX_SEQS", "NSPEC", "GPU_UTIL")
 
     def parts(self, spec):
         return (Part(names.rank_unit(spec.rank), names.rank_name(spec.rank)),)
