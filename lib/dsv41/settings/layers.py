@@ -132,6 +132,8 @@ def _profile_layer(name, prof, changes, settings, engine):
     [env] go to `changes` (checked for the engine's secret variables too)."""
     where = f"conf/{name}.toml"
     values, per_node = {}, {}
+    by_key = {s.key: s for s in settings if not s.env_only}
+    known = {s.name for s in settings}
     for k, v in prof.items():
         if k == "base":
             continue
@@ -145,10 +147,9 @@ def _profile_layer(name, prof, changes, settings, engine):
                 else:
                     changes[k][key] = (_engine_change(where, k, key, val, engine), f"profile {name}")
             continue
-        by_key = {s.key: s for s in settings if not s.env_only}
         s = by_key.get(k)
         if s is None:
-            if k.upper() in {s.name for s in settings}:
+            if k.upper() in known:
                 raise ConfigError(f"{where}: {k} may be set only in the environment (a secret, or the profile's "
                                   "own name, never goes into a file)")
             raise ConfigError(f"{where}: unknown setting {k!r}{kinds.nearest(k, by_key)}: the settings "
