@@ -3,6 +3,7 @@
 The nodes' answers are probe states recorded here (no node can be made to fail on cue in a unit test);
 the API is a real HTTP server on 127.0.0.1 answering /health, /v1/models, /metrics and a streamed token
 as recorded; the record is real files. The lab tests do the same on real nodes."""
+import dataclasses
 import io
 import json
 import threading
@@ -27,6 +28,15 @@ class Api(ThreadingHTTPServer):
     daemon_threads = True
     health = 200
     serving = True
+    hang = None         # "probe": a chat request never answers; "all": from then on nothing answers
+
+
+def hangs(srv, what):
+    """Hold the request unanswered, as a stopped process would, until the test ends."""
+    if srv.hang == what:
+        srv.released.wait(30)
+        return True
+    return False
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -43,6 +53,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         srv = self.server
+        if hangs(srv, "all"):
+            return
         if self.path == "/health":
             return self.send(srv.health, "")
         if self.path == "/metrics":
@@ -53,6 +65,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.server.hang:
+            self.server.hang = "all" if self.server.hang == "stop at the probe" else self.server.hang
+            if hangs(self.server, "all") or hangs(self.server, "probe"):
+                return
         if self.server.health >= 500 or not self.server.serving:
             return self.send(500, '{"error": {"message": "EngineDeadError"}}')
         self.send_response(200)
@@ -64,8 +80,10 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def api():
     srv = Api(("127.0.0.1", 0), Handler)
+    srv.released = threading.Event()
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
+    srv.released.set()
     srv.shutdown()
     srv.server_close()
 
@@ -206,3 +224,21 @@ def test_status_words_and_exit_codes_are_one_table():
     assert EXIT_CODES == {"READY": 0, "DEGRADED": 1, "NOT RUNNING": 3, "UNREACHABLE": 4, "TRIPPED": 5, "DOWN": 6,
                           "NEEDS_REBOOT": 7, "RECOVERING": 8}
     assert set(WORDS) == set(Verdict)
+
+
+@pytest.mark.parametrize("hang, want", [("probe", [Verdict.WEDGED]),
+                                        ("stop at the probe", [Verdict.SUSPECT, Verdict.DEAD])])
+def test_a_probe_without_a_token_is_wedged_only_while_health_still_answers(hang, want, cluster, api):
+    """The engine wedged (the probe gets no token, /health still answers) is WEDGED; the API server stopped
+    just after it answered /health (the probe gets no token and /health then does not answer either) is
+    the API down: SUSPECT, then DEAD at the next look, as when /health never answered."""
+    cfg, current = cluster
+    cfg = dataclasses.replace(cfg, watchdog_probe_s=1)
+    current["states"] = states(SERVING)
+    set_up(cfg, "ready")
+    api.hang = hang
+    w = watchdog.Watchdog(cfg, log=lambda m: None)
+    w.cl.observe = lambda: current["states"]
+    seen = [w.look()[1] for _ in want]
+    assert [h.verdict for h in seen] == want, [h.evidence for h in seen]
+    assert ("does not answer" in seen[-1].evidence) == (want[-1] == Verdict.DEAD)

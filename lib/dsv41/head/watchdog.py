@@ -48,7 +48,8 @@ def observe(cl, cfg, mem):
     """One look at everything assess() needs; never raises for a node or the API being down. The
     one-token probe goes out when no request runs or waits, and when work has made no progress for
     WATCHDOG_STALL_S (health.wants_probe). An API that did not answer /health is not asked for more, so
-    that a look at a stopped API server costs the /health timeout only."""
+    that a look at a stopped API server costs the /health timeout only. A probe that got no token asks
+    /health once more: a server that stopped between the two is down (DEAD), not a wedged engine."""
     states = cl.observe()                      # each interval asks every node afresh
     client = cl.api(read_timeout=cfg.watchdog_probe_s)
     health, snap, probe = client.health(), None, None
@@ -59,6 +60,10 @@ def observe(cl, cfg, mem):
             pass
     if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):
         probe = token_probe(client, cfg.served_model_name)
+        if probe == NO_TOKEN:
+            again = client.health()
+            if again != 200:
+                health, probe = again, None
     return Observation(time.time(), states, health, snap, probe, ready_at=record.ready_at(cfg.state_dir),
                        record=record.view(cfg.state_dir))
 
