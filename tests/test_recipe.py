@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from dsv41.client import metrics
-from dsv41.head import config as config_verb, monitoring, plan, stop, top
+from dsv41.head import config as config_verb, launch, monitoring, plan, stop, top
 from dsv41.head.core.observe import Observer
 from dsv41.head.core import rollout
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
@@ -24,6 +24,7 @@ from dsv41.head.core.health import BUSY, DEGRADED, HEALTHY, NO_TOKEN, TOKEN, WED
 from dsv41.head.core.nodes import Node, Result
 from dsv41.head.core.recipe import Part, Recipe
 from dsv41.head.core.state import parse
+from dsv41.errors import UserError
 from dsv41.settings.kinds import ConfigError
 from dsv41.settings.layers import load_config
 from dsv41.settings.resolved import from_resolved, resolved
@@ -53,6 +54,7 @@ class FakeRecipe(Recipe):
     work_words = ("queued",)
     progress_metrics = (STEPS,)
     restart_together = False
+    memory_settings = "FAKE_QUEUE_LIMIT"
     ready_after = 2                      # readiness probes that fail before one passes
 
     def parts(self, spec):
@@ -296,3 +298,13 @@ def test_doit_plan_shows_the_recipes_own_settings(tmp_path):
     recipe = FakeRecipe(fake)
     recipe.plan_settings = ("FAKE_QUEUE_LIMIT",)
     assert "  FAKE_QUEUE_LIMIT 9" in plan.settings_lines(fake, recipe)
+
+
+def test_a_tripped_guard_names_the_recipes_memory_settings(tmp_path):
+    """The advice when the memory guard tripped names what the recipe in use sizes its memory by."""
+    cl = fake_cluster(tmp_path)
+    tripped = {n.name: parse({"units": {}, "tripped": {"line": "tripped at 1.0 GiB", "time": 1.0}, "time": 2.0})
+               for n in cl.nodes}
+    with pytest.raises(UserError) as e:
+        launch.refuse_if_tripped(cl, tripped)
+    assert "lower FAKE_QUEUE_LIMIT first" in str(e.value) and "KV_BYTES" not in str(e.value)

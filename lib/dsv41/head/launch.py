@@ -59,7 +59,7 @@ def refuse_if_tripped(cl, states):
     if tripped:
         n, t = tripped[0]
         raise UserError(
-            f"the memory guard on {n.label} {t['line']}; lower KV_BYTES or GPU_UTIL first (raise "
+            f"the memory guard on {n.label} {t['line']}; lower {cl.recipe.memory_settings} first (raise "
             "MEMGUARD_GIB only after that), then run `doit clear-trip` and launch again")
 
 

@@ -104,6 +104,6 @@ def status(cfg, json=False):
         if h.word == "NOT RUNNING" and (api["models"] or api["health"]):
             print(f"(something that is not dsv41 answers on port {cfg.port}: stop it, or set PORT, before `doit launch`)")
         print(f"{h.verdict}: {h.evidence}" + (f" ({h.why})" if h.why and h.verdict.value in ("DEGRADED", "DEAD", "WEDGED") else ""))
-        print(f"{h.word}: {MEANING[h.word]}")
+        print(f"{h.word}: {MEANING[h.word].format(memory=cl.recipe.memory_settings)}")
     if h.exit_code:
         raise SystemExit(h.exit_code)

@@ -35,6 +35,7 @@ class Vllm(Recipe):
                         "vllm:request_success_total")
     rules_template = HERE / "rules.yml.j2"
     plan_settings = ("KV_BYTES", "MAX_LEN", "MAX_SEQS", "NSPEC", "GPU_UTIL")
+    memory_settings = "KV_BYTES or GPU_UTIL"
 
     def parts(self, spec):
         return (Part(names.rank_unit(spec.rank), names.rank_name(spec.rank)),)

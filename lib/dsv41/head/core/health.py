@@ -49,12 +49,13 @@ WORDS = {HEALTHY: ("READY", 0), BUSY: ("READY", 0), DEGRADED: ("DEGRADED", 1), S
          UNKNOWN: ("UNREACHABLE", 4), TRIPPED: ("TRIPPED", 5), STARTING: ("DOWN", 6), SUSPECT: ("DOWN", 6),
          DEAD: ("DOWN", 6), WEDGED: ("DOWN", 6), NEEDS_REBOOT: ("NEEDS_REBOOT", 7), RECOVERING: ("RECOVERING", 8)}
 EXIT_CODES = {word: code for word, code in WORDS.values()}
+# what each word tells a person to do; {memory} is the recipe's memory_settings
 MEANING = {
     "READY": "every rank is up and the API answers",
     "DEGRADED": "a rank is down or restarted on its own: `doit launch` restarts the ranks together",
     "NOT RUNNING": "nothing is running: start it with `doit launch`",
     "UNREACHABLE": "a node does not answer over ssh (or is shutting down); its line above says what to check",
-    "TRIPPED": "the memory guard stopped the ranks: lower KV_BYTES or GPU_UTIL, then `doit clear-trip` and `doit launch`",
+    "TRIPPED": "the memory guard stopped the ranks: lower {memory}, then `doit clear-trip` and `doit launch`",
     "DOWN": "ranks are up but the API does not serve: starting (see `doit logs r0`) or hung",
     "NEEDS_REBOOT": "a restart stopped the ranks and a node's memory did not come back, so nothing was started: "
                     "reboot that node (the watchdog and `doit launch` start the ranks once it is back; "

@@ -24,6 +24,7 @@ class Recipe:
     series = None                   # dsv41.client.metrics.Series: the names top and bench read figures by
     rules_template = None           # a jinja2 file of alert rules for Prometheus's dsv41 group, or None
     plan_settings = ()              # its own settings `doit plan` shows among the resolved ones
+    memory_settings = "the engine's memory settings"    # what to lower when the memory guard trips
     # metric names read from the engine's /metrics: requests in the engine (a gauge each), and the
     # signals that move while it makes progress (counters or gauges; any of them moving counts)
     work_metrics: tuple = ()

@@ -185,7 +185,7 @@ def recorded(cl, release):
     tripped = next((n for n in cl.nodes if states[n.name].tripped), None)
     if tripped is not None:                 # the rank units do not start while a guard is tripped
         raise UserError(f"the memory guard on {tripped.label} {states[tripped.name].tripped['line']}: `doit clear-trip` "
-                        "after lowering KV_BYTES or GPU_UTIL, then `doit launch`")
+                        f"after lowering {cl.recipe.memory_settings}, then `doit launch`")
     check_images(release, states)
     steps = decide(cl.cfg.nodes, want, states, cl.recipe)
     if not any(s.kind is Kind.RESTART_RANKS for s in steps):
