@@ -9,6 +9,7 @@ from dsv41.settings.kinds import ConfigError
 from dsv41.vllm import argv
 from dsv41.vllm.settings import capture_sizes
 from dsv41.settings.layers import load_config
+from dsv41.settings.setting import number
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOIT = [sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py")]
@@ -225,7 +226,7 @@ def test_every_number_has_a_range_and_says_it(var, value, says):
         load_config({var: value})
     s = schema.BY_NAME[var]
     row = schema.docs_table().split(f"| `{var}` |")[1].split("\n")[0]
-    assert f"{schema._num(s.lo)} to {schema._num(s.hi)}" in row
+    assert f"{number(s.lo)} to {number(s.hi)}" in row
 
 
 @pytest.mark.parametrize("var", ["SERVED_MODEL_NAME", "MEMLOCK", "HF_REPO", "PLAN_NAME", "WATCHDOG", "PRIVILEGED"])

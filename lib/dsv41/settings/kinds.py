@@ -10,6 +10,7 @@ import shlex
 
 from dsv41.errors import BadInput, UserError
 from dsv41.node import memguard
+from dsv41.settings.setting import number
 
 MAX_VALUE_LEN = 4096          # any setting's value; an ssh target is at most 255 characters
 MAX_TARGET_LEN = 255
@@ -41,12 +42,8 @@ def bad(label, value, accepted):
     return ConfigError(f"{label}{sep}{shown!r} is not valid: expected {accepted}")
 
 
-def _num(x):
-    return str(x) if isinstance(x, int) else f"{x:g}"
-
-
 def _range(s):
-    return f" from {_num(s.lo)} to {_num(s.hi)}" if s.hi is not None else f" of at least {_num(s.lo)}"
+    return f" from {number(s.lo)} to {number(s.hi)}" if s.hi is not None else f" of at least {number(s.lo)}"
 
 
 def _int(s, label, v):

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.node import memguard
-from dsv41.settings.setting import Setting
+from dsv41.settings.setting import Setting, number
 from dsv41.vllm import settings as ENGINE      # the engine dsv41 ships: its settings module
 
 # preflight's checks (head/core/preflight.py registers them; a test keeps the two lists equal)
@@ -211,24 +211,20 @@ KIND_ACCEPTS = {
 }
 
 
-def _num(x):
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
 def accepts(s):
     """A setting's accepted values in words: its range, its choices or what its kind and pattern take."""
     if s.kind == "int":
-        return f"{_num(s.lo)} to {_num(s.hi)}" if s.hi is not None else f"{_num(s.lo)} or more"
+        return f"{number(s.lo)} to {number(s.hi)}" if s.hi is not None else f"{number(s.lo)} or more"
     if s.kind == "float":
-        return f"more than {_num(s.lo)}, at most {_num(s.hi)}"
+        return f"more than {number(s.lo)}, at most {number(s.hi)}"
     if s.kind == "floor":
-        return f"{_num(s.lo)} to {_num(s.hi)}"
+        return f"{number(s.lo)} to {number(s.hi)}"
     if s.kind == "choice":
         return ", ".join(f"`{c}`" for c in s.choices)
     if s.kind == "caps":
-        return f"a comma list of whole numbers {_num(s.lo)} to {_num(s.hi)}, e.g. `1,2,4,8`"
+        return f"a comma list of whole numbers {number(s.lo)} to {number(s.hi)}, e.g. `1,2,4,8`"
     if s.kind == "gpus":
-        return f"`all`, empty (no GPU), or device numbers {_num(s.lo)} to {_num(s.hi)} as a comma list, e.g. `0,1`"
+        return f"`all`, empty (no GPU), or device numbers {number(s.lo)} to {number(s.hi)} as a comma list, e.g. `0,1`"
     if s.kind == "list":
         return "a comma list of " + ", ".join(f"`{c}`" for c in s.choices)
     if s.kind in ("text", "command"):

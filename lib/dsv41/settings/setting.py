@@ -25,3 +25,8 @@ class Setting(NamedTuple):
     @property
     def where(self):
         return "environment" if self.env_only else "environment, profile"
+
+
+def number(x):
+    """A bound as a person writes it: 65535, 0.5, 1e+20."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
