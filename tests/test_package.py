@@ -21,7 +21,8 @@ def installed(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(tmp / "v")], check=True)
     pip = [str(tmp / "v/bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run(pip + ["--no-deps", *map(str, (tmp / "wheels").glob("dsv41-*.whl"))], check=True, capture_output=True)
-    subprocess.run(pip + ["requests==2.34.2"], check=True, capture_output=True)   # what the client tools need
+    subprocess.run(pip + ["requests==2.34.2", "prometheus_client==0.26.0"], check=True,   # what the client needs
+                   capture_output=True)
     return tmp
 
 
@@ -49,9 +50,15 @@ def test_the_client_tools_run_from_the_package(installed, tool):
 
 
 def test_the_package_holds_what_runs_without_the_checkout(installed):
-    """dsv41.head needs the checkout (dodo.py, conf/, units/): it is not in the wheel; py.typed is."""
+    """dsv41.head, the settings and the engine's recipe need the checkout (dodo.py, conf/, units/): they are
+    not in the wheel; py.typed is, and every module in it imports from the wheel alone."""
     import zipfile
     [wheel] = (installed / "wheels").glob("dsv41-*.whl")
     files = zipfile.ZipFile(wheel).namelist()
     assert "dsv41/py.typed" in files and "dsv41/node/memguard/guard.py" in files and "dsv41/client/smoke.py" in files
-    assert not [f for f in files if f.startswith("dsv41/head/")]
+    assert not [f for f in files if f.startswith(("dsv41/head/", "dsv41/settings/", "dsv41/vllm/"))]
+    modules = [f[:-3].replace("/", ".").removesuffix(".__init__") for f in files
+               if f.startswith("dsv41/") and f.endswith(".py") and not f.endswith("__main__.py")]
+    r = run(installed, f"{installed}/v/bin/python", "-c",
+            f"import importlib\nfor m in {modules!r}: importlib.import_module(m)")
+    assert r.returncode == 0, r.stderr
