@@ -16,7 +16,8 @@ def plan(cfg):
     states = cl.probe_all()
     print("\n".join(settings_lines(cfg, cl.recipe)))
     if cfg.engine_args or cfg.engine_env:
-        print("engine changes (vLLM's argv and the container's environment differ from a Spark's here):")
+        print(f"engine changes ({cl.recipe.name}'s argv and the container's environment differ from a Spark's "
+              "here):")
         for k, v, src in cfg.engine_args + cfg.engine_env:
             print(f"  {k:<28} {'dropped' if v is None else v}  ({src})")
     print("nodes:")

@@ -1,7 +1,7 @@
 """doit top: the cluster on one live screen, refreshed every --interval seconds (2): each node's
 MemAvailable against its memory guard's floor, swap, the guard, the rank unit and its uptime, GPU
-memory; the engine from vLLM's /metrics (requests, KV cache, token rates and latency percentiles over
-the last interval); the cluster's Health (core.health, as status and the watchdog judge it: a recovery
+memory; the engine from its /metrics, by the recipe's series (requests, KV cache, token rates and latency
+percentiles over the last interval); the cluster's Health (core.health, as status and the watchdog judge it: a recovery
 under way shows as RECOVERING with its step); the watchdog's verdict and last incident. `q` or Ctrl-C quits and gives the
 terminal back as it was. `--once` prints one snapshot as text, `--once --json` as JSON (SCHEMA) for
 scripts; it scrapes /metrics twice, --interval apart, for the rates (`--interval 0`: once, rates null).

@@ -1,6 +1,6 @@
 """Pure argv builders for the commands dsv41 runs on nodes (docker, systemctl, journalctl, its own
 services), as lists of strings. Nothing here executes anything; nodes.Node.run() does. The engine's
-container command is the recipe's (core.vllm).
+container command is the recipe's (dsv41.vllm.argv).
 
 `paths` is one node's paths: an object or dict with model_dir, state_dir."""
 from collections.abc import Mapping
