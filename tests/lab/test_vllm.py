@@ -45,7 +45,7 @@ def vllm(lab):
     lab_up(LAB_ENGINE="vllm")
     endpoint = subprocess.run(["bash", str(LAB_DIR / "hub-up.sh")], capture_output=True, text=True,
                               check=True).stdout.strip()
-    # the watchdog stays off (lab.doit's default: these tests repair by hand); those that take `watched` turn it on
+    # the watchdog stays off (lab.doit's default: these tests repair by hand); the last test turns it on
     env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint}
     lab.doit("stop", check=False)
     for node, rank in (("head", 0), ("worker1", 1)):
@@ -254,6 +254,17 @@ def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(l
     assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
 
 
+def test_stop_leaves_nothing_running(lab, vllm):
+    lab.doit("stop", vllm.env)
+    for node, rank in (("head", 0), ("worker1", 1)):
+        assert lab.on(node, "docker ps -aq --filter name=dsv41-").stdout.strip() == ""
+        states = lab.units(node, [f"dsv41-r{rank}.service", "dsv41-memguard.service"])
+        assert all(p["ActiveState"] != "active" for p in states.values()), states
+    assert ":8000 " not in lab.on("head", "ss -ltn").stdout
+    r = lab.doit("status", vllm.env, check=False)
+    assert r.returncode == 3
+
+
 # The watchdog's short settings for these tests (the defaults are measured by the chaos soak: docs/faults.md).
 WATCHED = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "30", "WATCHDOG_PROBE_S": "20",
            "WATCHDOG_BACKOFF_S": "5", "WATCHDOG_MAX_RECOVERIES": "10", "SSH_TIMEOUT_S": "5"}
@@ -408,17 +419,3 @@ def guard(lab):
     """(MainPID, ActiveState) of the worker's memory guard."""
     p = lab.units("worker1", ["dsv41-memguard.service"], ("MainPID", "ActiveState"))["dsv41-memguard.service"]
     return p["MainPID"], p["ActiveState"]
-
-
-def test_stop_leaves_nothing_running(lab, vllm, watched):
-    """Last, with the watchdog on: `doit stop` stops it first, and nothing comes back."""
-    lab.doit("stop", watched)
-    time.sleep(2 * 5)                                            # two watchdog intervals
-    for node, rank in (("head", 0), ("worker1", 1)):
-        assert lab.on(node, "docker ps -aq --filter name=dsv41-").stdout.strip() == ""
-        units = [f"dsv41-r{rank}.service", "dsv41-memguard.service"] + (["dsv41-watchdog.service"] if rank == 0 else [])
-        states = lab.units(node, units)
-        assert all(p["ActiveState"] != "active" for p in states.values()), states
-    assert ":8000 " not in lab.on("head", "ss -ltn").stdout
-    r = lab.doit("status", vllm.env, check=False)
-    assert r.returncode == 3
