@@ -28,15 +28,9 @@ class Api(ThreadingHTTPServer):
     daemon_threads = True
     health = 200
     serving = True
-    hang = None         # "probe": a chat request never answers; "all": from then on nothing answers
-
-
-def hangs(srv, what):
-    """Hold the request unanswered, as a stopped process would, until the test ends."""
-    if srv.hang == what:
-        srv.released.wait(30)
-        return True
-    return False
+    # None; "probe": a chat request is never answered (a wedged engine); "stop at the probe": neither is
+    # anything from that request on (a stopped process), which it marks by setting "all"
+    hang = None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -53,7 +47,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         srv = self.server
-        if hangs(srv, "all"):
+        if srv.hang == "all":
+            srv.released.wait(30)
             return
         if self.path == "/health":
             return self.send(srv.health, "")
@@ -66,9 +61,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         if self.server.hang:
-            self.server.hang = "all" if self.server.hang == "stop at the probe" else self.server.hang
-            if hangs(self.server, "all") or hangs(self.server, "probe"):
-                return
+            if self.server.hang == "stop at the probe":
+                self.server.hang = "all"
+            self.server.released.wait(30)
+            return
         if self.server.health >= 500 or not self.server.serving:
             return self.send(500, '{"error": {"message": "EngineDeadError"}}')
         self.send_response(200)
