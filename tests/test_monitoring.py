@@ -237,6 +237,17 @@ def test_thresholds_follow_the_settings(tmp_path):
     assert rules["DSV41ApiDown"]["for"] == "5s"
 
 
+def test_a_window_of_a_fraction_of_a_minute_is_written_in_seconds(tmp_path):
+    """ALERT_RECENT_MIN=0.25 (how the lab's alert tests wait 15 s, not a minute): every window it sets, in
+    the rules and the recipe's, is 15s, and the summaries say 0.25 min."""
+    text = monitoring.render_rules(cfg_for(tmp_path, ALERT_RECENT_MIN="0.25"))
+    rules = {r["alert"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
+    for name in ("DSV41RankRestarted", "DSV41WatchdogRecovered", "DSV41TtftHigh", "DSV41DecodeSlow"):
+        assert "[15s]" in rules[name]["expr"] and "m]" not in rules[name]["expr"], rules[name]["expr"]
+    assert "< 15)" in rules["DSV41RankRestarted"]["expr"]
+    assert rules["DSV41TtftHigh"]["annotations"]["summary"].startswith("TTFT p95 over the last 0.25 min")
+
+
 # ---- the dashboard's queries ----------------------------------------------------------------------
 
 def dashboard_queries():

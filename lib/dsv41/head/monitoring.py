@@ -76,7 +76,10 @@ def render_config(cfg, rules_path):
 def render_rules(cfg, recipe=None):
     """dsv41's alert rules with the engine's (its recipe's rules template, same thresholds) among them."""
     recipe = recipe or engine.for_config(cfg)
-    values = dict(for_s=cfg.alert_for_s, recent_min=cfg.alert_recent_min, ttft_p95_s=f"{cfg.alert_ttft_p95_s:g}",
+    recent_s = round(60 * cfg.alert_recent_min)
+    values = dict(for_s=cfg.alert_for_s, recent_min=f"{cfg.alert_recent_min:g}", recent_s=recent_s,
+                  recent=f"{recent_s // 60}m" if recent_s % 60 == 0 else f"{recent_s}s",    # a PromQL range
+                  ttft_p95_s=f"{cfg.alert_ttft_p95_s:g}",
                   decode_toks_min=f"{cfg.alert_decode_toks_min:g}", margin_gib=f"{cfg.alert_mem_margin_gib:g}",
                   margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
                   grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s)

@@ -72,7 +72,7 @@ class Config:
     scrape_interval_s: int
     metrics_with_key: bool
     alert_for_s: int
-    alert_recent_min: int
+    alert_recent_min: float
     alert_ttft_p95_s: float
     alert_decode_toks_min: float
     alert_mem_margin_gib: float

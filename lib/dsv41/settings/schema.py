@@ -97,8 +97,8 @@ OWN = (
       "`API_KEY_FILE`"),
     S("ALERT_FOR_S", "int", 60, "a fault (API, rank, exporter, memory near the floor) lasts this long before it "
       "alerts", lo=0, hi=24 * 3600),
-    S("ALERT_RECENT_MIN", "int", 15, "a rank restart or a watchdog recovery alerts this long; the window of the "
-      "TTFT and decode rates", lo=1, hi=24 * 60),
+    S("ALERT_RECENT_MIN", "float", 15, "a rank restart or a watchdog recovery alerts this long; the window of the "
+      "TTFT and decode rates", lo=0.1, hi=24 * 60),
     S("ALERT_TTFT_P95_S", "float", 30, "TTFT p95 above this alerts (published two-Spark prefill: a 32k prompt's "
       "first token in about 16 s)", lo=0, hi=3600),
     S("ALERT_DECODE_TOKS_MIN", "float", 15, "decode tok/s per stream below this alerts (published: 29 to 40)",
