@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.soak           # it runs three modules of the per-landing suite again (about 80 s)
 def test_config_tests_pass_with_a_users_settings_exported(tmp_path):
     user = {"MODEL_DIR": str(tmp_path / "models/x"), "STATE_DIR": str(tmp_path / "state"), "PORT": "8001",
             "MEMGUARD_GIB": "2", "WORKER": "me@10.10.10.11", "SSH_TIMEOUT_S": "5", "DSV41_API_KEY": "k"}

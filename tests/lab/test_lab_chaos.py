@@ -51,6 +51,7 @@ def test_short_soak_every_fault_heals_and_every_check_holds(lab, put_back, tmp_p
     assert 0 < rep["availability"] < 1 and (tmp_path / "chaos.png").exists() and (tmp_path / "chaos.md").exists()
 
 
+@pytest.mark.soak           # a property of the soak itself (it cannot pass by healing nothing), not of dsv41
 def test_soak_with_no_recovery_allowed_fails_naming_the_fault_left_unhealed(lab, put_back, tmp_path):
     # faults further apart than the SLO (30 s here), so that the first is past its deadline before the
     # next comes (closer faults make a burst, which heals as one, and the soak would go on injecting)

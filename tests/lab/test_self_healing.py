@@ -34,19 +34,27 @@ def rank_start(lab, node, rank):
     return lab.units(node, [f"dsv41-r{rank}.service"])[f"dsv41-r{rank}.service"]["ActiveEnterTimestamp"]
 
 
-@pytest.fixture
-def watched(lab, launched):
-    """The stand-in cluster launched with a fast watchdog and no incidents yet; put back afterwards."""
-    lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/watchdog.gaveup {STATE}/incidents {STATE}/needs-reboot.json")
-    lab.doit("clear-trip", check=False)
-    lab.doit("launch", FAST)
-    assert lab.units("head", ["dsv41-watchdog.service"])["dsv41-watchdog.service"]["ActiveState"] == "active"
+@pytest.fixture(scope="module")
+def put_back(lab, launched):
+    """After the module: the stand-in on the defaults, the watchdog off, as the other modules expect."""
     yield
     lab.doit("clear-trip", check=False)
     lab.on("head", f"rm -f {STATE}/watchdog.gaveup")
+    lab.doit("launch")
+
+
+@pytest.fixture
+def watched(lab, put_back):
+    """The stand-in cluster launched with a fast watchdog and no incidents yet (whatever the test before left:
+    a tripped guard, a watchdog that gave up, stopped ranks)."""
+    lab.doit("clear-trip", check=False)
+    lab.on("head", f"rm -f {STATE}/watchdog.gaveup {STATE}/needs-reboot.json")
     lab.doit("launch", FAST)
+    lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/incidents")      # once converged: nothing of before
+    assert lab.units("head", ["dsv41-watchdog.service"])["dsv41-watchdog.service"]["ActiveState"] == "active"
 
 
+@pytest.mark.soak           # per landing: the real engine's killed worker (test_vllm.py)
 def test_a_killed_worker_rank_is_repaired_with_no_command_typed(lab, watched):
     t0 = time.time()
     lab.on("worker1", "docker kill dsv41-r1")
@@ -61,6 +69,7 @@ def test_a_killed_worker_rank_is_repaired_with_no_command_typed(lab, watched):
     assert "last incident" in status and "restart, READY" in status
 
 
+@pytest.mark.soak           # per landing: the real engine's stopped EngineCore (test_vllm.py)
 def test_a_wedged_engine_is_detected_and_repaired(lab, watched):
     before = rank_start(lab, "head", 0)
     lab.on("head", "docker kill --signal USR1 dsv41-r0")            # the stand-in stops making tokens
@@ -110,6 +119,7 @@ def test_no_recovery_while_a_guard_is_tripped(lab, watched):
     assert "TRIPPED: the memory guard is tripped on" in journal(lab, t0)
 
 
+@pytest.mark.soak           # per landing: the real engine's stop with the watchdog on (test_vllm.py)
 def test_after_doit_stop_nothing_restarts(lab, watched):
     lab.doit("stop")
     time.sleep(8)                                                           # four intervals
@@ -137,6 +147,7 @@ def incident_folder(lab):
     return f"{STATE}/incidents/{names[0]}"
 
 
+@pytest.mark.soak           # per landing: the real engine's stopped Worker_TP1 and EngineCore's evidence
 def test_a_stopped_worker_is_wedged_repaired_and_leaves_its_evidence(lab, watched):
     """Every step waits for each rank: a stopped headless stand-in stalls rank 0 while /health and /metrics
     answer. Caught within WATCHDOG_STALL_S + WATCHDOG_PROBE_S + one interval, evidence first."""
