@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import lab_up
+import labctl
 from labctl import CACHE, LAB_DIR
 
 from dsv41.client import metrics
@@ -45,7 +46,7 @@ def vllm(lab):
     lab_up(LAB_ENGINE="vllm")
     endpoint = subprocess.run(["bash", str(LAB_DIR / "hub-up.sh")], capture_output=True, text=True,
                               check=True).stdout.strip()
-    # the watchdog stays off (lab.doit's default: these tests repair by hand); the last test turns it on
+    # the watchdog stays off (lab.doit's default: these tests repair by hand); those that take `watched` turn it on
     env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint}
     lab.doit("stop", check=False)
     for node, rank in (("head", 0), ("worker1", 1)):
@@ -53,11 +54,12 @@ def vllm(lab):
                "/etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
     t0 = time.monotonic()
     lab.doit("download", env)
+    t1 = time.monotonic()
     launched = lab.doit("launch", env, timeout=1800)
-    took = time.monotonic() - t0
-    print(f"real engine: download + launch from nothing took {took:.0f} s")
+    took, launch_s = time.monotonic() - t0, time.monotonic() - t1
+    print(f"real engine: download + launch from nothing took {took:.0f} s (the launch {launch_s:.0f} s)")
     key = lab.on("head", f"cat {STATE}/api_key").stdout.strip()
-    yield SimpleNamespace(env=env, key=key, launched=launched, took=took)
+    yield SimpleNamespace(env=env, key=key, launched=launched, took=took, launch_s=launch_s)
     lab.doit("stop", env, check=False)
 
 
@@ -152,6 +154,7 @@ def test_smoke_and_bench_report_against_the_real_engine(lab, vllm):
     assert result["prefill"] and result["decode"]
 
 
+@pytest.mark.soak           # the watchdog's repair of a killed worker is the per-landing proof
 def test_a_killed_worker_rank_fails_the_api_as_vllm_does_and_launch_repairs_it(lab, vllm):
     lab.on("worker1", "docker kill dsv41-r1")
     code, body = api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
@@ -175,13 +178,22 @@ def test_a_killed_worker_rank_fails_the_api_as_vllm_does_and_launch_repairs_it(l
                                                   "max_tokens": 4})[0] == 200
 
 
+WARM_RATIO_MAX = 0.9         # docs/lab.md: from nothing about 95 s, warm about 70 s
+
+
+@pytest.mark.soak
 def test_a_warm_cache_launch_is_faster_than_from_nothing(lab, vllm):
+    """Both ranks from stopped with the compile cache warm ($STATE_DIR/cache), against the fixture's launch
+    from nothing (cold cache), measured in the same run."""
     lab.doit("stop", vllm.env)
     t0 = time.monotonic()
     lab.doit("launch", vllm.env, timeout=1800)
     took = time.monotonic() - t0
-    print(f"real engine: launch with a warm compile cache took {took:.0f} s (from nothing: {vllm.took:.0f} s)")
+    ratio = took / vllm.launch_s
+    print(f"real engine: launch with a warm compile cache took {took:.0f} s, from nothing {vllm.launch_s:.0f} s "
+          f"({ratio:.2f} of it)")
     assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
+    assert ratio <= WARM_RATIO_MAX
 
 
 def never_ready_image(lab):
@@ -227,9 +239,12 @@ def test_an_engine_flag_vllm_rejects_rolls_back_to_the_release_before(lab, vllm)
 
 
 def test_an_image_that_starts_and_never_serves_rolls_back_at_its_deadline(lab, vllm):
+    """The deadline at its floor (1 min: START_TIMEOUT_MIN and ROLLOUT_MIN_TIMEOUT_MIN for this launch), not
+    twice a start-up: what is proven is that the deadline ends the wait and the way back serves."""
     ref = never_ready_image(lab)
-    r = rolled_back(lab, vllm, {"IMG": ref}, "an image that never serves")
-    assert "did not become ready within" in r.stdout + r.stderr and "the rollout deadline" in r.stdout + r.stderr
+    r = rolled_back(lab, vllm, {"IMG": ref, "START_TIMEOUT_MIN": "1", "ROLLOUT_MIN_TIMEOUT_MIN": "1"},
+                    "an image that never serves")
+    assert "did not become ready within 1 min (the rollout deadline" in r.stdout + r.stderr
     assert ref not in lab.on("head", "cat /etc/systemd/system/dsv41-r0.service").stdout
 
 
@@ -250,25 +265,19 @@ def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(l
     r = lab.doit("status", vllm.env, check=False)
     assert r.returncode == 5 and "TRIPPED" in r.stdout
     lab.doit("clear-trip", vllm.env)
-    lab.doit("launch", vllm.env, timeout=1800)
+    t0 = time.monotonic()
+    lab.doit("launch", vllm.env, timeout=1800)               # both ranks from stopped, the compile cache warm
+    print(f"real engine: launch with a warm compile cache took {time.monotonic() - t0:.0f} s "
+          f"(from nothing: {vllm.launch_s:.0f} s)")
     assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
 
 
-def test_stop_leaves_nothing_running(lab, vllm):
-    lab.doit("stop", vllm.env)
-    for node, rank in (("head", 0), ("worker1", 1)):
-        assert lab.on(node, "docker ps -aq --filter name=dsv41-").stdout.strip() == ""
-        states = lab.units(node, [f"dsv41-r{rank}.service", "dsv41-memguard.service"])
-        assert all(p["ActiveState"] != "active" for p in states.values()), states
-    assert ":8000 " not in lab.on("head", "ss -ltn").stdout
-    r = lab.doit("status", vllm.env, check=False)
-    assert r.returncode == 3
-
-
 # The watchdog's short settings for these tests (the defaults are measured by the chaos soak: docs/faults.md).
-WATCHED = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "30", "WATCHDOG_PROBE_S": "20",
+# A step of the tiny model takes milliseconds and a chunked prefill's longest flat stretch is about 3 s
+# (test_a_long_chunked_prefill_is_progress_though_no_token_total_moves), so 15 s of no progress is a hang.
+WATCHED = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "15", "WATCHDOG_PROBE_S": "10",
            "WATCHDOG_BACKOFF_S": "5", "WATCHDOG_MAX_RECOVERIES": "10", "SSH_TIMEOUT_S": "5"}
-HANG_BOUND_S = 30 + 20 + 5            # WATCHDOG_STALL_S + WATCHDOG_PROBE_S + one interval
+HANG_BOUND_S = 15 + 10 + 5            # WATCHDOG_STALL_S + WATCHDOG_PROBE_S + one interval
 DOWN_BOUND_S = 2 * 5 + 5              # two intervals + the /health timeout
 SLACK_S = 10                          # a probe round trip and an ssh look on 2 busy cores
 
@@ -373,6 +382,7 @@ def test_the_watchdog_repairs_a_stopped_api_server_without_the_stop_grace(lab, v
     serves(lab, vllm, watched)
 
 
+@pytest.mark.soak           # per landing: test_faults.py's killed guard, the chaos soak's kill-guard
 def test_a_killed_memory_guard_comes_back_and_the_ranks_never_notice(lab, vllm, watched):
     pid = lab.units("worker1", ["dsv41-memguard.service"], ("MainPID",))["dsv41-memguard.service"]["MainPID"]
     before = rank_start_of(lab)
@@ -387,6 +397,7 @@ def test_a_killed_memory_guard_comes_back_and_the_ranks_never_notice(lab, vllm, 
     serves(lab, vllm, watched)
 
 
+@pytest.mark.soak           # per landing: the chaos soak's stop-sshd on the stand-in
 def test_a_frozen_worker_sshd_is_never_acted_on_and_status_names_the_node(lab, vllm, watched):
     """Every sshd of the worker stopped: the ranks still serve, the watchdog cannot refresh the worker's facts
     and so does nothing (UNKNOWN), and status names the node it cannot see."""
@@ -401,9 +412,11 @@ def test_a_frozen_worker_sshd_is_never_acted_on_and_status_names_the_node(lab, v
                                                       "max_tokens": 2})[0] == 200
         r = lab.doit("status", watched, check=False)
         assert r.returncode != 0 and "worker1" in r.stdout + r.stderr, r.stdout
-        time.sleep(30)                                           # six watchdog intervals
-        seen = json.loads(lab.on("head", f"cat {STATE}/watchdog.status.json").stdout)
-        assert seen["verdict"] == "UNKNOWN" and "worker1" in seen["evidence"], seen
+        def unknown():
+            seen = json.loads(lab.on("head", f"cat {STATE}/watchdog.status.json").stdout)
+            return seen["verdict"] == "UNKNOWN" and "worker1" in seen["evidence"] and seen
+        labctl.wait_for("the watchdog's UNKNOWN naming worker1", unknown, timeout=60)
+        time.sleep(3 * 5)                                        # three intervals more: still nothing done
     finally:
         subprocess.run(["kill", "-CONT", *pids], check=False)
     assert incidents_since(lab, t0) == [] and rank_start_of(lab) == before
@@ -419,3 +432,17 @@ def guard(lab):
     """(MainPID, ActiveState) of the worker's memory guard."""
     p = lab.units("worker1", ["dsv41-memguard.service"], ("MainPID", "ActiveState"))["dsv41-memguard.service"]
     return p["MainPID"], p["ActiveState"]
+
+
+def test_stop_leaves_nothing_running(lab, vllm, watched):
+    """Last, with the watchdog on: `doit stop` stops it first, and nothing comes back."""
+    lab.doit("stop", watched)
+    time.sleep(2 * 5)                                            # two watchdog intervals
+    for node, rank in (("head", 0), ("worker1", 1)):
+        assert lab.on(node, "docker ps -aq --filter name=dsv41-").stdout.strip() == ""
+        units = [f"dsv41-r{rank}.service", "dsv41-memguard.service"] + (["dsv41-watchdog.service"] if rank == 0 else [])
+        states = lab.units(node, units)
+        assert all(p["ActiveState"] != "active" for p in states.values()), states
+    assert ":8000 " not in lab.on("head", "ss -ltn").stdout
+    r = lab.doit("status", vllm.env, check=False)
+    assert r.returncode == 3
