@@ -1,12 +1,13 @@
 """More than two nodes, proven: the lab with LAB_NODES=3 (head, worker1, worker2 on one bridged fabric)
 and the stand-in engine (it keeps the rank contract for any --nnodes). The module brings the lab up with
-three nodes and leaves it with two, the stand-in launched again, for the modules after it."""
+three nodes and runs after every other lab module (tests/lab/conftest.py orders it last), so it leaves
+the lab as it is: the session's end takes it down."""
 import json
 import time
 
 import pytest
 from conftest import lab_up, launch_from_nothing
-from labctl import Lab
+from labctl import MODEL, Lab
 
 pytestmark = pytest.mark.lab
 
@@ -24,29 +25,30 @@ def three(lab):
     lab3 = lab_with(3)
     assert list(lab3.ip) == ["head", "worker1", "worker2"]
     t0 = time.monotonic()
-    launched = launch_from_nothing(lab3, WORKERS, mb=32)
+    launched = launch_from_nothing(lab3, WORKERS)
     print(f"three nodes: launch from nothing took {time.monotonic() - t0:.1f} s")
-    yield lab3, launched
-    launch_from_nothing(lab_with(2))
+    return lab3, launched
 
 
-def test_workers_get_the_checkpoint_at_once_faster_than_one_at_a_time(three):
-    lab, _ = three
-    wipe = "rm -rf /root/lab-model /root/.dsv41-two-sparks/checkpoint-receipt.json"
+def copy_to(lab, workers):
+    """`doit copy` to `workers` (a WORKERS value) after wiping the checkpoint on both workers: its seconds."""
+    for n in ("worker1", "worker2"):
+        lab.on(n, "rm -rf /root/lab-model /root/.dsv41-two-sparks/checkpoint-receipt.json")
+    t0 = time.monotonic()
+    lab.doit("copy", {"WORKERS": workers})
+    return time.monotonic() - t0
 
-    def copy(workers):
-        for n in ("worker1", "worker2"):
-            lab.on(n, wipe)
-        t0 = time.monotonic()
-        lab.doit("copy", {"WORKERS": workers})
-        return time.monotonic() - t0
-    one_at_a_time = copy("root@198.51.100.13") + copy("root@198.51.100.14")
-    both = copy(WORKERS["WORKERS"])
-    print(f"copy to two workers: at once {both:.1f} s, one at a time {one_at_a_time:.1f} s "
-          f"({one_at_a_time / both:.2f}x)")
+
+def verified_on_both(lab):
     for n in ("worker1", "worker2"):
         receipt = json.loads(lab.on(n, "cat /root/.dsv41-two-sparks/checkpoint-receipt.json").stdout)
-        assert len(receipt["files"]) == 6
+        assert len(receipt["files"]) == 6, (n, receipt)
+
+
+def test_workers_get_the_checkpoint_at_once_verified_on_each(three):
+    lab, _ = three
+    copy_to(lab, WORKERS["WORKERS"])
+    verified_on_both(lab)
 
 
 def test_preflight_checks_every_pair_that_must_talk(three):
@@ -107,3 +109,25 @@ def test_stop_stops_every_node(three):
         units = lab.units(node, [f"dsv41-r{rank}.service", "dsv41-memguard.service"])
         assert all(p["ActiveState"] != "active" for p in units.values()), (node, units)
         assert lab.on(node, "docker ps -q --filter name=dsv41-").stdout.strip() == ""
+
+
+COPY_SPEEDUP_MIN = 1.1      # docs/lab.md: about 1.3x here, where the two cores are the limit
+
+
+@pytest.mark.soak
+def test_copy_to_two_workers_at_once_is_faster_than_one_at_a_time(three):
+    """A checkpoint of about 290 MB (six 48 MB shards; the per-landing one is 24 MB, too small for a ratio),
+    copied to one worker after the other and then to both at once, in the same run; last in the module, as
+    it replaces the head's checkpoint."""
+    lab, _ = three
+    lab.on("head", f"{lab.venv}/bin/python {lab.repo}/tests/fixture_checkpoint.py {MODEL} --mb 48")
+    try:
+        one_at_a_time = copy_to(lab, "root@198.51.100.13") + copy_to(lab, "root@198.51.100.14")
+        both = copy_to(lab, WORKERS["WORKERS"])
+        verified_on_both(lab)
+    finally:
+        lab.on("head", f"{lab.venv}/bin/python {lab.repo}/tests/fixture_checkpoint.py {MODEL} --mb 4")
+        copy_to(lab, WORKERS["WORKERS"])
+    print(f"copy to two workers: at once {both:.1f} s, one at a time {one_at_a_time:.1f} s "
+          f"({one_at_a_time / both:.2f}x)")
+    assert one_at_a_time / both >= COPY_SPEEDUP_MIN
