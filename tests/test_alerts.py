@@ -5,6 +5,7 @@ receivers, and a real Alertmanager (Debian's 0.25, installed by tests/setup/moni
 and one resolved notification, the rank alert inhibited under the recovery's; a silence set by
 silences.silence() stops notifications and unsilence() ends it; `doit alerts test` reports delivery per
 integration. No secret reaches an argv, a unit or a world-readable file; no Alertmanager is left running."""
+import dataclasses
 import email
 import email.policy
 import json
@@ -414,6 +415,21 @@ def test_a_release_that_failed_pages_once_on_every_receiver(running):
     assert post["body"]["status"] == "firing" and alert["labels"]["release"] == "4"
     assert alert["labels"]["cluster"] == "sparks" and "rolled back to release 3" in alert["annotations"]["summary"]
     assert len(box.messages) == 1 and "DSV41ReleaseFailed" in text_of(box.messages[0])
+
+
+def test_a_release_page_outlives_the_restarts_silence_however_short_the_alert_window(running, tmp_path):
+    """ALERT_RECENT_MIN=0.1 (6 s) and the restart's silence ending in 8 s: the page still fires once the
+    silence is over (an alert that ended silenced would page no one)."""
+    cfg, hook = running["cfg"], running["hook"]
+    short = dataclasses.replace(cfg, alert_recent_min=0.1)
+    silences.silence(short, "doit launch")
+    silences.end_soon(short, 8)
+    t0 = time.time()
+    silences.page(short, "DSV41ReleaseFailed", "release 5 failed; rolled back to release 4", "-", {"release": "5"},
+                  silenced_s=8)
+    wait(running, "the release's page after the silence", lambda: hook.posts, timeout=30)
+    (post,) = hook.posts
+    assert post["body"]["status"] == "firing" and time.time() - t0 >= 8
 
 
 def doit(running, *words):

@@ -116,13 +116,15 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
         outcome = err
         raise
     finally:                                # planned work is over, served or not: a cluster left down alerts
+        quiet_s = 0
         if restarting and silences.silences(cfg):     # after the restart's alerts resolved (two scrapes)
-            say(cl.head, silences.end_soon(cfg, 2 * cfg.scrape_interval_s + RESOLVE_SLACK_S))
+            quiet_s = 2 * cfg.scrape_interval_s + RESOLVE_SLACK_S
+            say(cl.head, silences.end_soon(cfg, quiet_s))
         if outcome is not None:             # the failed release is an incident: it pages once
             n = ro.release.number
             say(cl.head, silences.page(cfg, "DSV41ReleaseFailed", one_line(outcome, 300),
                                        f"`doit releases show {n}` has what changed; `doit incidents show 1` the "
-                                       "failed ranks' evidence", {"release": str(n)}))
+                                       "failed ranks' evidence", {"release": str(n)}, silenced_s=quiet_s))
 
 
 def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, paused, by, began):

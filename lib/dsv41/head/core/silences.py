@@ -123,13 +123,17 @@ def silence_line(cfg):
     return describe(silences(cfg), cfg.cluster_name)
 
 
-def page(cfg, name, summary, description, labels=None, now=time.time):
+def page(cfg, name, summary, description, labels=None, silenced_s=0, now=time.time):
     """One alert of ours straight to Alertmanager (severity critical, labelled with the cluster): a fault a
-    command found, not Prometheus (a release that failed). It ends ALERT_RECENT_MIN later; returns a line."""
+    command found, not Prometheus (a release that failed). It ends ALERT_RECENT_MIN later, and never before
+    the silence still on it (silenced_s: the restart's, ending soon) is over and a group's wait and interval
+    more have passed: an alert that ends silenced, or before its first notification, pages no one.
+    Returns a line."""
     t = now()
+    lasts = max(60 * cfg.alert_recent_min, silenced_s + cfg.alert_group_wait_s + cfg.alert_group_interval_s)
     alert = {"labels": {"alertname": name, "cluster": cfg.cluster_name, "severity": "critical", **(labels or {})},
              "annotations": {"summary": summary, "description": description},
-             "startsAt": am.iso(t), "endsAt": am.iso(t + 60 * cfg.alert_recent_min)}
+             "startsAt": am.iso(t), "endsAt": am.iso(t + lasts)}
     try:
         am.post_alerts(am.url(cfg), [alert])
     except ODD as err:
