@@ -246,6 +246,7 @@ def test_the_lab_engine_profile_changes_only_what_it_lists(tmp_path):
         spark_env = dict(vllm.container_env(spark, fab, rank))
         assert "VLLM_USE_V2_MODEL_RUNNER" not in env and "OMP_NUM_THREADS" not in env
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == str(rank) and env["VLLM_NO_USAGE_STATS"] == "1"
+        assert env["VLLM_USE_AOT_COMPILE"] == "0"                        # its warm compile cache loads
         assert {k: v for k, v in env.items() if k in spark_env} == {
             k: v for k, v in spark_env.items() if k not in ("VLLM_USE_V2_MODEL_RUNNER", "OMP_NUM_THREADS")}
     assert lab.engine_value("ENGINE_CMD") == ("/opt/vllm/bin/vllm", "serve") and lab.gpus == "" and not lab.privileged
