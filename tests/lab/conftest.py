@@ -7,9 +7,8 @@ checkout, a demo or a benchmark brought up fails the session with one line sayin
 The `launched` fixture (session) makes a fixture checkpoint on the head, then verify, copy and launch
 from nothing; tests that break the cluster put it back before they end.
 
-The alerts module runs right after the monitoring module, on the monitoring it installed (it is removed
-once, after both); the three-node module runs last: it replaces the lab with one of three nodes, and
-nothing after it has to bring two back.
+The three-node module runs last: it replaces the lab with one of three nodes, and nothing after it has to
+bring two back.
 """
 import os
 import shlex
@@ -21,17 +20,12 @@ import pytest
 from labctl import LAB_DIR, MODEL, Lab, LabRefused, missing, up
 
 
-RUNS_AS = {"test_lab_alerts.py": "test_lab_monitoring.py~", "test_three_nodes.py": "~"}   # sorts after
+RUNS_AS = {"test_three_nodes.py": "~"}           # sorts after every other module of the lab
 
 
 def pytest_collection_modifyitems(items):
     """The lab's modules in name order but for RUNS_AS; stable, so each module's own order is kept."""
     items.sort(key=lambda item: (str(item.path.parent), RUNS_AS.get(item.path.name, item.path.name)))
-
-
-def runs(request, module):
-    """Whether this session runs a test of `module` (a file name in tests/lab)."""
-    return any(item.path.name == module for item in request.session.items)
 
 
 def lab_up(**env):

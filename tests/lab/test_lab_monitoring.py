@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import labctl
-from conftest import runs
 
 pytestmark = pytest.mark.lab
 
@@ -65,7 +64,7 @@ def load(lab, n=6):
 
 
 @pytest.fixture(scope="module")
-def monitored(lab, launched, request):
+def monitored(lab, launched):
     lab.doit("clear-trip", check=False)
     out = lab.doit("launch", MON).stdout
     assert "started prometheus-node-exporter.service" in out, out
@@ -74,8 +73,7 @@ def monitored(lab, launched, request):
     wait_for("every target scraped",
              lambda: all(t["health"] != "unknown" for t in api(lab, "/api/v1/targets")["activeTargets"]))
     yield r.stdout
-    if not runs(request, "test_lab_alerts.py"):        # it runs next, on this monitoring, and removes it
-        remove_monitoring(lab)
+    remove_monitoring(lab)
 
 
 def remove_monitoring(lab):
