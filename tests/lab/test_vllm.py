@@ -378,7 +378,11 @@ def test_the_watchdog_repairs_a_stopped_api_server_without_the_stop_grace(lab, v
     lab.on("head", f"kill -STOP {pid}")
     inc = recovered(lab, t0, "API server stopped")
     assert inc["verdict"] == "DEAD" and inc["started"] - t0 <= DOWN_BOUND_S + SLACK_S, inc
-    assert inc["took_s"] < 30 + 120, inc        # the restart itself: no stop grace waited out, then a start-up
+    # no stop grace waited out: rank 0's unit starts again within 30 s of the incident (a start-up's own
+    # length depends on the CPU, so it is not what is bounded)
+    line = lab.on("head", f"journalctl -u dsv41-r0 -o short-unix --no-pager --since=@{int(inc['started'])} "
+                          "| grep -m1 ' Started dsv41-r0'", check=False).stdout
+    assert line and float(line.split()[0]) - inc["started"] < 30, (line, inc)
     serves(lab, vllm, watched)
 
 
