@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-60}
 PY=.venv/bin/python
-end=$((SECONDS + minutes * 60))
+start=$SECONDS end=$((SECONDS + minutes * 60))
 left() { echo $((end - SECONDS)); }
 echo "make soak: at most $minutes min (until $(date -d "@$(( $(date +%s) + minutes * 60 ))" +%H:%M:%S))"
 failed=() times=()
@@ -24,7 +24,7 @@ part "fault table (make faults)" "$PY" bench/bench_faults.py --every 230-250 --o
 chaos_min=$(( ($(left) - 240) / 60 ))
 [ "$chaos_min" -ge 5 ] || chaos_min=5
 part "chaos soak ($chaos_min min)" "$PY" bench/bench_chaos.py --minutes "$chaos_min" --out bench/out/soak-chaos
-echo "make soak: $(( (SECONDS + minutes * 60 - end) )) s of $((minutes * 60)) s"
+echo "make soak: $((SECONDS - start)) s of $((minutes * 60)) s"
 printf '  %s\n' "${times[@]}"
 if [ ${#failed[@]} -gt 0 ]; then echo "make soak: FAILED: ${failed[*]}"; exit 1; fi
 echo "make soak: passed"
