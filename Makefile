@@ -13,15 +13,10 @@ install: .venv/.installed
 	.venv/bin/pip install -q -e '.[test]'
 	touch $@
 
-# What CI runs: every shipped behaviour proven once. The lab's tests first (one lab, brought up and taken
-# down by them), then the rest; each part's seconds are printed, and appended to $(TEST_TIMES) when set.
+# What CI runs: every shipped behaviour proven once (tests/test.sh): the lab's tests, with the unit tests
+# beside them; each part's seconds are printed, and appended to $(TEST_TIMES) when set.
 test: install
-	@rc=0; t0=$$(date +%s); \
-	$(PYTEST) -q -m 'lab and not soak' || rc=1; t1=$$(date +%s); \
-	$(PYTEST) -q -m 'not lab and not soak' || rc=1; t2=$$(date +%s); \
-	echo "make test: lab tests $$((t1 - t0)) s, unit tests $$((t2 - t1)) s"; \
-	[ -z "$(TEST_TIMES)" ] || printf 'lab tests\t%s\t-\nunit tests\t%s\t-\n' $$((t1 - t0)) $$((t2 - t1)) >> "$(TEST_TIMES)"; \
-	exit $$rc
+	@TEST_TIMES="$(TEST_TIMES)" bash tests/test.sh
 
 # What repeats a proof under load or measures a figure, within SOAK_MIN minutes (60) in all: the tests
 # marked soak, the fault table (bench/bench_faults.py, faults 230-250 s apart), then the chaos soak for

@@ -7,8 +7,9 @@ checkout, a demo or a benchmark brought up fails the session with one line sayin
 The `launched` fixture (session) makes a fixture checkpoint on the head, then verify, copy and launch
 from nothing; tests that break the cluster put it back before they end.
 
-The three-node module runs last: it replaces the lab with one of three nodes, and nothing after it has to
-bring two back.
+The modules that mostly wait (alerts, monitoring, the rollout) run first: `make test` runs the unit tests
+beside them. The three-node module runs last: it replaces the lab with one of three nodes, and nothing
+after it has to bring two back.
 """
 import os
 import shlex
@@ -20,12 +21,17 @@ import pytest
 from labctl import LAB_DIR, MODEL, Lab, LabRefused, missing, up
 
 
-RUNS_AS = {"test_three_nodes.py": "~"}           # sorts after every other module of the lab
+FIRST = ("test_lab_alerts.py", "test_lab_monitoring.py", "test_lab_rollout.py")   # beside the unit tests
+LAST = ("test_three_nodes.py",)
+
+
+def run_order(name):
+    return (0, FIRST.index(name)) if name in FIRST else (2, LAST.index(name)) if name in LAST else (1, name)
 
 
 def pytest_collection_modifyitems(items):
-    """The lab's modules in name order but for RUNS_AS; stable, so each module's own order is kept."""
-    items.sort(key=lambda item: (str(item.path.parent), RUNS_AS.get(item.path.name, item.path.name)))
+    """The lab's modules: FIRST, then in name order, then LAST; stable, so each module's own order is kept."""
+    items.sort(key=lambda item: (str(item.path.parent), run_order(item.path.name)))
 
 
 def lab_up(**env):

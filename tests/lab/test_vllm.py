@@ -2,7 +2,8 @@
 the head, rank 1 headless on the worker) over the lab's veth fabric, serving a tiny model (SmolLM2-135M)
 that went the checkpoint's way: downloaded from the Hub stand-in with its split shards, reassembled and
 verified on the head, copied to the worker and verified there, mounted at /model on both. Only what
-conf/lab-vllm.toml lists differs from a Spark's units."""
+conf/lab-vllm.toml lists differs from a Spark's units; these tests run it without torch.compile
+(conf/lab-vllm-eager.toml: nothing they prove depends on compiled kernels), but for the warm-cache figure."""
 import json
 import re
 import subprocess
@@ -47,7 +48,7 @@ def vllm(lab):
     endpoint = subprocess.run(["bash", str(LAB_DIR / "hub-up.sh")], capture_output=True, text=True,
                               check=True).stdout.strip()
     # the watchdog stays off (lab.doit's default: these tests repair by hand); those that take `watched` turn it on
-    env = {"DSV41_PROFILE": "lab-vllm", "HF_ENDPOINT": endpoint}
+    env = {"DSV41_PROFILE": "lab-vllm-eager", "HF_ENDPOINT": endpoint}
     lab.doit("stop", check=False)
     for node, rank in (("head", 0), ("worker1", 1)):
         lab.on(node, f"systemctl stop dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf {STATE} {Path(MODEL).parent} "
@@ -178,21 +179,30 @@ def test_a_killed_worker_rank_fails_the_api_as_vllm_does_and_launch_repairs_it(l
                                                   "max_tokens": 4})[0] == 200
 
 
-WARM_RATIO_MAX = 0.9         # docs/lab.md: a warm start-up about 0.75 of a first one here, 0.7 with AVX-512
+WARM_RATIO_MAX = 0.9         # docs/lab.md: a warm start-up about 0.75 of a cold one here, 0.7 with AVX-512
 
 
 @pytest.mark.soak
-def test_a_warm_cache_launch_is_faster_than_from_nothing(lab, vllm):
-    """Both ranks from stopped with the compile cache warm ($STATE_DIR/cache), against the fixture's launch
-    from nothing (cold cache), measured in the same run."""
-    lab.doit("stop", vllm.env)
-    t0 = time.monotonic()
-    lab.doit("launch", vllm.env, timeout=1800)
-    took = time.monotonic() - t0
-    ratio = took / vllm.launch_s
-    print(f"real engine: launch with a warm compile cache took {took:.0f} s, from nothing {vllm.launch_s:.0f} s "
-          f"({ratio:.2f} of it)")
-    assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
+def test_a_warm_cache_launch_is_faster_than_a_cold_one(lab, vllm):
+    """With torch.compile, as on a Spark (conf/lab-vllm.toml): both ranks from stopped with the compile cache
+    ($STATE_DIR/cache) emptied on every node, then again with it warm, measured in the same run; both launches
+    of the release already in service (the profile's change is launched first), so neither has a rollout."""
+    env = {**vllm.env, "DSV41_PROFILE": "lab-vllm"}
+    lab.doit("launch", env, timeout=1800)
+    took = {}
+    for cache in ("cold", "warm"):
+        lab.doit("stop", env)
+        if cache == "cold":
+            for node in ("head", "worker1"):
+                lab.on(node, f"rm -rf {STATE}/cache/*")
+        t0 = time.monotonic()
+        lab.doit("launch", env, timeout=1800)
+        took[cache] = time.monotonic() - t0
+        assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
+    ratio = took["warm"] / took["cold"]
+    print(f"real engine: launch with a warm compile cache took {took['warm']:.0f} s, with a cold one "
+          f"{took['cold']:.0f} s ({ratio:.2f} of it)")
+    lab.doit("launch", vllm.env, timeout=1800)              # the other tests' profile again
     assert ratio <= WARM_RATIO_MAX
 
 
@@ -266,9 +276,8 @@ def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(l
     assert r.returncode == 5 and "TRIPPED" in r.stdout
     lab.doit("clear-trip", vllm.env)
     t0 = time.monotonic()
-    lab.doit("launch", vllm.env, timeout=1800)               # both ranks from stopped, the compile cache warm
-    print(f"real engine: launch with a warm compile cache took {time.monotonic() - t0:.0f} s "
-          f"(from nothing: {vllm.launch_s:.0f} s)")
+    lab.doit("launch", vllm.env, timeout=1800)               # both ranks from stopped
+    print(f"real engine: launch from stopped took {time.monotonic() - t0:.0f} s (from nothing: {vllm.launch_s:.0f} s)")
     assert json.loads(lab.doit("status --json", vllm.env).stdout)["state"] == "READY"
 
 
