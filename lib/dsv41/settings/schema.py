@@ -56,7 +56,7 @@ OWN = (
     S("MEMGUARD_GIB", "floor", memguard.DEFAULT_FLOOR_GIB,
       "memory guard floor: ranks are stopped below this MemAvailable", lo=memguard.FLOOR_GIB[0],
       hi=memguard.FLOOR_GIB[1]),
-    S("MEMGUARD_MODE", "choice", "enforce", "`observe` only logs what the guard would do",
+    S("MEMGUARD_MODE", "choice", memguard.DEFAULT_MODE, "`observe` only logs what the guard would do",
       choices=memguard.MODES),
     S("TP_SIZE", "int", 0, "tensor-parallel size: a multiple of the node count", lo=0, hi=1024,
       shown="node count"),

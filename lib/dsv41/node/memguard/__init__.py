@@ -20,6 +20,7 @@ from dsv41.errors import UserError
 FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
 DEFAULT_FLOOR_GIB = 1.0        # MEMGUARD_GIB's default (the settings schema reads it from here)
 MODES = ("enforce", "observe")
+DEFAULT_MODE = "enforce"       # MEMGUARD_MODE's default (the settings schema reads it from here)
 GIB = 1 << 30
 
 
