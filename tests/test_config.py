@@ -379,5 +379,39 @@ def test_the_watchdog_settings_are_the_resolved_config_without_secrets(tmp_path)
     again = from_resolved(json.loads(text))
     assert again == dataclasses.replace(cfg, hf_token="") and again.port == 8001
     assert again.engine_args == cfg.engine_args and again.nodes == cfg.nodes and again.hf_token == ""
-    with pytest.raises(ConfigError, match="written by another version: run `doit launch`"):
-        from_resolved({k: v for k, v in json.loads(text).items() if k != "port"})
+    older = from_resolved({k: v for k, v in json.loads(text).items() if k not in ("port", "kv_bytes")})
+    assert older.port == 8000 and older.engine_value("KV_BYTES") == 2700000000, "missing: the default"
+    with pytest.raises(ConfigError, match="^the resolved settings hold 'bogus', which this version does not know"):
+        from_resolved({**json.loads(text), "bogus": 1})
+
+
+def test_a_record_written_by_an_older_version_is_read_as_it_was_written():
+    """tests/records/watchdog-e8d141c.json is the watchdog.json of an earlier version (lab-vllm, PORT=8001,
+    WATCHDOG_WINDOW_MIN=7, R1_GID_INDEX=2): read back, it is what that version resolved; the settings
+    declared since take their defaults."""
+    import json
+
+    from dsv41.settings.resolved import from_resolved
+    with open(os.path.join(ROOT, "tests", "records", "watchdog-e8d141c.json")) as f:
+        cfg = from_resolved(json.load(f)["config"])
+    assert (cfg.port, cfg.watchdog_window_s, cfg.nodes[1].gid_index, cfg.profile) == (8001, 420, 2, "lab-vllm")
+    assert cfg.engine_value("KV_BYTES") == 1073741824 and cfg.engine_args and cfg.hf_token == ""
+    assert cfg.hf_endpoint == "" and cfg.dsv41_base_url == ""      # declared after that record was written
+
+
+def test_a_setting_is_declared_in_one_place(tmp_path, capsys):
+    """One S(...) makes the setting: checked, in `doit config`, in docs/settings.md's table, a field of
+    Config (its derived value declared with it) and in the resolved settings."""
+    from dsv41.head import config as head_config
+    from dsv41.settings import schema
+    from dsv41.settings.resolved import from_resolved, resolved
+    own = schema.OWN + (schema.S("NAP_MIN", "int", 2, "a nap", lo=1, hi=9, field="nap_s", to=schema.seconds),)
+    cfg = load_config({"NAP_MIN": "3"}, own=own)
+    assert cfg.nap_s == 180 and cfg.values["NAP_MIN"] == 3
+    head_config.show(cfg, setting=("nap_min",))
+    assert capsys.readouterr().out.split() == ["NAP_MIN", "3", "(environment)"]
+    assert "| `NAP_MIN` | integer | 1 to 9 | 2 | environment, profile | a nap |" in schema.docs_table(own=own)
+    assert resolved(cfg, own)["nap_s"] == 180 and from_resolved(resolved(cfg, own), own=own).nap_s == 180
+    assert from_resolved(resolved(load_config({})), own=own).nap_s == 120, "an older record: the default"
+    with pytest.raises(ConfigError, match="^NAP_MIN='0' is not valid: expected a whole number from 1 to 9$"):
+        load_config({"NAP_MIN": "0"}, own=own)

@@ -21,6 +21,7 @@ SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DSV41_API_KEY")
 DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
 # user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
+URL_RE = re.compile(r"^https?://[^\s/]+\S*$")
 TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
 
 
@@ -101,8 +102,15 @@ def _secret(s, label, v):
 
 def _webhook(s, label, v):
     v = v.strip()
-    if v and not re.match(r"^https?://[^\s/]+\S*$", v):
+    if v and not URL_RE.match(v):
         raise bad(label, "(hidden)", "an http:// or https:// URL")
+    return v
+
+
+def _url(s, label, v):
+    v = v.strip()
+    if v and not URL_RE.match(v):
+        raise bad(label, v, "an http:// or https:// URL")
     return v
 
 
@@ -230,7 +238,7 @@ def _hcas(s, label, v):
 
 
 KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice": _choice, "text": _text,
-         "secret": _secret, "webhook": _webhook, "path": _path, "words": _words, "command": _command,
+         "secret": _secret, "webhook": _webhook, "url": _url, "path": _path, "words": _words, "command": _command,
          "target": _target, "targets": _targets, "list": _list, "caps": _caps, "gpus": _gpus, "image": _image,
          "ip": _ip, "ifname": _ifname, "hcas": _hcas}
 # what a profile writes for each kind (TOML types); every other kind is a string

@@ -14,16 +14,17 @@ from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.settings import kinds, schema
-from dsv41.settings.config import Config, NodeSpec
+from dsv41.settings.config import NodeSpec, config_class
 from dsv41.settings.kinds import ConfigError
 from dsv41.settings.paths import CONF_DIR
 
 
-def load_config(env=None, engine=schema.ENGINE):
+def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
     """The Config of the environment `env` (os.environ) over its profile over the defaults; `engine`
-    declares the engine's own settings (SETTINGS, SECRET_ENV, derive(values)): vLLM's by default."""
+    declares the engine's own settings (SETTINGS, SECRET_ENV, derive(values)): vLLM's by default; `own`
+    dsv41's (schema.OWN)."""
     env = os.environ if env is None else env
-    settings = schema.table(engine)
+    settings = schema.table(engine, own)
     profile = kinds.parse(schema.BY_NAME["DSV41_PROFILE"], "DSV41_PROFILE", env.get("DSV41_PROFILE", ""))
     changes = {"args": {}, "env": {}}
     layers = [Layer("default", {s.name: s.default for s in settings if not s.env_only}, {})]
@@ -39,10 +40,10 @@ def load_config(env=None, engine=schema.ENGINE):
             kinds.parse(s, la.label(s), la.values[s.name])
         values[s.name] = kinds.parse(s, layer.label(s), layer.values[s.name])
         sources[s.key] = layer.source
-    values["HF_TOKEN"] = str(env.get("HF_TOKEN", ""))
-    values["ALERT_WEBHOOK_URL"] = kinds.parse(schema.BY_NAME["ALERT_WEBHOOK_URL"], "ALERT_WEBHOOK_URL",
-                                               env.get("ALERT_WEBHOOK_URL", ""))
-    values["DSV41_PROFILE"] = profile
+    for s in settings:
+        if s.env_only:                                  # a secret is taken as it is: an error would print it
+            value = env.get(s.name, s.default)
+            values[s.name] = str(value) if s.kind == "secret" else kinds.parse(s, s.name, value)
     targets = _workers(layers, values, sources)
     image = _image(env, values, sources)
 
@@ -55,50 +56,17 @@ def load_config(env=None, engine=schema.ENGINE):
         raise kinds.bad("ALERTMANAGER_PORT", values["ALERTMANAGER_PORT"],
                          "a port other than PORT, PROMETHEUS_PORT and EXPORTER_PORT")
     _email(values)
-    own = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})
-    state_raw = values["STATE_DIR"]
-    state_dir = os.path.expanduser(state_raw)
-    api_key_file = (os.path.expanduser(values["API_KEY_FILE"]) if values["API_KEY_FILE"]
-                    else names.state_path(state_dir, names.KEY))
+    engine_values = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})
+    api_key_file = values["API_KEY_FILE"] or names.state_path(values["STATE_DIR"], names.KEY)
     nodes = _nodes(layers, targets, values["WORKER_MODEL_DIR"] or None, sources)
     tp_size, nnodes = _topology(values, len(nodes))
-    gid = values["NCCL_IB_GID_INDEX"]
-    v = values
-    return Config(
-        image=image, allow_unpinned_image=v["ALLOW_UNPINNED_IMAGE"], hf_repo=v["HF_REPO"], revision=v["REVISION"],
-        hf_token=v["HF_TOKEN"], plan_name=v["PLAN_NAME"], served_model_name=v["SERVED_MODEL_NAME"],
-        model_dir=os.path.expanduser(v["MODEL_DIR"]), state_dir=state_dir, state_dir_raw=state_raw,
-        api_key_file=api_key_file, port=port, mport=mport,
-        memguard_gib=v["MEMGUARD_GIB"], memguard_mode=v["MEMGUARD_MODE"],
-        engine=tuple((s.name, own[s.name]) for s in engine.SETTINGS),
-        tp_size=tp_size, nnodes=nnodes, nccl_ib_gid_index=None if gid < 0 else gid,
-        ssh_opts=v["SSH_OPTS"], ssh_timeout_s=v["SSH_TIMEOUT_S"], keep_parts=v["KEEP_PARTS"],
-        start_timeout_s=60 * v["START_TIMEOUT_MIN"], metrics_dir=os.path.expanduser(v["METRICS_DIR"]),
-        watchdog=v["WATCHDOG"], watchdog_interval_s=v["WATCHDOG_INTERVAL_S"],
-        watchdog_stall_s=v["WATCHDOG_STALL_S"], watchdog_probe_s=v["WATCHDOG_PROBE_S"],
-        watchdog_max_recoveries=v["WATCHDOG_MAX_RECOVERIES"], watchdog_window_s=60 * v["WATCHDOG_WINDOW_MIN"],
-        watchdog_backoff_s=v["WATCHDOG_BACKOFF_S"], mem_return_gib=v["MEM_RETURN_GIB"],
-        mem_return_s=v["MEM_RETURN_S"], incidents_keep=v["INCIDENTS_KEEP"],
-        releases_keep=v["RELEASES_KEEP"], rollout_hold_s=v["ROLLOUT_HOLD_S"],
-        rollout_min_timeout_s=60 * v["ROLLOUT_MIN_TIMEOUT_MIN"], rollback=v["ROLLBACK"],
-        free_gib_head=v["FREE_GIB_HEAD"], free_gib_worker=v["FREE_GIB_WORKER"], gpus=v["GPUS"],
-        memlock=v["MEMLOCK"], privileged=v["PRIVILEGED"], skip_checks=v["SKIP_CHECKS"],
-        prometheus_port=v["PROMETHEUS_PORT"], exporter_port=v["EXPORTER_PORT"],
-        scrape_interval_s=v["SCRAPE_INTERVAL_S"], metrics_with_key=v["METRICS_WITH_KEY"],
-        alert_for_s=v["ALERT_FOR_S"], alert_recent_min=v["ALERT_RECENT_MIN"], alert_ttft_p95_s=v["ALERT_TTFT_P95_S"],
-        alert_decode_toks_min=v["ALERT_DECODE_TOKS_MIN"], alert_mem_margin_gib=v["ALERT_MEM_MARGIN_GIB"],
-        cluster_name=v["CLUSTER_NAME"], alertmanager_port=v["ALERTMANAGER_PORT"],
-        alert_webhook_url=v["ALERT_WEBHOOK_URL"],
-        alert_email_to=tuple(a for a in v["ALERT_EMAIL_TO"].split(",") if a), alert_email_from=v["ALERT_EMAIL_FROM"],
-        alert_smtp_smarthost=v["ALERT_SMTP_SMARTHOST"], alert_smtp_user=v["ALERT_SMTP_USER"],
-        alert_smtp_password_file=os.path.expanduser(v["ALERT_SMTP_PASSWORD_FILE"]),
-        alert_smtp_require_tls=v["ALERT_SMTP_REQUIRE_TLS"], alert_group_wait_s=v["ALERT_GROUP_WAIT_S"],
-        alert_group_interval_s=v["ALERT_GROUP_INTERVAL_S"], alert_repeat_interval_min=v["ALERT_REPEAT_INTERVAL_MIN"],
-        alert_silence_max_h=v["ALERT_SILENCE_MAX_H"],
-        profile=profile, nodes=nodes, sources=sources, values=values, settings=settings,
-        engine_args=tuple((k, val, src) for k, (val, src) in changes["args"].items()),
-        engine_env=tuple((k, val, src) for k, (val, src) in changes["env"].items()),
-    )
+    effective = {**values, "IMG": image, "TP_SIZE": tp_size, "NNODES": nnodes, "API_KEY_FILE": api_key_file}
+    return config_class(own)(
+        **{k: v for s in own for k, v in s.field_values(effective[s.name]).items()},
+        engine=tuple((s.name, engine_values[s.name]) for s in engine.SETTINGS), nodes=nodes, sources=sources,
+        values=values,
+        settings=settings, engine_args=tuple((k, val, src) for k, (val, src) in changes["args"].items()),
+        engine_env=tuple((k, val, src) for k, (val, src) in changes["env"].items()))
 
 
 def _email(values):

@@ -9,6 +9,7 @@ R<N>_GID_INDEX, R<N>_MODEL_DIR for rank N, where HEAD_* is R0_* and WORKER_* is 
 
     python -m dsv41.settings.schema          # prints docs/settings.md's table (a test compares the two)
 """
+import os
 import re
 from typing import NamedTuple
 
@@ -24,20 +25,40 @@ EMAILS_RE = r"^[^@\s,]+@[^@\s,]+(?:,[^@\s,]+@[^@\s,]+)*$"
 PER_NODE_RE = re.compile(r"^(?:R(\d+)|HEAD|WORKER)_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$")
 
 
+def expanded(path):
+    return os.path.expanduser(path)
+
+
+def seconds(minutes):
+    return 60 * minutes
+
+
+def none_below_0(n):
+    """-1 (detect it) is None in Config."""
+    return None if n < 0 else n
+
+
+def comma_list(text):
+    return tuple(a for a in text.split(",") if a)
+
+
 S = Setting
 OWN = (
     S("DSV41_PROFILE", "text", "", "apply conf/NAME.toml over the defaults", pattern=r"^[A-Za-z0-9_-]+$",
-      expect="a profile name (a file in conf/)", env_only=True, shown="(none)"),
-    S("WORKER", "target", "", "ssh target of the worker, `user@<fabric address>`", shown="(none)"),
+      expect="a profile name (a file in conf/)", env_only=True, shown="(none)", field="profile"),
+    S("WORKER", "target", "", "ssh target of the worker, `user@<fabric address>`", shown="(none)", field=None),
     S("WORKERS", "targets", "", "comma list of workers for more than two nodes (ranks r1..rN in order)",
-      shown="(none)"),
+      shown="(none)", field=None),
     S("IMG", "image", "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:"
       "5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5", "serving image, pinned by digest",
       shown="`ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e3…6add5`"),
     S("ALLOW_UNPINNED_IMAGE", "bool", False, "accept an image tag without a digest"),
-    S("IMAGE_FILE", "path", "", "read the image reference from this file when `IMG` is unset", shown="(none)"),
+    S("IMAGE_FILE", "path", "", "read the image reference from this file when `IMG` is unset", shown="(none)",
+      field=None),
     S("HF_REPO", "text", "0xSero/DeepSeek-V4.1-Flash-Spark", "checkpoint repository",
       pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", expect="a Hugging Face repo id, owner/name"),
+    S("HF_ENDPOINT", "url", "", "the Hugging Face Hub `doit download` fetches from (a mirror, or a stand-in)",
+      env_only=True, shown="`https://huggingface.co`"),
     S("REVISION", "text", "", "pin a checkpoint commit", pattern=r"^[A-Za-z0-9_./-]+$",
       expect="a commit hash, branch or tag", shown="(latest)"),
     S("HF_TOKEN", "secret", "", "Hugging Face token, if the repo is private (never printed)", env_only=True,
@@ -46,11 +67,13 @@ OWN = (
       pattern=r"^[A-Za-z0-9._-]+\.json$", expect="a plan file name in exl3/plan/, e.g. J268-ho-v31-K5n.json"),
     S("SERVED_MODEL_NAME", "text", "deepseek-v4.1-flash", "the model name the API serves",
       pattern=r"^[A-Za-z0-9._/-]+$", expect="a model name of letters, digits and . _ / -"),
-    S("MODEL_DIR", "path", "~/models/DeepSeek-V4.1-Flash-Spark", "model dir on the head"),
-    S("WORKER_MODEL_DIR", "path", "", "model dir on the workers", shown="head's path, home swapped"),
+    S("MODEL_DIR", "path", "~/models/DeepSeek-V4.1-Flash-Spark", "model dir on the head", to=expanded),
+    S("WORKER_MODEL_DIR", "path", "", "model dir on the workers", shown="head's path, home swapped", field=None),
     S("STATE_DIR", "path", names.DEFAULT_STATE_DIR,
-      "runtime state on every node (key, plans, caches, receipts, doit's db)"),
-    S("API_KEY_FILE", "path", "", "the API key (created once, mode 0600)", shown="`$STATE_DIR/api_key`"),
+      "runtime state on every node (key, plans, caches, receipts, doit's db)", to=expanded,
+      also=(("state_dir_raw", None),)),       # as configured: each node resolves ~ against its home
+    S("API_KEY_FILE", "path", "", "the API key (created once, mode 0600)", shown="`$STATE_DIR/api_key`",
+      to=expanded),
     S("PORT", "int", 8000, "API port on the head", lo=1, hi=65535),
     S("MPORT", "int", 29655, "rendezvous (master) port", lo=1, hi=65535),
     S("MEMGUARD_GIB", "floor", memguard.DEFAULT_FLOOR_GIB,
@@ -61,21 +84,24 @@ OWN = (
     S("TP_SIZE", "int", 0, "tensor-parallel size: a multiple of the node count", lo=0, hi=1024,
       shown="node count"),
     S("NNODES", "int", 0, "`--nnodes`: the node count", lo=0, hi=1024, shown="node count"),
-    S("NCCL_IB_GID_INDEX", "int", -1, "one GID index for every node", lo=-1, hi=255, shown="detected per node"),
+    S("NCCL_IB_GID_INDEX", "int", -1, "one GID index for every node", lo=-1, hi=255, shown="detected per node",
+      to=none_below_0),
     S("SSH_OPTS", "words", "", "extra ssh options (shell words)", shown="(none)"),
     S("SSH_TIMEOUT_S", "int", 10, "a node that does not answer over ssh (down, frozen, link gone) is "
       "reported after this long", lo=1, hi=300),
     S("KEEP_PARTS", "bool", False, "keep the `.partNN` files after their shard verified"),
-    S("START_TIMEOUT_MIN", "int", 45, "how long launch waits for the API", lo=1, hi=24 * 60),
+    S("START_TIMEOUT_MIN", "int", 45, "how long launch waits for the API", lo=1, hi=24 * 60,
+      field="start_timeout_s", to=seconds),
     S("METRICS_DIR", "path", "", "node_exporter textfile collector dir for the guard's and the watchdog's "
-      "metrics", shown="(none)"),
+      "metrics", shown="(none)", to=expanded),
     S("WATCHDOG", "bool", True, "run `dsv41-watchdog` on the head (0: stopped and disabled)"),
     S("WATCHDOG_INTERVAL_S", "int", 15, "how often the watchdog looks", lo=1, hi=3600),
     S("WATCHDOG_STALL_S", "int", 120, "work running or waiting and no progress signal moved this long: the "
       "watchdog sends its own one-token probe (a token: busy; none: wedged)", lo=1, hi=24 * 3600),
     S("WATCHDOG_PROBE_S", "int", 60, "the one-token probe's deadline (idle, or after a stall)", lo=1, hi=3600),
     S("WATCHDOG_MAX_RECOVERIES", "int", 2, "recoveries allowed per window before it gives up", lo=0, hi=100),
-    S("WATCHDOG_WINDOW_MIN", "int", 60, "the window of `WATCHDOG_MAX_RECOVERIES`", lo=1, hi=7 * 24 * 60),
+    S("WATCHDOG_WINDOW_MIN", "int", 60, "the window of `WATCHDOG_MAX_RECOVERIES`", lo=1, hi=7 * 24 * 60,
+      field="watchdog_window_s", to=seconds),
     S("WATCHDOG_BACKOFF_S", "int", 30, "the n-th recovery inside the window waits this x 2^(n-2) after the "
       "previous one (none before the first)", lo=0, hi=24 * 3600),
     S("MEM_RETURN_GIB", "float", 8, "after the ranks stopped, each node's MemAvailable must be back within this "
@@ -87,7 +113,7 @@ OWN = (
     S("ROLLOUT_HOLD_S", "int", 60, "a release is good once the API answered and the cluster stayed healthy this long",
       lo=0, hi=24 * 3600),
     S("ROLLOUT_MIN_TIMEOUT_MIN", "int", 10, "the rollout deadline (twice the last good release's start-up, at most "
-      "`START_TIMEOUT_MIN`) is at least this", lo=1, hi=24 * 60),
+      "`START_TIMEOUT_MIN`) is at least this", lo=1, hi=24 * 60, field="rollout_min_timeout_s", to=seconds),
     S("ROLLBACK", "bool", True, "a failed rollout restarts the ranks on the last good release (0: leaves it as it is)"),
     S("PROMETHEUS_PORT", "int", 9090, "`doit monitoring --install`: dsv41-prometheus's web UI and API on the head",
       lo=1, hi=65535),
@@ -113,7 +139,7 @@ OWN = (
     S("ALERT_WEBHOOK_URL", "webhook", "", "Alertmanager POSTs its JSON notifications here, e.g. an ntfy topic "
       "(semi-secret: only in the mode-0600 alertmanager.yml)", env_only=True, shown="(none)"),
     S("ALERT_EMAIL_TO", "text", "", "e-mail the alerts to these addresses (comma list)", pattern=EMAILS_RE,
-      expect="e-mail addresses, a comma list", shown="(none)"),
+      expect="e-mail addresses, a comma list", shown="(none)", to=comma_list),
     S("ALERT_EMAIL_FROM", "text", "", "the alerts' From address", pattern=r"^[^@\s,]+@[^@\s,]+$",
       expect="one e-mail address", shown="(none)"),
     S("ALERT_SMTP_SMARTHOST", "text", "", "the mail server the alerts go through, host:port",
@@ -122,7 +148,7 @@ OWN = (
     S("ALERT_SMTP_USER", "text", "", "the mail server's user (with `ALERT_SMTP_PASSWORD_FILE`)",
       pattern=r"^[^\s]+$", expect="a user name without spaces", shown="(none)"),
     S("ALERT_SMTP_PASSWORD_FILE", "path", "", "a file holding the mail server's password, read by Alertmanager "
-      "itself (`auth_password_file`)", shown="(none)"),
+      "itself (`auth_password_file`)", shown="(none)", to=expanded),
     S("ALERT_SMTP_REQUIRE_TLS", "bool", True, "the mail server must offer STARTTLS"),
     S("ALERT_GROUP_WAIT_S", "int", 30, "a new incident's first notification waits this long for its other "
       "alerts (and the watchdog's own)", lo=0, hi=3600),
@@ -142,12 +168,14 @@ OWN = (
     S("MEMLOCK", "text", "-1", "`docker run --ulimit memlock=` value", pattern=r"^(-1|\d+(:\d+)?)$",
       expect="-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes"),
     S("PRIVILEGED", "bool", True, "run the rank containers `--privileged`"),
+    S("DSV41_BASE_URL", "url", "", "`doit pi`: the API base URL Pi is given", env_only=True,
+      shown="`http://<R0_IP or 127.0.0.1>:<PORT>/v1`"),
 )
 
 
-def table(engine=ENGINE):
+def table(engine=ENGINE, own=OWN):
     """Every setting: dsv41's own, then the engine's (`engine`: a module or object with SETTINGS)."""
-    return OWN + tuple(engine.SETTINGS)
+    return own + tuple(engine.SETTINGS)
 
 
 SETTINGS = table()
@@ -191,7 +219,7 @@ def per_node_rank(var):
 # ---- docs/settings.md's table -------------------------------------------------------------------
 
 KIND_TYPES = {"int": "integer", "float": "number", "floor": "number (GiB)", "bool": "boolean", "choice": "choice",
-              "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "path": "path",
+              "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "url": "URL", "path": "path",
               "words": "shell words", "command": "command", "target": "ssh target", "targets": "ssh targets",
               "list": "list", "caps": "list of integers", "gpus": "GPU devices", "image": "image reference",
               "ip": "IPv4 address", "ifname": "interface name", "hcas": "list of RDMA devices"}
@@ -200,6 +228,7 @@ KIND_ACCEPTS = {
     "bool": "1 or 0 (also true/false, yes/no, on/off); a profile writes true or false",
     "secret": "any text; never printed",
     "webhook": "an http:// or https:// URL",
+    "url": "an http:// or https:// URL (or empty)",
     "path": "an absolute path or one starting with `~/`",
     "words": "shell words with balanced quotes; no `--api-key` or `--hf-token`",
     "target": "`user@host` (the host alone too), neither starting with `-`; at most 255 characters",
@@ -243,7 +272,7 @@ def shown_default(s):
         s.default, float) else str(s.default)
 
 
-def docs_table(engine=ENGINE):
+def docs_table(engine=ENGINE, own=OWN):
     """The markdown table docs/settings.md holds (a test compares the two): every setting's name, type,
     accepted values, default, where it may be set and meaning, then the per-node ones."""
     def row(name, s, default, where):
@@ -251,7 +280,7 @@ def docs_table(engine=ENGINE):
 
     rows = ["| name | type | range or choices | default | where | meaning |",
             "| --- | --- | --- | --- | --- | --- |"]
-    rows += [row(f"`{s.name}`", s, shown_default(s), s.where) for s in table(engine)]
+    rows += [row(f"`{s.name}`", s, shown_default(s), s.where) for s in table(engine, own)]
     rows += [row(f"`R<N>_{k}` (`HEAD_{k}` = R0, `WORKER_{k}` = R1)", Setting(k, p.kind, "", p.help, lo=p.lo, hi=p.hi),
                  p.shown, "environment, profile `[overrides]`") for k, p in PER_NODE.items()]
     return "\n".join(rows)
