@@ -261,8 +261,9 @@ def _nodes(layers, targets, worker_model_dir, sources):
                 if var in la.per_node:
                     sources[f"r{rank}.{key.lower()}"] = f"{la.source} ({var})"
                     s = schema.per_node_setting(var)
-                    return kinds.parse(s, la.label(s, f"[overrides] {var}") if la.source != "environment"
-                                        else var, la.per_node[var]) or None
+                    value = kinds.parse(s, la.label(s, f"[overrides] {var}") if la.source != "environment"
+                                        else var, la.per_node[var])
+                    return None if value == "" else value     # an empty path: none; GID index 0 is one
         return None
 
     specs = []
