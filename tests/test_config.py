@@ -97,6 +97,7 @@ BAD = [
     ({"R7_IP": "10.0.0.7"}, "R7_IP"),
     ({"KEEP_PARTS": "maybe"}, "KEEP_PARTS"),
     ({"DSV41_PROFILE": "nope"}, "DSV41_PROFILE"),
+    ({"SSH_OPTS": "127.0.0.1"}, "SSH_OPTS"),
 ]
 
 
@@ -415,3 +416,58 @@ def test_a_setting_is_declared_in_one_place(tmp_path, capsys):
     assert from_resolved(resolved(load_config({})), own=own).nap_s == 120, "an older record: the default"
     with pytest.raises(ConfigError, match="^NAP_MIN='0' is not valid: expected a whole number from 1 to 9$"):
         load_config({"NAP_MIN": "0"}, own=own)
+
+
+# what a new user may type: each refused with one line naming the setting, what is wrong and what to write
+HOSTILE = [
+    ({"SSH_OPTS": "127.0.0.1"}, "SSH_OPTS='127.0.0.1' is not valid: expected ssh options, each word an option or the "
+                                "value of the one before ('127.0.0.1' would be ssh's destination), e.g. -p 2222"),
+    ({"SSH_OPTS": "-p 2222 -o"}, "SSH_OPTS='-p 2222 -o' is not valid: expected ssh options, each with its value "
+                                 "(-o has none)"),
+    ({"SSH_OPTS": "-Z"}, "SSH_OPTS='-Z' is not valid: expected ssh options ('-Z': ssh has no option -Z)"),
+    ({"MEMLOCK": "\u0661\u0662"}, "MEMLOCK='\u0661\u0662' is not valid: expected -1 (unlimited) or a byte count"),
+    ({"PORT": "\u0661\u0662"}, "PORT='\u0661\u0662' is not valid: expected a whole number from 1 to 65535"),
+    ({"PORT": "1_"}, "PORT='1_' is not valid: expected a whole number from 1 to 65535"),
+    ({"PORT": "1__0"}, "PORT='1__0' is not valid: expected a whole number from 1 to 65535"),
+    ({"GPU_UTIL": "0_5"}, "GPU_UTIL='0_5' is not valid: expected a number more than 0 and at most 1"),
+    ({"CAPS": "1,\u0662"}, "CAPS='1,\u0662' is not valid: expected a comma list of whole numbers from 1 to 8192"),
+    ({"MEMGUARD_GIB": "\u0661"}, "MEMGUARD_GIB='\u0661' is not valid: expected the memory guard's floor in GiB"),
+    ({"ALERT_SMTP_SMARTHOST": "mail.example.org:99999"}, "ALERT_SMTP_SMARTHOST='mail.example.org:99999' is not "
+                                                         "valid: expected host:port with a port from 1 to 65535"),
+    ({"HF_REPO": "../x"}, "HF_REPO='../x' is not valid: expected a Hugging Face repo id, owner/name"),
+    ({"HF_REPO": "a/.."}, "HF_REPO='a/..' is not valid: expected a Hugging Face repo id, owner/name"),
+    ({"REVISION": "../x"}, "REVISION='../x' is not valid: expected a commit hash, branch or tag (no ..)"),
+]
+
+
+@pytest.mark.parametrize("env,line", HOSTILE, ids=[str(e) for e, _ in HOSTILE])
+def test_a_hostile_value_is_refused_in_one_line(env, line):
+    with pytest.raises(ConfigError) as err:
+        load_config(env)
+    assert str(err.value).startswith(line) and "\n" not in str(err.value) and err.value.exit_code == 2
+
+
+def test_what_a_hostile_value_looks_like_is_still_taken():
+    cfg = load_config({"SSH_OPTS": "-vvp 2222 -o A=b -oX=y -F '/a b' -4 -p2200", "PORT": "8_001",
+                       "ALERT_SMTP_SMARTHOST": "mail.example.org:65535", "HF_REPO": "a_b/c.d-e_", "MEMLOCK": "64:128",
+                       "GPU_UTIL": ".5", "REVISION": "v1.2/x"})
+    assert cfg.ssh_opts == ("-vvp", "2222", "-o", "A=b", "-oX=y", "-F", "/a b", "-4", "-p2200") and cfg.port == 8001
+    assert (cfg.alert_smtp_smarthost, cfg.hf_repo, cfg.memlock) == ("mail.example.org:65535", "a_b/c.d-e_", "64:128")
+
+
+@pytest.mark.parametrize("entry,line", [
+    ('"--port" = "9000"', 'conf/flags.toml [args] --port = "9000" contradicts PORT=8000: remove it from [args] and '
+                          'set PORT (`port` in a profile) instead'),
+    ('"--port" = false', "conf/flags.toml [args] --port = false contradicts PORT=8000"),
+    ('"--served-model-name" = "other"', 'conf/flags.toml [args] --served-model-name = "other" contradicts '
+                                        'SERVED_MODEL_NAME=deepseek-v4.1-flash'),
+])
+def test_a_profile_flag_that_contradicts_its_setting_is_refused(entry, line, tmp_path, monkeypatch):
+    from dsv41.settings import layers
+    (tmp_path / "flags.toml").write_text(f"[args]\n{entry}\n")
+    monkeypatch.setattr(layers, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config({"DSV41_PROFILE": "flags"})
+    assert str(err.value).startswith(line) and "\n" not in str(err.value) and err.value.exit_code == 2
+    (tmp_path / "same.toml").write_text('port = 9000\n[args]\n"--port" = "9000"\n')
+    assert load_config({"DSV41_PROFILE": "same"}).port == 9000          # the same value contradicts nothing

@@ -21,7 +21,7 @@ from dsv41.settings.paths import CONF_DIR
 
 def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
     """The Config of the environment `env` (os.environ) over its profile over the defaults; `engine`
-    declares the engine's own settings (SETTINGS, SECRET_ENV, derive(values)): vLLM's by default; `own`
+    declares the engine's own settings (SETTINGS, SECRET_ENV, FLAG_SETTINGS, derive(values)): vLLM's by default; `own`
     dsv41's (schema.OWN)."""
     env = os.environ if env is None else env
     settings = schema.table(engine, own)
@@ -56,6 +56,7 @@ def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
         raise kinds.bad("ALERTMANAGER_PORT", values["ALERTMANAGER_PORT"],
                          "a port other than PORT, PROMETHEUS_PORT and EXPORTER_PORT")
     _email(values)
+    _flag_settings(changes["args"], values, engine)
     engine_values = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})
     api_key_file = values["API_KEY_FILE"] or names.state_path(values["STATE_DIR"], names.KEY)
     nodes = _nodes(layers, targets, values["WORKER_MODEL_DIR"] or None, sources)
@@ -80,6 +81,16 @@ def _email(values):
         given, missing = (("ALERT_SMTP_USER", "ALERT_SMTP_PASSWORD_FILE") if values["ALERT_SMTP_USER"]
                           else ("ALERT_SMTP_PASSWORD_FILE", "ALERT_SMTP_USER"))
         raise ConfigError(f"{given} is set but {missing} is empty: the mail server's login needs both")
+
+
+def _flag_settings(args, values, engine):
+    """A profile's [args] may not contradict the setting a flag follows (PORT gives --port)."""
+    for flag, name in engine.FLAG_SETTINGS.items():
+        value, source = args.get(flag, (str(values[name]), ""))
+        if value != str(values[name]):
+            shown = "false" if value is None else f'"{value}"'
+            raise ConfigError(f"conf/{source[8:]}.toml [args] {flag} = {shown} contradicts {name}={values[name]}: "
+                              f"remove it from [args] and set {name} (`{name.lower()}` in a profile) instead")
 
 
 class Layer(NamedTuple):

@@ -21,6 +21,9 @@ from dsv41.vllm import settings as ENGINE      # the engine dsv41 ships: its set
 # preflight's checks (head/core/preflight.py registers them; a test keeps the two lists equal)
 CHECK_NAMES = ("reachable", "fabric", "rdma", "subnet", "gid-type", "mtu", "ping", "link-speed", "docker",
                "nvidia-runtime", "disk", "memory", "ports", "stale-containers", "kernel", "clock", "tools", "remove-ipc")
+# a Hugging Face repo id as the Hub takes it: no part starting or ending with . or -, no .. or --
+NAME_RE = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+REPO_ID_RE = rf"^(?!.*(?:\.\.|--)){NAME_RE}/{NAME_RE}$"
 EMAILS_RE = r"^[^@\s,]+@[^@\s,]+(?:,[^@\s,]+@[^@\s,]+)*$"
 PER_NODE_RE = re.compile(r"^(?:R(\d+)|HEAD|WORKER)_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$")
 
@@ -55,12 +58,13 @@ OWN = (
     S("ALLOW_UNPINNED_IMAGE", "bool", False, "accept an image tag without a digest"),
     S("IMAGE_FILE", "path", "", "read the image reference from this file when `IMG` is unset", shown="(none)",
       field=None),
-    S("HF_REPO", "text", "0xSero/DeepSeek-V4.1-Flash-Spark", "checkpoint repository",
-      pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", expect="a Hugging Face repo id, owner/name"),
+    S("HF_REPO", "text", "0xSero/DeepSeek-V4.1-Flash-Spark", "checkpoint repository", pattern=REPO_ID_RE,
+      expect="a Hugging Face repo id, owner/name: letters, digits and _ . -, each part starting and ending "
+      "with a letter, digit or _, no .. or --"),
     S("HF_ENDPOINT", "url", "", "the Hugging Face Hub `doit download` fetches from (a mirror, or a stand-in)",
       env_only=True, shown="`https://huggingface.co`"),
-    S("REVISION", "text", "", "pin a checkpoint commit", pattern=r"^[A-Za-z0-9_./-]+$",
-      expect="a commit hash, branch or tag", shown="(latest)"),
+    S("REVISION", "text", "", "pin a checkpoint commit", pattern=r"^(?!.*\.\.)[A-Za-z0-9_./-]+$",
+      expect="a commit hash, branch or tag (no ..)", shown="(latest)"),
     S("HF_TOKEN", "secret", "", "Hugging Face token, if the repo is private (never printed)", env_only=True,
       shown="(none)"),
     S("PLAN_NAME", "text", "J268-ho-v31-K5n.json", "EXL3 allocation plan file in `exl3/plan/`",
@@ -86,7 +90,7 @@ OWN = (
     S("NNODES", "int", 0, "`--nnodes`: the node count", lo=0, hi=1024, shown="node count"),
     S("NCCL_IB_GID_INDEX", "int", -1, "one GID index for every node", lo=-1, hi=255, shown="detected per node",
       to=none_below_0),
-    S("SSH_OPTS", "words", "", "extra ssh options (shell words)", shown="(none)"),
+    S("SSH_OPTS", "sshopts", "", "extra ssh options (shell words)", shown="(none)"),
     S("SSH_TIMEOUT_S", "int", 10, "a node that does not answer over ssh (down, frozen, link gone) is "
       "reported after this long", lo=1, hi=300),
     S("KEEP_PARTS", "bool", False, "keep the `.partNN` files after their shard verified"),
@@ -142,8 +146,7 @@ OWN = (
       expect="e-mail addresses, a comma list", shown="(none)", to=comma_list),
     S("ALERT_EMAIL_FROM", "text", "", "the alerts' From address", pattern=r"^[^@\s,]+@[^@\s,]+$",
       expect="one e-mail address", shown="(none)"),
-    S("ALERT_SMTP_SMARTHOST", "text", "", "the mail server the alerts go through, host:port",
-      pattern=r"^(?:[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}$", expect="host:port, e.g. mail.example.org:587",
+    S("ALERT_SMTP_SMARTHOST", "hostport", "", "the mail server the alerts go through, host:port", lo=1, hi=65535,
       shown="(none)"),
     S("ALERT_SMTP_USER", "text", "", "the mail server's user (with `ALERT_SMTP_PASSWORD_FILE`)",
       pattern=r"^[^\s]+$", expect="a user name without spaces", shown="(none)"),
@@ -165,7 +168,7 @@ OWN = (
       shown="(none)"),
     S("GPUS", "gpus", "all", "`docker run --gpus`: `all`, device numbers `0,1` (or `device=0,1`), empty: none "
       "(as in the lab)", lo=0, hi=255),
-    S("MEMLOCK", "text", "-1", "`docker run --ulimit memlock=` value", pattern=r"^(-1|\d+(:\d+)?)$",
+    S("MEMLOCK", "text", "-1", "`docker run --ulimit memlock=` value", pattern=r"^(-1|[0-9]+(:[0-9]+)?)$",
       expect="-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes"),
     S("PRIVILEGED", "bool", True, "run the rank containers `--privileged`"),
     S("DSV41_BASE_URL", "url", "", "`doit pi`: the API base URL Pi is given", env_only=True,
@@ -220,7 +223,7 @@ def per_node_rank(var):
 
 KIND_TYPES = {"int": "integer", "float": "number", "floor": "number (GiB)", "bool": "boolean", "choice": "choice",
               "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "url": "URL", "path": "path",
-              "words": "shell words", "command": "command", "target": "ssh target", "targets": "ssh targets",
+              "words": "shell words", "sshopts": "ssh options", "command": "command", "hostport": "host:port", "target": "ssh target", "targets": "ssh targets",
               "list": "list", "caps": "list of integers", "gpus": "GPU devices", "image": "image reference",
               "ip": "IPv4 address", "ifname": "interface name", "hcas": "list of RDMA devices"}
 # what a kind accepts, in words, when the setting itself does not say more (settings/kinds.py checks it)
@@ -231,6 +234,8 @@ KIND_ACCEPTS = {
     "url": "an http:// or https:// URL (or empty)",
     "path": "an absolute path or one starting with `~/`",
     "words": "shell words with balanced quotes; no `--api-key` or `--hf-token`",
+    "sshopts": "ssh options as shell words, e.g. `-p 2222 -o StrictHostKeyChecking=accept-new`: each word an "
+               "option or its value",
     "target": "`user@host` (the host alone too), neither starting with `-`; at most 255 characters",
     "targets": "a comma list of distinct ssh targets, `user@a,user@b`",
     "image": "`name@sha256:<64 hex digits>`; a tag without a digest only with `ALLOW_UNPINNED_IMAGE`",
@@ -246,6 +251,8 @@ def accepts(s):
         return f"{number(s.lo)} to {number(s.hi)}" if s.hi is not None else f"{number(s.lo)} or more"
     if s.kind == "float":
         return f"more than {number(s.lo)}, at most {number(s.hi)}"
+    if s.kind == "hostport":
+        return f"host:port, the port {number(s.lo)} to {number(s.hi)}, e.g. `mail.example.org:587`"
     if s.kind == "floor":
         return f"{number(s.lo)} to {number(s.hi)}"
     if s.kind == "choice":
