@@ -88,7 +88,7 @@ def config_class(own):
                ("engine_env", tuple),      # (("NAME", value or None to drop it, source), ...); "{rank}": the rank
                ("nodes", tuple),           # NodeSpec, ...
                ("sources", dict, dataclasses.field(compare=False, repr=False)),   # {key or r<N>.<key>: where from}
-               ("values", dict, dataclasses.field(compare=False, repr=False)),    # {setting NAME: parsed value}
+               ("values", dict, dataclasses.field(compare=False, repr=False)),    # {setting NAME: effective value}
                ("settings", tuple, dataclasses.field(compare=False, repr=False, default=())),  # checked against
                ]
     cls = dataclasses.make_dataclass("Config", fields, bases=(_Config,), frozen=True)

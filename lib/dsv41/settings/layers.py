@@ -21,8 +21,9 @@ from dsv41.settings.paths import CONF_DIR
 
 def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
     """The Config of the environment `env` (os.environ) over its profile over the defaults; `engine`
-    declares the engine's own settings (SETTINGS, SECRET_ENV, FLAG_SETTINGS, derive(values)): vLLM's by default; `own`
-    dsv41's (schema.OWN)."""
+    declares the engine's own settings (SETTINGS, SECRET_ENV, FLAG_SETTINGS, derive(values)): vLLM's by
+    default; `own` dsv41's (schema.OWN). Config.values holds each setting's effective value (TP_SIZE=0: the
+    node count), its fields what the settings declare of those."""
     env = os.environ if env is None else env
     settings = schema.table(engine, own)
     profile = kinds.parse(schema.BY_NAME["DSV41_PROFILE"], "DSV41_PROFILE", env.get("DSV41_PROFILE", ""))
@@ -45,7 +46,7 @@ def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
             value = env.get(s.name, s.default)
             values[s.name] = str(value) if s.kind == "secret" else kinds.parse(s, s.name, value)
     targets = _workers(layers, values, sources)
-    image = _image(env, values, sources)
+    _image(env, values, sources)
 
     port, mport = values["PORT"], values["MPORT"]
     if mport == port:
@@ -57,16 +58,19 @@ def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
                          "a port other than PORT, PROMETHEUS_PORT and EXPORTER_PORT")
     _email(values)
     _flag_settings(changes["args"], values, engine)
-    engine_values = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})
-    api_key_file = values["API_KEY_FILE"] or names.state_path(values["STATE_DIR"], names.KEY)
+    derived = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})
+    for s in engine.SETTINGS:                           # derived from others: CAPS from MAX_SEQS and NSPEC
+        if derived[s.name] != values[s.name]:
+            values[s.name], sources[s.key] = derived[s.name], "derived"
+    if not values["API_KEY_FILE"]:
+        values["API_KEY_FILE"], sources["api_key_file"] = names.state_path(values["STATE_DIR"], names.KEY), "derived"
+    values["API_KEY_FILE"] = os.path.expanduser(values["API_KEY_FILE"])
     nodes = _nodes(layers, targets, values["WORKER_MODEL_DIR"] or None, sources)
-    tp_size, nnodes = _topology(values, len(nodes))
-    effective = {**values, "IMG": image, "TP_SIZE": tp_size, "NNODES": nnodes, "API_KEY_FILE": api_key_file}
+    _topology(values, len(nodes), sources)
     return config_class(own)(
-        **{k: v for s in own for k, v in s.field_values(effective[s.name]).items()},
-        engine=tuple((s.name, engine_values[s.name]) for s in engine.SETTINGS), nodes=nodes, sources=sources,
-        values=values,
-        settings=settings, engine_args=tuple((k, val, src) for k, (val, src) in changes["args"].items()),
+        **{k: v for s in own for k, v in s.field_values(values[s.name]).items()},
+        engine=tuple((s.name, values[s.name]) for s in engine.SETTINGS), nodes=nodes, sources=sources,
+        values=values, settings=settings, engine_args=tuple((k, val, src) for k, (val, src) in changes["args"].items()),
         engine_env=tuple((k, val, src) for k, (val, src) in changes["env"].items()))
 
 
@@ -200,19 +204,21 @@ def _image(env, values, sources):
     if not kinds.IMAGE_RE.match(image) or (not values["ALLOW_UNPINNED_IMAGE"] and not kinds.DIGEST_RE.match(image)):
         raise kinds.bad("IMG", image, "an image pinned by digest, repo@sha256:<64 hex> "
                          "(set ALLOW_UNPINNED_IMAGE=1 to accept a tag)")
-    return image
 
 
-def _topology(values, count):
-    """TP_SIZE and NNODES against the node count: one rank per node, TP_SIZE / count GPUs on each."""
-    tp_size, nnodes = values["TP_SIZE"] or count, values["NNODES"] or count
+def _topology(values, count, sources):
+    """TP_SIZE and NNODES against the node count (0: the node count): one rank per node, TP_SIZE / count
+    GPUs on each."""
+    for name in ("TP_SIZE", "NNODES"):
+        if not values[name]:
+            values[name], sources[name.lower()] = count, "derived"
+    tp_size, nnodes = values["TP_SIZE"], values["NNODES"]
     if nnodes != count:
         raise ConfigError(f"NNODES={nnodes} with {count} node(s): expected {count} (one rank per node; "
                           "WORKER/WORKERS set the node count) or 0")
     if tp_size % count:
         raise ConfigError(f"TP_SIZE={tp_size} with {count} node(s): expected a multiple of {count} (each node "
                           f"runs TP_SIZE/{count} of the GPUs) or 0 for the node count")
-    return tp_size, nnodes
 
 
 def _profile_chain(profile):

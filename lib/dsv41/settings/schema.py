@@ -76,8 +76,7 @@ OWN = (
     S("STATE_DIR", "path", names.DEFAULT_STATE_DIR,
       "runtime state on every node (key, plans, caches, receipts, doit's db)", to=expanded,
       also=(("state_dir_raw", None),)),       # as configured: each node resolves ~ against its home
-    S("API_KEY_FILE", "path", "", "the API key (created once, mode 0600)", shown="`$STATE_DIR/api_key`",
-      to=expanded),
+    S("API_KEY_FILE", "path", "", "the API key (created once, mode 0600)", shown="`$STATE_DIR/api_key`"),
     S("PORT", "int", 8000, "API port on the head", lo=1, hi=65535),
     S("MPORT", "int", 29655, "rendezvous (master) port", lo=1, hi=65535),
     S("MEMGUARD_GIB", "floor", memguard.DEFAULT_FLOOR_GIB,
