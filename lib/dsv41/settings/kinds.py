@@ -273,9 +273,9 @@ def _hcas(s, label, v):
 
 
 KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice": _choice, "text": _text,
-         "secret": _secret, "webhook": _webhook, "url": _url, "path": _path, "words": _words, "sshopts": _sshopts, "command": _command, "hostport": _hostport,
-         "target": _target, "targets": _targets, "list": _list, "caps": _caps, "gpus": _gpus, "image": _image,
-         "ip": _ip, "ifname": _ifname, "hcas": _hcas}
+         "secret": _secret, "webhook": _webhook, "url": _url, "path": _path, "words": _words, "sshopts": _sshopts,
+         "command": _command, "hostport": _hostport, "target": _target, "targets": _targets, "list": _list,
+         "caps": _caps, "gpus": _gpus, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
 # what a profile writes for each kind (TOML types); every other kind is a string
 HIDDEN_KINDS = ("secret", "webhook")     # `doit config` shows these as set or unset
 TOML_TYPES = {"int": (int,), "float": (int, float), "floor": (int, float), "bool": (bool,)}

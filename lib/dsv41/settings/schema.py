@@ -222,7 +222,8 @@ def per_node_rank(var):
 
 KIND_TYPES = {"int": "integer", "float": "number", "floor": "number (GiB)", "bool": "boolean", "choice": "choice",
               "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "url": "URL", "path": "path",
-              "words": "shell words", "sshopts": "ssh options", "command": "command", "hostport": "host:port", "target": "ssh target", "targets": "ssh targets",
+              "words": "shell words", "sshopts": "ssh options", "command": "command", "hostport": "host:port",
+              "target": "ssh target", "targets": "ssh targets",
               "list": "list", "caps": "list of integers", "gpus": "GPU devices", "image": "image reference",
               "ip": "IPv4 address", "ifname": "interface name", "hcas": "list of RDMA devices"}
 # what a kind accepts, in words, when the setting itself does not say more (settings/kinds.py checks it)

@@ -308,7 +308,8 @@ def parse_args(argv=None, env=None):
     p.add_argument("--floor-gib", default=env.get("MEMGUARD_GIB", str(DEFAULT_FLOOR_GIB)),
                    help=f"stop the ranks below this much MemAvailable (env MEMGUARD_GIB, default {DEFAULT_FLOOR_GIB:g})")
     p.add_argument("--mode", default=env.get("MEMGUARD_MODE", DEFAULT_MODE),
-                   help=f"enforce (kill and stop) or observe (only log) (env MEMGUARD_MODE, default {DEFAULT_MODE})")
+                   help=f"enforce (kill and stop) or observe (only log) (env MEMGUARD_MODE, default "
+                        f"{DEFAULT_MODE})")
     p.add_argument("--state-dir", default=env.get("STATE_DIR", DEFAULT_STATE_DIR),
                    help=f"absolute, or starting with ~/ (env STATE_DIR, default {DEFAULT_STATE_DIR})")
     p.add_argument("--log", default=None, help="log file (default $STATE_DIR/memguard.log)")
