@@ -1,8 +1,8 @@
 """The resolved settings as one frozen Config (and a NodeSpec per rank): what every verb and the
 machinery read, its fields made from the settings' declarations (settings/schema.py). settings/layers.py
 makes one from the defaults, a profile and the environment; settings/resolved.py writes and reads the
-copy a later service runs on. The engine's own settings
-(its flags, declared by its recipe: dsv41/vllm/settings.py) are in `engine`, by variable name."""
+copy a later service runs on. The engine's own settings (its flags, declared by its recipe:
+dsv41/vllm/settings.py) are in `engine`, by variable name."""
 import dataclasses
 import functools
 import os
