@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -471,3 +472,17 @@ def test_a_profile_flag_that_contradicts_its_setting_is_refused(entry, line, tmp
     assert str(err.value).startswith(line) and "\n" not in str(err.value) and err.value.exit_code == 2
     (tmp_path / "same.toml").write_text('port = 9000\n[args]\n"--port" = "9000"\n')
     assert load_config({"DSV41_PROFILE": "same"}).port == 9000          # the same value contradicts nothing
+
+
+def test_the_endpoints_read_from_the_environment_are_settings(monkeypatch):
+    """HF_ENDPOINT (doit download) and DSV41_BASE_URL (doit pi) are checked and reach the code through
+    Config, like every other setting."""
+    from dsv41.head import pi
+    cfg = load_config({"HF_ENDPOINT": "http://127.0.0.1:9", "DSV41_BASE_URL": "http://head:8001/v1"})
+    assert (cfg.hf_endpoint, cfg.dsv41_base_url) == ("http://127.0.0.1:9", "http://head:8001/v1")
+    ran = []
+    monkeypatch.setattr(pi.subprocess, "run", lambda argv, env: ran.append(argv) or SimpleNamespace(returncode=0))
+    assert pi.install(cfg) and ran[0][-1] == "http://head:8001/v1"
+    assert pi.install(load_config({})) and ran[1][-1] == "http://127.0.0.1:8000/v1"
+    with pytest.raises(ConfigError, match=r"^HF_ENDPOINT='127.0.0.1:9' is not valid: expected an http:// or https://"):
+        load_config({"HF_ENDPOINT": "127.0.0.1:9"})

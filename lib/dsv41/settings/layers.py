@@ -133,8 +133,9 @@ def _profile_layer(name, prof, changes, settings, engine):
         s = by_key.get(k)
         if s is None:
             if k.upper() in known:
-                raise ConfigError(f"{where}: {k} may be set only in the environment (a secret, or the profile's "
-                                  "own name, never goes into a file)")
+                raise ConfigError(f"{where}: {k} may be set only in the environment: set {k.upper()} there (a "
+                                  "secret, the profile's own name or a variable other tools read too never goes "
+                                  "into a file)")
             raise ConfigError(f"{where}: unknown setting {k!r}{kinds.nearest(k, by_key)}: the settings "
                               "are docs/settings.md's table in lower case; per-node values go under [overrides]")
         values[s.name] = kinds.toml_type(s, f"{where} {k}", v)

@@ -61,8 +61,8 @@ OWN = (
     S("HF_REPO", "text", "0xSero/DeepSeek-V4.1-Flash-Spark", "checkpoint repository", pattern=REPO_ID_RE,
       expect="a Hugging Face repo id, owner/name: letters, digits and _ . -, each part starting and ending "
       "with a letter, digit or _, no .. or --"),
-    S("HF_ENDPOINT", "url", "", "the Hugging Face Hub `doit download` fetches from (a mirror, or a stand-in)",
-      env_only=True, shown="`https://huggingface.co`"),
+    S("HF_ENDPOINT", "url", "", "the Hugging Face Hub `doit download` fetches from (a mirror, or a stand-in); "
+      "huggingface_hub reads it too", env_only=True, shown="`https://huggingface.co`"),
     S("REVISION", "text", "", "pin a checkpoint commit", pattern=r"^(?!.*\.\.)[A-Za-z0-9_./-]+$",
       expect="a commit hash, branch or tag (no ..)", shown="(latest)"),
     S("HF_TOKEN", "secret", "", "Hugging Face token, if the repo is private (never printed)", env_only=True,
@@ -170,7 +170,8 @@ OWN = (
     S("MEMLOCK", "text", "-1", "`docker run --ulimit memlock=` value", pattern=r"^(-1|[0-9]+(:[0-9]+)?)$",
       expect="-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes"),
     S("PRIVILEGED", "bool", True, "run the rank containers `--privileged`"),
-    S("DSV41_BASE_URL", "url", "", "`doit pi`: the API base URL Pi is given", env_only=True,
+    S("DSV41_BASE_URL", "url", "", "`doit pi`: the API base URL Pi is given (`pi/install.sh` reads it too)",
+      env_only=True,
       shown="`http://<R0_IP or 127.0.0.1>:<PORT>/v1`"),
 )
 
