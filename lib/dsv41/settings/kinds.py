@@ -20,8 +20,8 @@ SECRET_FLAGS = ("--api-key", "--hf-token")
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DSV41_API_KEY")
 DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
-# user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
 URL_RE = re.compile(r"^https?://[^\s/]+\S*$")
+# user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
 TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
 
 

@@ -171,8 +171,7 @@ OWN = (
       expect="-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes"),
     S("PRIVILEGED", "bool", True, "run the rank containers `--privileged`"),
     S("DSV41_BASE_URL", "url", "", "`doit pi`: the API base URL Pi is given (`pi/install.sh` reads it too)",
-      env_only=True,
-      shown="`http://<R0_IP or 127.0.0.1>:<PORT>/v1`"),
+      env_only=True, shown="`http://<R0_IP or 127.0.0.1>:<PORT>/v1`"),
 )
 
 
