@@ -127,6 +127,32 @@ def test_gid_index_detected_then_override_then_measured_default(tmp_path):
     assert dict(vllm.container_env(cfg4, dict(HEAD, gid_index=5)))["NCCL_IB_GID_INDEX"] == "5"
 
 
+@pytest.mark.parametrize("how", ["R1_GID_INDEX", "WORKER_GID_INDEX", "HEAD_GID_INDEX", "profile"])
+def test_gid_index_0_is_kept(how, tmp_path, monkeypatch, capsys):
+    """GID index 0 is an index like any other: `doit config` shows it and the units use it, rather
+    than NCCL_IB_GID_INDEX's or the detected one."""
+    from dsv41.head import config as head_config
+    from dsv41.head.core import fabric
+    from dsv41.settings import layers
+    rank = 0 if how == "HEAD_GID_INDEX" else 1
+    env = {"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path), "NCCL_IB_GID_INDEX": "3",
+           "R0_IP": "198.51.100.11", "R1_IP": "198.51.100.13", "R0_IFNAME": "fab0", "R1_IFNAME": "fab0",
+           "R0_HCAS": "a", "R1_HCAS": "b"}
+    if how == "profile":
+        (tmp_path / "gid.toml").write_text('[overrides]\nR1_GID_INDEX = 0\n')
+        monkeypatch.setattr(layers, "CONF_DIR", tmp_path)
+        env["DSV41_PROFILE"] = "gid"
+    else:
+        env[how] = "0"
+    cfg = load_config(env)
+    assert cfg.nodes[rank].gid_index == 0 and cfg.nodes[1 - rank].gid_index is None
+    head_config.show(cfg, setting=(f"r{rank}.gid_index",))
+    assert capsys.readouterr().out.split()[:2] == [f"r{rank}.gid_index", "0"]
+    facts = fabric.from_overrides(cfg)
+    assert dict(vllm.container_env(cfg, facts[rank], rank))["NCCL_IB_GID_INDEX"] == "0"
+    assert dict(vllm.container_env(cfg, facts[1 - rank], 1 - rank))["NCCL_IB_GID_INDEX"] == "3"
+
+
 def test_missing_fabric_fact_is_a_user_error(cfg):
     with pytest.raises(UserError, match="R1_IFNAME"):
         vllm.container_env(cfg, dict(WORKER, ifname=None), rank=1)

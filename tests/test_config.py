@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,6 +98,7 @@ BAD = [
     ({"R7_IP": "10.0.0.7"}, "R7_IP"),
     ({"KEEP_PARTS": "maybe"}, "KEEP_PARTS"),
     ({"DSV41_PROFILE": "nope"}, "DSV41_PROFILE"),
+    ({"SSH_OPTS": "127.0.0.1"}, "SSH_OPTS"),
 ]
 
 
@@ -379,5 +381,108 @@ def test_the_watchdog_settings_are_the_resolved_config_without_secrets(tmp_path)
     again = from_resolved(json.loads(text))
     assert again == dataclasses.replace(cfg, hf_token="") and again.port == 8001
     assert again.engine_args == cfg.engine_args and again.nodes == cfg.nodes and again.hf_token == ""
-    with pytest.raises(ConfigError, match="written by another version: run `doit launch`"):
-        from_resolved({k: v for k, v in json.loads(text).items() if k != "port"})
+    older = from_resolved({k: v for k, v in json.loads(text).items() if k not in ("port", "kv_bytes")})
+    assert older.port == 8000 and older.engine_value("KV_BYTES") == 2700000000, "missing: the default"
+    with pytest.raises(ConfigError, match="^the resolved settings hold 'bogus', which this version does not know"):
+        from_resolved({**json.loads(text), "bogus": 1})
+
+
+def test_a_record_written_by_an_older_version_is_read_as_it_was_written():
+    """tests/records/watchdog-e8d141c.json is the watchdog.json of an earlier version (lab-vllm, PORT=8001,
+    WATCHDOG_WINDOW_MIN=7, R1_GID_INDEX=2): read back, it is what that version resolved; the settings
+    declared since take their defaults."""
+    import json
+
+    from dsv41.settings.resolved import from_resolved
+    with open(os.path.join(ROOT, "tests", "records", "watchdog-e8d141c.json")) as f:
+        cfg = from_resolved(json.load(f)["config"])
+    assert (cfg.port, cfg.watchdog_window_s, cfg.nodes[1].gid_index, cfg.profile) == (8001, 420, 2, "lab-vllm")
+    assert cfg.engine_value("KV_BYTES") == 1073741824 and cfg.engine_args and cfg.hf_token == ""
+    assert cfg.hf_endpoint == "" and cfg.dsv41_base_url == ""      # declared after that record was written
+
+
+def test_a_setting_is_declared_in_one_place(tmp_path, capsys):
+    """One S(...) makes the setting: checked, in `doit config`, in docs/settings.md's table, a field of
+    Config (its derived value declared with it) and in the resolved settings."""
+    from dsv41.head import config as head_config
+    from dsv41.settings import schema
+    from dsv41.settings.resolved import from_resolved, resolved
+    own = schema.OWN + (schema.S("NAP_MIN", "int", 2, "a nap", lo=1, hi=9, field="nap_s", to=schema.seconds),)
+    cfg = load_config({"NAP_MIN": "3"}, own=own)
+    assert cfg.nap_s == 180 and cfg.values["NAP_MIN"] == 3
+    head_config.show(cfg, setting=("nap_min",))
+    assert capsys.readouterr().out.split() == ["NAP_MIN", "3", "(environment)"]
+    assert "| `NAP_MIN` | integer | 1 to 9 | 2 | environment, profile | a nap |" in schema.docs_table(own=own)
+    assert resolved(cfg, own)["nap_s"] == 180 and from_resolved(resolved(cfg, own), own=own).nap_s == 180
+    assert from_resolved(resolved(load_config({})), own=own).nap_s == 120, "an older record: the default"
+    with pytest.raises(ConfigError, match="^NAP_MIN='0' is not valid: expected a whole number from 1 to 9$"):
+        load_config({"NAP_MIN": "0"}, own=own)
+
+
+# what a new user may type: each refused with one line naming the setting, what is wrong and what to write
+HOSTILE = [
+    ({"SSH_OPTS": "127.0.0.1"}, "SSH_OPTS='127.0.0.1' is not valid: expected ssh options, each word an option or the "
+                                "value of the one before ('127.0.0.1' would be ssh's destination), e.g. -p 2222"),
+    ({"SSH_OPTS": "-p 2222 -o"}, "SSH_OPTS='-p 2222 -o' is not valid: expected ssh options, each with its value "
+                                 "(-o has none)"),
+    ({"SSH_OPTS": "-Z"}, "SSH_OPTS='-Z' is not valid: expected ssh options ('-Z': ssh has no option -Z)"),
+    ({"MEMLOCK": "\u0661\u0662"}, "MEMLOCK='\u0661\u0662' is not valid: expected -1 (unlimited) or a byte count"),
+    ({"PORT": "\u0661\u0662"}, "PORT='\u0661\u0662' is not valid: expected a whole number from 1 to 65535"),
+    ({"PORT": "1_"}, "PORT='1_' is not valid: expected a whole number from 1 to 65535"),
+    ({"PORT": "1__0"}, "PORT='1__0' is not valid: expected a whole number from 1 to 65535"),
+    ({"GPU_UTIL": "0_5"}, "GPU_UTIL='0_5' is not valid: expected a number more than 0 and at most 1"),
+    ({"CAPS": "1,\u0662"}, "CAPS='1,\u0662' is not valid: expected a comma list of whole numbers from 1 to 8192"),
+    ({"MEMGUARD_GIB": "\u0661"}, "MEMGUARD_GIB='\u0661' is not valid: expected the memory guard's floor in GiB"),
+    ({"ALERT_SMTP_SMARTHOST": "mail.example.org:99999"}, "ALERT_SMTP_SMARTHOST='mail.example.org:99999' is not "
+                                                         "valid: expected host:port with a port from 1 to 65535"),
+    ({"HF_REPO": "../x"}, "HF_REPO='../x' is not valid: expected a Hugging Face repo id, owner/name"),
+    ({"HF_REPO": "a/.."}, "HF_REPO='a/..' is not valid: expected a Hugging Face repo id, owner/name"),
+    ({"REVISION": "../x"}, "REVISION='../x' is not valid: expected a commit hash, branch or tag (no ..)"),
+]
+
+
+@pytest.mark.parametrize("env,line", HOSTILE, ids=[str(e) for e, _ in HOSTILE])
+def test_a_hostile_value_is_refused_in_one_line(env, line):
+    with pytest.raises(ConfigError) as err:
+        load_config(env)
+    assert str(err.value).startswith(line) and "\n" not in str(err.value) and err.value.exit_code == 2
+
+
+def test_what_a_hostile_value_looks_like_is_still_taken():
+    cfg = load_config({"SSH_OPTS": "-vvp 2222 -o A=b -oX=y -F '/a b' -4 -p2200", "PORT": "8_001",
+                       "ALERT_SMTP_SMARTHOST": "mail.example.org:65535", "HF_REPO": "a_b/c.d-e_", "MEMLOCK": "64:128",
+                       "GPU_UTIL": ".5", "REVISION": "v1.2/x"})
+    assert cfg.ssh_opts == ("-vvp", "2222", "-o", "A=b", "-oX=y", "-F", "/a b", "-4", "-p2200") and cfg.port == 8001
+    assert (cfg.alert_smtp_smarthost, cfg.hf_repo, cfg.memlock) == ("mail.example.org:65535", "a_b/c.d-e_", "64:128")
+
+
+@pytest.mark.parametrize("entry,line", [
+    ('"--port" = "9000"', 'conf/flags.toml [args] --port = "9000" contradicts PORT=8000: remove it from [args] and '
+                          'set PORT (`port` in a profile) instead'),
+    ('"--port" = false', "conf/flags.toml [args] --port = false contradicts PORT=8000"),
+    ('"--served-model-name" = "other"', 'conf/flags.toml [args] --served-model-name = "other" contradicts '
+                                        'SERVED_MODEL_NAME=deepseek-v4.1-flash'),
+])
+def test_a_profile_flag_that_contradicts_its_setting_is_refused(entry, line, tmp_path, monkeypatch):
+    from dsv41.settings import layers
+    (tmp_path / "flags.toml").write_text(f"[args]\n{entry}\n")
+    monkeypatch.setattr(layers, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config({"DSV41_PROFILE": "flags"})
+    assert str(err.value).startswith(line) and "\n" not in str(err.value) and err.value.exit_code == 2
+    (tmp_path / "same.toml").write_text('port = 9000\n[args]\n"--port" = "9000"\n')
+    assert load_config({"DSV41_PROFILE": "same"}).port == 9000          # the same value contradicts nothing
+
+
+def test_the_endpoints_read_from_the_environment_are_settings(monkeypatch):
+    """HF_ENDPOINT (doit download) and DSV41_BASE_URL (doit pi) are checked and reach the code through
+    Config, like every other setting."""
+    from dsv41.head import pi
+    cfg = load_config({"HF_ENDPOINT": "http://127.0.0.1:9", "DSV41_BASE_URL": "http://head:8001/v1"})
+    assert (cfg.hf_endpoint, cfg.dsv41_base_url) == ("http://127.0.0.1:9", "http://head:8001/v1")
+    ran = []
+    monkeypatch.setattr(pi.subprocess, "run", lambda argv, env: ran.append(argv) or SimpleNamespace(returncode=0))
+    assert pi.install(cfg) and ran[0][-1] == "http://head:8001/v1"
+    assert pi.install(load_config({})) and ran[1][-1] == "http://127.0.0.1:8000/v1"
+    with pytest.raises(ConfigError, match=r"^HF_ENDPOINT='127.0.0.1:9' is not valid: expected an http:// or https://"):
+        load_config({"HF_ENDPOINT": "127.0.0.1:9"})

@@ -175,7 +175,8 @@ def test_not_enough_space_says_how_much_is_missing(repo, tmp_path, monkeypatch):
     with HubStub(src) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
         monkeypatch.setattr(checkpoint, "free_bytes", lambda p: 1_000_000)
-        cfg = load_config({"MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s")})
+        cfg = load_config({"MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s"),
+                           "HF_ENDPOINT": hub.endpoint})
         with pytest.raises(UserError) as e:
             download.download(cfg)
         # 4 whole shards + 6 parts + banks to fetch, plus shards 5 and 6 to rebuild
@@ -208,7 +209,8 @@ def test_download_progress_is_plain_lines_when_stderr_is_not_a_terminal(repo, tm
     monkeypatch.setattr(progress, "INTERVAL_S", 0)       # a line per update instead of one every 10 s
     with HubStub(src) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
-        head_download.download(load_config({"MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s")}))
+        head_download.download(load_config({"MODEL_DIR": str(tmp_path / "m"), "STATE_DIR": str(tmp_path / "s"),
+                                            "HF_ENDPOINT": hub.endpoint}))
     err = capfd.readouterr().err
     assert "\r" not in err, err
     lines = err.splitlines()

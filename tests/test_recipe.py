@@ -39,7 +39,7 @@ SERIES = metrics.Series(running="fake:serving", waiting=QUEUE, kv_usage="fake:ca
 # the fake engine's own settings, declared as vllm/settings.py declares vLLM's
 FAKE_SETTINGS = SimpleNamespace(
     SETTINGS=(Setting("FAKE_QUEUE_LIMIT", "int", 4, "requests the fake server queues", lo=1, hi=64),),
-    SECRET_ENV=("FAKE_SERVER_KEY",), derive=lambda values: values)
+    SECRET_ENV=("FAKE_SERVER_KEY",), FLAG_SETTINGS={}, derive=lambda values: values)
 RULES = """      - alert: FakeQueueLong
         expr: fake:queue_depth > {{ for_s }}
 

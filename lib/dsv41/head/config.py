@@ -11,21 +11,15 @@ def describe(cfg):
     """(setting, value, source) rows for `doit config`, in the schema's order; secrets are shown as
     set/unset only."""
     rows = []
-    effective = {"IMG": cfg.image, "TP_SIZE": cfg.tp_size, "NNODES": cfg.nnodes, "API_KEY_FILE": cfg.api_key_file,
-                 "WORKER_MODEL_DIR": cfg.values["WORKER_MODEL_DIR"] or "(head's path, home swapped)",
-                 **dict(cfg.engine)}
     for s in cfg.settings:
-        v = effective.get(s.name, cfg.values[s.name])
+        v = cfg.values[s.name]
         src = cfg.sources.get(s.key, "environment" if s.env_only and v else "default")
-        if s.name in ("TP_SIZE", "NNODES", "API_KEY_FILE") and not cfg.values[s.name] or (
-                cfg.values[s.name] != v and s.name in dict(cfg.engine)):    # an engine setting derived from others
-            src = "derived"
         if s.kind in kinds.HIDDEN_KINDS:
             v = "(set)" if v else "(unset)"
+        elif v == s.default and s.shown[:1].isalpha():  # unset: what that means, in the settings page's words
+            v = f"({s.shown})"
         elif isinstance(v, bool):
             v = int(v)
-        elif s.name == "NCCL_IB_GID_INDEX" and v < 0:
-            v = "(detected per node)"
         elif isinstance(v, tuple):
             v = ",".join(map(str, v)) if s.kind in ("caps", "list", "targets") else shlex.join(v)
         rows.append((s.name, str(v), src))

@@ -133,7 +133,7 @@ class _Download:
         import huggingface_hub as hf
         self.cfg, self.hf, self.model_dir = cfg, hf, cfg.model_dir
         self.token = cfg.hf_token or None
-        self.api = hf.HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None, token=self.token)
+        self.api = hf.HfApi(endpoint=cfg.hf_endpoint or None, token=self.token)
         self.endpoint = self.api.endpoint
         self.state_dir = os.path.join(self.model_dir, STATE)
         self.records_file = os.path.join(self.state_dir, "download.json")

@@ -8,5 +8,5 @@ from dsv41.settings.paths import ROOT
 
 def install(cfg):
     env = {**os.environ, "MAX_LEN": str(engine.for_config(cfg).context_len())}
-    url = os.environ.get("DSV41_BASE_URL") or cfg.api_url
+    url = cfg.dsv41_base_url or cfg.api_url
     return subprocess.run(["bash", str(ROOT / "pi" / "install.sh"), url], env=env).returncode == 0

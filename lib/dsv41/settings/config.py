@@ -1,11 +1,14 @@
 """The resolved settings as one frozen Config (and a NodeSpec per rank): what every verb and the
-machinery read. settings/layers.py makes one from the defaults, a profile and the environment;
-settings/resolved.py writes and reads the copy a later service runs on. The engine's own settings
-(its flags, declared by its recipe: dsv41/vllm/settings.py) are in `engine`, by variable name."""
+machinery read, its fields made from the settings' declarations (settings/schema.py). settings/layers.py
+makes one from the defaults, a profile and the environment; settings/resolved.py writes and reads the
+copy a later service runs on. The engine's own settings (its flags, declared by its recipe:
+dsv41/vllm/settings.py) are in `engine`, by variable name."""
 import dataclasses
+import functools
 import os
 from types import SimpleNamespace
 
+from dsv41.settings import schema
 from dsv41.settings.kinds import ConfigError
 
 
@@ -25,83 +28,8 @@ class NodeSpec:
         return self.name if self.target is None else f"{self.name} ({self.target})"
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    image: str
-    allow_unpinned_image: bool
-    hf_repo: str
-    revision: str
-    hf_token: str
-    plan_name: str
-    served_model_name: str
-    model_dir: str             # on the head, expanded
-    state_dir: str             # on the head, expanded
-    state_dir_raw: str         # as configured ("~/..."), resolved per node against its home
-    api_key_file: str
-    port: int
-    mport: int
-    memguard_gib: float
-    memguard_mode: str
-    tp_size: int
-    nnodes: int
-    nccl_ib_gid_index: int | None
-    ssh_opts: tuple[str, ...]
-    ssh_timeout_s: int
-    keep_parts: bool
-    start_timeout_s: int
-    metrics_dir: str
-    watchdog: bool
-    watchdog_interval_s: int
-    watchdog_stall_s: int
-    watchdog_probe_s: int
-    watchdog_max_recoveries: int
-    watchdog_window_s: int
-    watchdog_backoff_s: int
-    mem_return_gib: float
-    mem_return_s: int
-    incidents_keep: int
-    releases_keep: int
-    rollout_hold_s: int
-    rollout_min_timeout_s: int
-    rollback: bool
-    free_gib_head: int
-    free_gib_worker: int
-    # ---- monitoring settings (doit monitoring, head/monitoring.py; alerts: head/alerts.py) ----------
-    prometheus_port: int
-    exporter_port: int
-    scrape_interval_s: int
-    metrics_with_key: bool
-    alert_for_s: int
-    alert_recent_min: float
-    alert_ttft_p95_s: float
-    alert_decode_toks_min: float
-    alert_mem_margin_gib: float
-    cluster_name: str
-    alertmanager_port: int
-    alert_webhook_url: str     # semi-secret: never in resolved(), only in the mode-0600 alertmanager.yml
-    alert_email_to: tuple[str, ...]
-    alert_email_from: str
-    alert_smtp_smarthost: str
-    alert_smtp_user: str
-    alert_smtp_password_file: str
-    alert_smtp_require_tls: bool
-    alert_group_wait_s: int
-    alert_group_interval_s: int
-    alert_repeat_interval_min: int
-    alert_silence_max_h: int
-    # ---- end of the monitoring settings ----------------------------------------------------------
-    skip_checks: tuple[str, ...]
-    gpus: str
-    memlock: str
-    privileged: bool
-    profile: str
-    engine: tuple              # ((NAME, value), ...): the engine's own settings (its recipe declares them), derived
-    engine_args: tuple         # (("--flag", value or None to drop it, source), ...): an engine profile's changes
-    engine_env: tuple          # (("NAME", value or None to drop it, source), ...); "{rank}" is the rank number
-    nodes: tuple[NodeSpec, ...]
-    sources: dict = dataclasses.field(compare=False, repr=False)   # {setting key or r<N>.<key>: where from}
-    values: dict = dataclasses.field(compare=False, repr=False)    # {setting NAME: parsed value}
-    settings: tuple = dataclasses.field(compare=False, repr=False, default=())  # the Settings it was checked against
+class _Config:
+    """What every Config does besides holding its fields (config_class() makes the fields)."""
 
     @property
     def head(self):
@@ -147,3 +75,25 @@ class Config:
     def api_url(self):
         host = self.head.ip or "127.0.0.1"
         return f"http://{host}:{self.port}/v1"
+
+
+@functools.cache
+def config_class(own):
+    """The frozen Config of the settings `own` (schema.OWN): the fields each setting declares (settings/
+    setting.py: its key, or a value derived from it), then the engine's settings, the profile's changes to
+    the engine's argv and environment, and the nodes."""
+    fields = [(name, object) for s in own for name, _ in s.fields]
+    fields += [("engine", tuple),          # ((NAME, value), ...): the engine's own settings, derived
+               ("engine_args", tuple),     # (("--flag", value or None to drop it, source), ...): a profile's changes
+               ("engine_env", tuple),      # (("NAME", value or None to drop it, source), ...); "{rank}": the rank
+               ("nodes", tuple),           # NodeSpec, ...
+               ("sources", dict, dataclasses.field(compare=False, repr=False)),   # {key or r<N>.<key>: where from}
+               ("values", dict, dataclasses.field(compare=False, repr=False)),    # {setting NAME: effective value}
+               ("settings", tuple, dataclasses.field(compare=False, repr=False, default=())),  # checked against
+               ]
+    cls = dataclasses.make_dataclass("Config", fields, bases=(_Config,), frozen=True)
+    cls.__module__ = __name__
+    return cls
+
+
+Config = config_class(schema.OWN)

@@ -20,6 +20,7 @@ SECRET_FLAGS = ("--api-key", "--hf-token")
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "DSV41_API_KEY")
 DIGEST_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*(@sha256:[0-9a-f]{64})?$")
+URL_RE = re.compile(r"^https?://[^\s/]+\S*$")
 # user@host; neither may start with "-", so nothing that reaches ssh or rsync can become an option
 TARGET_RE = re.compile(r"^(?:[a-z_][a-z0-9_.-]*@)?(?:[A-Za-z0-9.][A-Za-z0-9.-]*|\[[0-9a-fA-F:]+\])$")
 
@@ -46,8 +47,13 @@ def _range(s):
     return f" from {number(s.lo)} to {number(s.hi)}" if s.hi is not None else f" of at least {number(s.lo)}"
 
 
+# numbers in ASCII digits: int() and float() also take any Unicode digit (١٢) and a stray underscore (1_)
+INT_RE = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*")
+FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _int(s, label, v):
-    if not re.fullmatch(r"[+-]?[0-9][0-9_]*", v.strip()):
+    if not INT_RE.fullmatch(v.strip()):
         raise bad(label, v, f"a whole number{_range(s)}")
     n = int(v.strip().replace("_", ""))
     if n < s.lo or (s.hi is not None and n > s.hi):
@@ -56,10 +62,7 @@ def _int(s, label, v):
 
 
 def _float(s, label, v):              # more than lo (a utilisation of 0 is none), at most hi
-    try:
-        x = float(v.strip())
-    except ValueError:
-        x = float("nan")
+    x = float(v.strip()) if FLOAT_RE.fullmatch(v.strip()) else float("nan")
     if not s.lo < x <= s.hi:
         raise bad(label, v, f"a number more than {s.lo:g} and at most {s.hi:g}")
     return x
@@ -101,8 +104,15 @@ def _secret(s, label, v):
 
 def _webhook(s, label, v):
     v = v.strip()
-    if v and not re.match(r"^https?://[^\s/]+\S*$", v):
+    if v and not URL_RE.match(v):
         raise bad(label, "(hidden)", "an http:// or https:// URL")
+    return v
+
+
+def _url(s, label, v):
+    v = v.strip()
+    if v and not URL_RE.match(v):
+        raise bad(label, v, "an http:// or https:// URL")
     return v
 
 
@@ -136,6 +146,41 @@ def _words(s, label, v):
                               "argument list; rank 0 reads the API key from API_KEY_FILE ($STATE_DIR/api_key), "
                               "HF_TOKEN is read from the environment")
     return words
+
+
+# ssh's options (OpenSSH's getopt string): those that take a value, and those that do not
+SSH_VALUE_OPTS, SSH_FLAGS = "BDEFIJLOPQRSWbceilmopw", "1246AaCfGgKkMNnqsTtVvXxYy"
+
+
+def _sshopts(s, label, v):
+    """ssh options as shell words: each word an option (or the value of the one before it). Any other
+    word would be taken by ssh as its destination, sending every command to another host."""
+    words, expects_value = _words(s, label, v), False
+    for w in words:
+        if expects_value:
+            expects_value = False
+            continue
+        if not re.fullmatch(r"-[A-Za-z0-9].*", w, re.S):
+            raise bad(label, v, f"ssh options, each word an option or the value of the one before ({w!r} would "
+                      "be ssh's destination), e.g. -p 2222 -o StrictHostKeyChecking=accept-new")
+        for i, c in enumerate(w[1:], 1):
+            if c in SSH_VALUE_OPTS:
+                expects_value = i == len(w) - 1         # -p 2222, or its value in the same word: -p2222
+                break
+            if c not in SSH_FLAGS:
+                raise bad(label, v, f"ssh options ({w!r}: ssh has no option -{c}), e.g. -p 2222 -o "
+                          "StrictHostKeyChecking=accept-new")
+    if expects_value:
+        raise bad(label, v, f"ssh options, each with its value ({words[-1]} has none), e.g. -p 2222")
+    return words
+
+
+def _hostport(s, label, v):
+    v = v.strip()
+    m = re.fullmatch(r"(?:[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):([0-9]{1,5})", v)
+    if v and not (m and s.lo <= int(m.group(1)) <= s.hi):
+        raise bad(label, v, f"host:port with a port{_range(s)}, e.g. mail.example.org:587")
+    return v
 
 
 def _command(s, label, v):            # a program and its arguments: words, the first not an option
@@ -184,10 +229,8 @@ def _list(s, label, v):
 def _caps(s, label, v):
     if not v.strip():
         return ()
-    try:
-        sizes = sorted({int(x) for x in v.split(",") if x.strip()})
-    except ValueError:
-        sizes = []
+    items = [x.strip() for x in v.split(",") if x.strip()]
+    sizes = sorted({int(x) for x in items}) if all(re.fullmatch(r"[0-9]+", x) for x in items) else []
     if not sizes or sizes[0] < s.lo or sizes[-1] > s.hi:
         raise bad(label, v, f"a comma list of whole numbers{_range(s)}, e.g. 1,2,4,8")
     return tuple(sizes)
@@ -224,15 +267,15 @@ def _ifname(s, label, v):
 
 def _hcas(s, label, v):
     items = tuple(x.strip() for x in v.split(",") if x.strip())
-    if not items or not all(re.match(r"^[A-Za-z0-9_.-]+(?::\d+)?$", x) for x in items):
+    if not items or not all(re.match(r"^[A-Za-z0-9_.-]+(?::[0-9]+)?$", x) for x in items):
         raise bad(label, v, "a comma list of RDMA devices as shown by `rdma link`, e.g. rocep1s0f1")
     return items
 
 
 KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice": _choice, "text": _text,
-         "secret": _secret, "webhook": _webhook, "path": _path, "words": _words, "command": _command,
-         "target": _target, "targets": _targets, "list": _list, "caps": _caps, "gpus": _gpus, "image": _image,
-         "ip": _ip, "ifname": _ifname, "hcas": _hcas}
+         "secret": _secret, "webhook": _webhook, "url": _url, "path": _path, "words": _words, "sshopts": _sshopts,
+         "command": _command, "hostport": _hostport, "target": _target, "targets": _targets, "list": _list,
+         "caps": _caps, "gpus": _gpus, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
 # what a profile writes for each kind (TOML types); every other kind is a string
 HIDDEN_KINDS = ("secret", "webhook")     # `doit config` shows these as set or unset
 TOML_TYPES = {"int": (int,), "float": (int, float), "floor": (int, float), "bool": (bool,)}

@@ -14,16 +14,18 @@ from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.settings import kinds, schema
-from dsv41.settings.config import Config, NodeSpec
+from dsv41.settings.config import NodeSpec, config_class
 from dsv41.settings.kinds import ConfigError
 from dsv41.settings.paths import CONF_DIR
 
 
-def load_config(env=None, engine=schema.ENGINE):
+def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
     """The Config of the environment `env` (os.environ) over its profile over the defaults; `engine`
-    declares the engine's own settings (SETTINGS, SECRET_ENV, derive(values)): vLLM's by default."""
+    declares the engine's own settings (SETTINGS, SECRET_ENV, FLAG_SETTINGS, derive(values)): vLLM's by
+    default; `own` dsv41's (schema.OWN). Config.values holds each setting's effective value (TP_SIZE=0: the
+    node count), its fields what the settings declare of those."""
     env = os.environ if env is None else env
-    settings = schema.table(engine)
+    settings = schema.table(engine, own)
     profile = kinds.parse(schema.BY_NAME["DSV41_PROFILE"], "DSV41_PROFILE", env.get("DSV41_PROFILE", ""))
     changes = {"args": {}, "env": {}}
     layers = [Layer("default", {s.name: s.default for s in settings if not s.env_only}, {})]
@@ -39,12 +41,12 @@ def load_config(env=None, engine=schema.ENGINE):
             kinds.parse(s, la.label(s), la.values[s.name])
         values[s.name] = kinds.parse(s, layer.label(s), layer.values[s.name])
         sources[s.key] = layer.source
-    values["HF_TOKEN"] = str(env.get("HF_TOKEN", ""))
-    values["ALERT_WEBHOOK_URL"] = kinds.parse(schema.BY_NAME["ALERT_WEBHOOK_URL"], "ALERT_WEBHOOK_URL",
-                                               env.get("ALERT_WEBHOOK_URL", ""))
-    values["DSV41_PROFILE"] = profile
+    for s in settings:
+        if s.env_only:                                  # a secret is taken as it is: an error would print it
+            value = env.get(s.name, s.default)
+            values[s.name] = str(value) if s.kind == "secret" else kinds.parse(s, s.name, value)
     targets = _workers(layers, values, sources)
-    image = _image(env, values, sources)
+    _image(env, values, sources)
 
     port, mport = values["PORT"], values["MPORT"]
     if mport == port:
@@ -55,50 +57,21 @@ def load_config(env=None, engine=schema.ENGINE):
         raise kinds.bad("ALERTMANAGER_PORT", values["ALERTMANAGER_PORT"],
                          "a port other than PORT, PROMETHEUS_PORT and EXPORTER_PORT")
     _email(values)
-    own = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})
-    state_raw = values["STATE_DIR"]
-    state_dir = os.path.expanduser(state_raw)
-    api_key_file = (os.path.expanduser(values["API_KEY_FILE"]) if values["API_KEY_FILE"]
-                    else names.state_path(state_dir, names.KEY))
+    _flag_settings(changes["args"], values, engine)
+    derived = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})
+    for s in engine.SETTINGS:                           # derived from others: CAPS from MAX_SEQS and NSPEC
+        if derived[s.name] != values[s.name]:
+            values[s.name], sources[s.key] = derived[s.name], "derived"
+    if not values["API_KEY_FILE"]:
+        values["API_KEY_FILE"], sources["api_key_file"] = names.state_path(values["STATE_DIR"], names.KEY), "derived"
+    values["API_KEY_FILE"] = os.path.expanduser(values["API_KEY_FILE"])
     nodes = _nodes(layers, targets, values["WORKER_MODEL_DIR"] or None, sources)
-    tp_size, nnodes = _topology(values, len(nodes))
-    gid = values["NCCL_IB_GID_INDEX"]
-    v = values
-    return Config(
-        image=image, allow_unpinned_image=v["ALLOW_UNPINNED_IMAGE"], hf_repo=v["HF_REPO"], revision=v["REVISION"],
-        hf_token=v["HF_TOKEN"], plan_name=v["PLAN_NAME"], served_model_name=v["SERVED_MODEL_NAME"],
-        model_dir=os.path.expanduser(v["MODEL_DIR"]), state_dir=state_dir, state_dir_raw=state_raw,
-        api_key_file=api_key_file, port=port, mport=mport,
-        memguard_gib=v["MEMGUARD_GIB"], memguard_mode=v["MEMGUARD_MODE"],
-        engine=tuple((s.name, own[s.name]) for s in engine.SETTINGS),
-        tp_size=tp_size, nnodes=nnodes, nccl_ib_gid_index=None if gid < 0 else gid,
-        ssh_opts=v["SSH_OPTS"], ssh_timeout_s=v["SSH_TIMEOUT_S"], keep_parts=v["KEEP_PARTS"],
-        start_timeout_s=60 * v["START_TIMEOUT_MIN"], metrics_dir=os.path.expanduser(v["METRICS_DIR"]),
-        watchdog=v["WATCHDOG"], watchdog_interval_s=v["WATCHDOG_INTERVAL_S"],
-        watchdog_stall_s=v["WATCHDOG_STALL_S"], watchdog_probe_s=v["WATCHDOG_PROBE_S"],
-        watchdog_max_recoveries=v["WATCHDOG_MAX_RECOVERIES"], watchdog_window_s=60 * v["WATCHDOG_WINDOW_MIN"],
-        watchdog_backoff_s=v["WATCHDOG_BACKOFF_S"], mem_return_gib=v["MEM_RETURN_GIB"],
-        mem_return_s=v["MEM_RETURN_S"], incidents_keep=v["INCIDENTS_KEEP"],
-        releases_keep=v["RELEASES_KEEP"], rollout_hold_s=v["ROLLOUT_HOLD_S"],
-        rollout_min_timeout_s=60 * v["ROLLOUT_MIN_TIMEOUT_MIN"], rollback=v["ROLLBACK"],
-        free_gib_head=v["FREE_GIB_HEAD"], free_gib_worker=v["FREE_GIB_WORKER"], gpus=v["GPUS"],
-        memlock=v["MEMLOCK"], privileged=v["PRIVILEGED"], skip_checks=v["SKIP_CHECKS"],
-        prometheus_port=v["PROMETHEUS_PORT"], exporter_port=v["EXPORTER_PORT"],
-        scrape_interval_s=v["SCRAPE_INTERVAL_S"], metrics_with_key=v["METRICS_WITH_KEY"],
-        alert_for_s=v["ALERT_FOR_S"], alert_recent_min=v["ALERT_RECENT_MIN"], alert_ttft_p95_s=v["ALERT_TTFT_P95_S"],
-        alert_decode_toks_min=v["ALERT_DECODE_TOKS_MIN"], alert_mem_margin_gib=v["ALERT_MEM_MARGIN_GIB"],
-        cluster_name=v["CLUSTER_NAME"], alertmanager_port=v["ALERTMANAGER_PORT"],
-        alert_webhook_url=v["ALERT_WEBHOOK_URL"],
-        alert_email_to=tuple(a for a in v["ALERT_EMAIL_TO"].split(",") if a), alert_email_from=v["ALERT_EMAIL_FROM"],
-        alert_smtp_smarthost=v["ALERT_SMTP_SMARTHOST"], alert_smtp_user=v["ALERT_SMTP_USER"],
-        alert_smtp_password_file=os.path.expanduser(v["ALERT_SMTP_PASSWORD_FILE"]),
-        alert_smtp_require_tls=v["ALERT_SMTP_REQUIRE_TLS"], alert_group_wait_s=v["ALERT_GROUP_WAIT_S"],
-        alert_group_interval_s=v["ALERT_GROUP_INTERVAL_S"], alert_repeat_interval_min=v["ALERT_REPEAT_INTERVAL_MIN"],
-        alert_silence_max_h=v["ALERT_SILENCE_MAX_H"],
-        profile=profile, nodes=nodes, sources=sources, values=values, settings=settings,
-        engine_args=tuple((k, val, src) for k, (val, src) in changes["args"].items()),
-        engine_env=tuple((k, val, src) for k, (val, src) in changes["env"].items()),
-    )
+    _topology(values, len(nodes), sources)
+    return config_class(own)(
+        **{k: v for s in own for k, v in s.field_values(values[s.name]).items()},
+        engine=tuple((s.name, values[s.name]) for s in engine.SETTINGS), nodes=nodes, sources=sources,
+        values=values, settings=settings, engine_args=tuple((k, val, src) for k, (val, src) in changes["args"].items()),
+        engine_env=tuple((k, val, src) for k, (val, src) in changes["env"].items()))
 
 
 def _email(values):
@@ -112,6 +85,16 @@ def _email(values):
         given, missing = (("ALERT_SMTP_USER", "ALERT_SMTP_PASSWORD_FILE") if values["ALERT_SMTP_USER"]
                           else ("ALERT_SMTP_PASSWORD_FILE", "ALERT_SMTP_USER"))
         raise ConfigError(f"{given} is set but {missing} is empty: the mail server's login needs both")
+
+
+def _flag_settings(args, values, engine):
+    """A profile's [args] may not contradict the setting a flag follows (PORT gives --port)."""
+    for flag, name in engine.FLAG_SETTINGS.items():
+        value, source = args.get(flag, (str(values[name]), ""))
+        if value != str(values[name]):
+            shown = "false" if value is None else f'"{value}"'
+            raise ConfigError(f"conf/{source[8:]}.toml [args] {flag} = {shown} contradicts {name}={values[name]}: "
+                              f"remove it from [args] and set {name} (`{name.lower()}` in a profile) instead")
 
 
 class Layer(NamedTuple):
@@ -150,8 +133,9 @@ def _profile_layer(name, prof, changes, settings, engine):
         s = by_key.get(k)
         if s is None:
             if k.upper() in known:
-                raise ConfigError(f"{where}: {k} may be set only in the environment (a secret, or the profile's "
-                                  "own name, never goes into a file)")
+                raise ConfigError(f"{where}: {k} may be set only in the environment: set {k.upper()} there (a "
+                                  "secret, the profile's own name or a variable other tools read too never goes "
+                                  "into a file)")
             raise ConfigError(f"{where}: unknown setting {k!r}{kinds.nearest(k, by_key)}: the settings "
                               "are docs/settings.md's table in lower case; per-node values go under [overrides]")
         values[s.name] = kinds.toml_type(s, f"{where} {k}", v)
@@ -221,19 +205,21 @@ def _image(env, values, sources):
     if not kinds.IMAGE_RE.match(image) or (not values["ALLOW_UNPINNED_IMAGE"] and not kinds.DIGEST_RE.match(image)):
         raise kinds.bad("IMG", image, "an image pinned by digest, repo@sha256:<64 hex> "
                          "(set ALLOW_UNPINNED_IMAGE=1 to accept a tag)")
-    return image
 
 
-def _topology(values, count):
-    """TP_SIZE and NNODES against the node count: one rank per node, TP_SIZE / count GPUs on each."""
-    tp_size, nnodes = values["TP_SIZE"] or count, values["NNODES"] or count
+def _topology(values, count, sources):
+    """TP_SIZE and NNODES against the node count (0: the node count): one rank per node, TP_SIZE / count
+    GPUs on each."""
+    for name in ("TP_SIZE", "NNODES"):
+        if not values[name]:
+            values[name], sources[name.lower()] = count, "derived"
+    tp_size, nnodes = values["TP_SIZE"], values["NNODES"]
     if nnodes != count:
         raise ConfigError(f"NNODES={nnodes} with {count} node(s): expected {count} (one rank per node; "
                           "WORKER/WORKERS set the node count) or 0")
     if tp_size % count:
         raise ConfigError(f"TP_SIZE={tp_size} with {count} node(s): expected a multiple of {count} (each node "
                           f"runs TP_SIZE/{count} of the GPUs) or 0 for the node count")
-    return tp_size, nnodes
 
 
 def _profile_chain(profile):
@@ -293,8 +279,9 @@ def _nodes(layers, targets, worker_model_dir, sources):
                 if var in la.per_node:
                     sources[f"r{rank}.{key.lower()}"] = f"{la.source} ({var})"
                     s = schema.per_node_setting(var)
-                    return kinds.parse(s, la.label(s, f"[overrides] {var}") if la.source != "environment"
-                                        else var, la.per_node[var]) or None
+                    value = kinds.parse(s, la.label(s, f"[overrides] {var}") if la.source != "environment"
+                                        else var, la.per_node[var])
+                    return None if value == "" else value     # an empty path: none; GID index 0 is one
         return None
 
     specs = []

@@ -1,37 +1,63 @@
 """The watchdog's copy of the settings: the resolved Config as JSON-able data without secrets, what a
 service started later runs on (so that neither the environment nor conf/ can change under it), and
 the Config read back from it. A release records the same data. The engine's own settings are keys
-of their own in it (kv_bytes, caps, ...), as dsv41's are."""
+of their own in it (kv_bytes, caps, ...), as dsv41's are.
+
+A record outlives the version that wrote it (a rollback runs a release recorded months before): a
+setting missing from it (declared since) takes its default; a key this version does not know (a
+record of a newer version, or of a setting since removed) is refused, never dropped, since running
+without it would not run what was recorded."""
 import dataclasses
 
-from dsv41.settings import schema
-from dsv41.settings.config import Config, NodeSpec
+from dsv41.settings import kinds, schema
+from dsv41.settings.config import NodeSpec, config_class
 from dsv41.settings.kinds import ConfigError
 
-NOT_RESOLVED = ("hf_token", "alert_webhook_url", "sources", "values", "settings", "engine")
+NOT_STORED = ("sources", "values", "settings", "engine")
 
 
-def resolved(cfg):
+def _secret(own):
+    """The Config fields of the secrets: never written."""
+    return {name for s in own if s.kind in kinds.HIDDEN_KINDS for name, _ in s.fields}
+
+
+def resolved(cfg, own=schema.OWN):
     """{field or engine setting key: value} of cfg, no secret."""
     data = dataclasses.asdict(cfg)
-    out = {f.name: data[f.name] for f in dataclasses.fields(cfg) if f.name not in NOT_RESOLVED}
+    skip = set(NOT_STORED) | _secret(own)
+    out = {f.name: data[f.name] for f in dataclasses.fields(cfg) if f.name not in skip}
     out.update({name.lower(): value for name, value in data["engine"]})
     return out
 
 
-def from_resolved(data, engine=schema.ENGINE):
-    """The Config resolved() wrote; ConfigError when it was written by another version."""
+def defaults(engine=schema.ENGINE, own=schema.OWN):
+    """What resolved() writes for each setting at its default: what a record missing it means."""
+    out = {}
+    for s in own:
+        out.update(s.field_values(kinds.parse(s, s.name, s.default)))
+    engine_values = engine.derive({s.name: kinds.parse(s, s.name, s.default) for s in engine.SETTINGS})
+    out.update({name.lower(): value for name, value in engine_values.items()})
+    return {**out, "engine_args": (), "engine_env": ()}
+
+
+def from_resolved(data, engine=schema.ENGINE, own=schema.OWN):
+    """The Config resolved() wrote (by this version or an older one); ConfigError when it cannot be read."""
     def tuples(v):
         return tuple(tuples(x) for x in v) if isinstance(v, list) else v
-    own = [s.name for s in engine.SETTINGS]
-    want = {f.name for f in dataclasses.fields(Config)} - set(NOT_RESOLVED) | {n.lower() for n in own}
-    if not isinstance(data, dict) or set(data) != want:
-        raise ConfigError("the resolved settings were written by another version: run `doit launch`")
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), (list, tuple)):
+        raise ConfigError("the resolved settings have no nodes: run `doit launch`")
+    known = defaults(engine, own)
+    unknown = sorted(set(data) - set(known) - {"nodes"})
+    if unknown:
+        raise ConfigError(f"the resolved settings hold {unknown[0]!r}, which this version does not know (written by "
+                          "a newer one?): run `doit launch`")
+    data, secret = {**known, **data}, _secret(own)
+    names = [s.name for s in engine.SETTINGS]
     try:
-        values = {k: tuples(v) for k, v in data.items() if k.upper() not in own}
+        values = {k: tuples(v) for k, v in data.items() if k.upper() not in names and k not in secret}
         values["nodes"] = tuple(NodeSpec(**{k: tuples(x) for k, x in n.items()}) for n in data["nodes"])
-        return Config(**values, engine=tuple((n, tuples(data[n.lower()])) for n in own),
-                      hf_token="", alert_webhook_url="", sources={}, values={},
-                      settings=schema.table(engine))
+        return config_class(own)(**values, **{f: "" for f in secret},
+                                 engine=tuple((n, tuples(data[n.lower()])) for n in names),
+                                 sources={}, values={}, settings=schema.table(engine, own))
     except (TypeError, AttributeError) as err:
         raise ConfigError(f"the resolved settings cannot be read ({err}): run `doit launch`") from None

@@ -9,6 +9,7 @@ R<N>_GID_INDEX, R<N>_MODEL_DIR for rank N, where HEAD_* is R0_* and WORKER_* is 
 
     python -m dsv41.settings.schema          # prints docs/settings.md's table (a test compares the two)
 """
+import os
 import re
 from typing import NamedTuple
 
@@ -20,62 +21,90 @@ from dsv41.vllm import settings as ENGINE      # the engine dsv41 ships: its set
 # preflight's checks (head/core/preflight.py registers them; a test keeps the two lists equal)
 CHECK_NAMES = ("reachable", "fabric", "rdma", "subnet", "gid-type", "mtu", "ping", "link-speed", "docker",
                "nvidia-runtime", "disk", "memory", "ports", "stale-containers", "kernel", "clock", "tools", "remove-ipc")
+# a Hugging Face repo id as the Hub takes it: no part starting or ending with . or -, no .. or --
+NAME_RE = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+REPO_ID_RE = rf"^(?!.*(?:\.\.|--)){NAME_RE}/{NAME_RE}$"
 EMAILS_RE = r"^[^@\s,]+@[^@\s,]+(?:,[^@\s,]+@[^@\s,]+)*$"
 PER_NODE_RE = re.compile(r"^(?:R(\d+)|HEAD|WORKER)_(IP|IFNAME|HCAS|GID_INDEX|MODEL_DIR)$")
+
+
+def expanded(path):
+    return os.path.expanduser(path)
+
+
+def seconds(minutes):
+    return 60 * minutes
+
+
+def none_below_0(n):
+    """-1 (detect it) is None in Config."""
+    return None if n < 0 else n
+
+
+def comma_list(text):
+    return tuple(a for a in text.split(",") if a)
 
 
 S = Setting
 OWN = (
     S("DSV41_PROFILE", "text", "", "apply conf/NAME.toml over the defaults", pattern=r"^[A-Za-z0-9_-]+$",
-      expect="a profile name (a file in conf/)", env_only=True, shown="(none)"),
-    S("WORKER", "target", "", "ssh target of the worker, `user@<fabric address>`", shown="(none)"),
+      expect="a profile name (a file in conf/)", env_only=True, shown="(none)", field="profile"),
+    S("WORKER", "target", "", "ssh target of the worker, `user@<fabric address>`", shown="(none)", field=None),
     S("WORKERS", "targets", "", "comma list of workers for more than two nodes (ranks r1..rN in order)",
-      shown="(none)"),
+      shown="(none)", field=None),
     S("IMG", "image", "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:"
       "5668e35e5ee021da4b9ce88a1964caf0e082e8ca01d81d1d64b6213a55c6add5", "serving image, pinned by digest",
       shown="`ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:5668e3…6add5`"),
     S("ALLOW_UNPINNED_IMAGE", "bool", False, "accept an image tag without a digest"),
-    S("IMAGE_FILE", "path", "", "read the image reference from this file when `IMG` is unset", shown="(none)"),
-    S("HF_REPO", "text", "0xSero/DeepSeek-V4.1-Flash-Spark", "checkpoint repository",
-      pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", expect="a Hugging Face repo id, owner/name"),
-    S("REVISION", "text", "", "pin a checkpoint commit", pattern=r"^[A-Za-z0-9_./-]+$",
-      expect="a commit hash, branch or tag", shown="(latest)"),
+    S("IMAGE_FILE", "path", "", "read the image reference from this file when `IMG` is unset", shown="(none)",
+      field=None),
+    S("HF_REPO", "text", "0xSero/DeepSeek-V4.1-Flash-Spark", "checkpoint repository", pattern=REPO_ID_RE,
+      expect="a Hugging Face repo id, owner/name: letters, digits and _ . -, each part starting and ending "
+      "with a letter, digit or _, no .. or --"),
+    S("HF_ENDPOINT", "url", "", "the Hugging Face Hub `doit download` fetches from (a mirror, or a stand-in); "
+      "huggingface_hub reads it too", env_only=True, shown="`https://huggingface.co`"),
+    S("REVISION", "text", "", "pin a checkpoint commit", pattern=r"^(?!.*\.\.)[A-Za-z0-9_./-]+$",
+      expect="a commit hash, branch or tag (no ..)", shown="(latest)"),
     S("HF_TOKEN", "secret", "", "Hugging Face token, if the repo is private (never printed)", env_only=True,
       shown="(none)"),
     S("PLAN_NAME", "text", "J268-ho-v31-K5n.json", "EXL3 allocation plan file in `exl3/plan/`",
       pattern=r"^[A-Za-z0-9._-]+\.json$", expect="a plan file name in exl3/plan/, e.g. J268-ho-v31-K5n.json"),
     S("SERVED_MODEL_NAME", "text", "deepseek-v4.1-flash", "the model name the API serves",
       pattern=r"^[A-Za-z0-9._/-]+$", expect="a model name of letters, digits and . _ / -"),
-    S("MODEL_DIR", "path", "~/models/DeepSeek-V4.1-Flash-Spark", "model dir on the head"),
-    S("WORKER_MODEL_DIR", "path", "", "model dir on the workers", shown="head's path, home swapped"),
+    S("MODEL_DIR", "path", "~/models/DeepSeek-V4.1-Flash-Spark", "model dir on the head", to=expanded),
+    S("WORKER_MODEL_DIR", "path", "", "model dir on the workers", shown="head's path, home swapped", field=None),
     S("STATE_DIR", "path", names.DEFAULT_STATE_DIR,
-      "runtime state on every node (key, plans, caches, receipts, doit's db)"),
+      "runtime state on every node (key, plans, caches, receipts, doit's db)", to=expanded,
+      also=(("state_dir_raw", None),)),       # as configured: each node resolves ~ against its home
     S("API_KEY_FILE", "path", "", "the API key (created once, mode 0600)", shown="`$STATE_DIR/api_key`"),
     S("PORT", "int", 8000, "API port on the head", lo=1, hi=65535),
     S("MPORT", "int", 29655, "rendezvous (master) port", lo=1, hi=65535),
     S("MEMGUARD_GIB", "floor", memguard.DEFAULT_FLOOR_GIB,
       "memory guard floor: ranks are stopped below this MemAvailable", lo=memguard.FLOOR_GIB[0],
       hi=memguard.FLOOR_GIB[1]),
-    S("MEMGUARD_MODE", "choice", "enforce", "`observe` only logs what the guard would do",
+    S("MEMGUARD_MODE", "choice", memguard.DEFAULT_MODE, "`observe` only logs what the guard would do",
       choices=memguard.MODES),
     S("TP_SIZE", "int", 0, "tensor-parallel size: a multiple of the node count", lo=0, hi=1024,
       shown="node count"),
     S("NNODES", "int", 0, "`--nnodes`: the node count", lo=0, hi=1024, shown="node count"),
-    S("NCCL_IB_GID_INDEX", "int", -1, "one GID index for every node", lo=-1, hi=255, shown="detected per node"),
-    S("SSH_OPTS", "words", "", "extra ssh options (shell words)", shown="(none)"),
+    S("NCCL_IB_GID_INDEX", "int", -1, "one GID index for every node", lo=-1, hi=255, shown="detected per node",
+      to=none_below_0),
+    S("SSH_OPTS", "sshopts", "", "extra ssh options (shell words)", shown="(none)"),
     S("SSH_TIMEOUT_S", "int", 10, "a node that does not answer over ssh (down, frozen, link gone) is "
       "reported after this long", lo=1, hi=300),
     S("KEEP_PARTS", "bool", False, "keep the `.partNN` files after their shard verified"),
-    S("START_TIMEOUT_MIN", "int", 45, "how long launch waits for the API", lo=1, hi=24 * 60),
+    S("START_TIMEOUT_MIN", "int", 45, "how long launch waits for the API", lo=1, hi=24 * 60,
+      field="start_timeout_s", to=seconds),
     S("METRICS_DIR", "path", "", "node_exporter textfile collector dir for the guard's and the watchdog's "
-      "metrics", shown="(none)"),
+      "metrics", shown="(none)", to=expanded),
     S("WATCHDOG", "bool", True, "run `dsv41-watchdog` on the head (0: stopped and disabled)"),
     S("WATCHDOG_INTERVAL_S", "int", 15, "how often the watchdog looks", lo=1, hi=3600),
     S("WATCHDOG_STALL_S", "int", 120, "work running or waiting and no progress signal moved this long: the "
       "watchdog sends its own one-token probe (a token: busy; none: wedged)", lo=1, hi=24 * 3600),
     S("WATCHDOG_PROBE_S", "int", 60, "the one-token probe's deadline (idle, or after a stall)", lo=1, hi=3600),
     S("WATCHDOG_MAX_RECOVERIES", "int", 2, "recoveries allowed per window before it gives up", lo=0, hi=100),
-    S("WATCHDOG_WINDOW_MIN", "int", 60, "the window of `WATCHDOG_MAX_RECOVERIES`", lo=1, hi=7 * 24 * 60),
+    S("WATCHDOG_WINDOW_MIN", "int", 60, "the window of `WATCHDOG_MAX_RECOVERIES`", lo=1, hi=7 * 24 * 60,
+      field="watchdog_window_s", to=seconds),
     S("WATCHDOG_BACKOFF_S", "int", 30, "the n-th recovery inside the window waits this x 2^(n-2) after the "
       "previous one (none before the first)", lo=0, hi=24 * 3600),
     S("MEM_RETURN_GIB", "float", 8, "after the ranks stopped, each node's MemAvailable must be back within this "
@@ -87,7 +116,7 @@ OWN = (
     S("ROLLOUT_HOLD_S", "int", 60, "a release is good once the API answered and the cluster stayed healthy this long",
       lo=0, hi=24 * 3600),
     S("ROLLOUT_MIN_TIMEOUT_MIN", "int", 10, "the rollout deadline (twice the last good release's start-up, at most "
-      "`START_TIMEOUT_MIN`) is at least this", lo=1, hi=24 * 60),
+      "`START_TIMEOUT_MIN`) is at least this", lo=1, hi=24 * 60, field="rollout_min_timeout_s", to=seconds),
     S("ROLLBACK", "bool", True, "a failed rollout restarts the ranks on the last good release (0: leaves it as it is)"),
     S("PROMETHEUS_PORT", "int", 9090, "`doit monitoring --install`: dsv41-prometheus's web UI and API on the head",
       lo=1, hi=65535),
@@ -113,16 +142,15 @@ OWN = (
     S("ALERT_WEBHOOK_URL", "webhook", "", "Alertmanager POSTs its JSON notifications here, e.g. an ntfy topic "
       "(semi-secret: only in the mode-0600 alertmanager.yml)", env_only=True, shown="(none)"),
     S("ALERT_EMAIL_TO", "text", "", "e-mail the alerts to these addresses (comma list)", pattern=EMAILS_RE,
-      expect="e-mail addresses, a comma list", shown="(none)"),
+      expect="e-mail addresses, a comma list", shown="(none)", to=comma_list),
     S("ALERT_EMAIL_FROM", "text", "", "the alerts' From address", pattern=r"^[^@\s,]+@[^@\s,]+$",
       expect="one e-mail address", shown="(none)"),
-    S("ALERT_SMTP_SMARTHOST", "text", "", "the mail server the alerts go through, host:port",
-      pattern=r"^(?:[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\]):\d{1,5}$", expect="host:port, e.g. mail.example.org:587",
+    S("ALERT_SMTP_SMARTHOST", "hostport", "", "the mail server the alerts go through, host:port", lo=1, hi=65535,
       shown="(none)"),
     S("ALERT_SMTP_USER", "text", "", "the mail server's user (with `ALERT_SMTP_PASSWORD_FILE`)",
       pattern=r"^[^\s]+$", expect="a user name without spaces", shown="(none)"),
     S("ALERT_SMTP_PASSWORD_FILE", "path", "", "a file holding the mail server's password, read by Alertmanager "
-      "itself (`auth_password_file`)", shown="(none)"),
+      "itself (`auth_password_file`)", shown="(none)", to=expanded),
     S("ALERT_SMTP_REQUIRE_TLS", "bool", True, "the mail server must offer STARTTLS"),
     S("ALERT_GROUP_WAIT_S", "int", 30, "a new incident's first notification waits this long for its other "
       "alerts (and the watchdog's own)", lo=0, hi=3600),
@@ -139,15 +167,17 @@ OWN = (
       shown="(none)"),
     S("GPUS", "gpus", "all", "`docker run --gpus`: `all`, device numbers `0,1` (or `device=0,1`), empty: none "
       "(as in the lab)", lo=0, hi=255),
-    S("MEMLOCK", "text", "-1", "`docker run --ulimit memlock=` value", pattern=r"^(-1|\d+(:\d+)?)$",
+    S("MEMLOCK", "text", "-1", "`docker run --ulimit memlock=` value", pattern=r"^(-1|[0-9]+(:[0-9]+)?)$",
       expect="-1 (unlimited) or a byte count, as docker run --ulimit memlock= takes"),
     S("PRIVILEGED", "bool", True, "run the rank containers `--privileged`"),
+    S("DSV41_BASE_URL", "url", "", "`doit pi`: the API base URL Pi is given (`pi/install.sh` reads it too)",
+      env_only=True, shown="`http://<R0_IP or 127.0.0.1>:<PORT>/v1`"),
 )
 
 
-def table(engine=ENGINE):
+def table(engine=ENGINE, own=OWN):
     """Every setting: dsv41's own, then the engine's (`engine`: a module or object with SETTINGS)."""
-    return OWN + tuple(engine.SETTINGS)
+    return own + tuple(engine.SETTINGS)
 
 
 SETTINGS = table()
@@ -191,8 +221,9 @@ def per_node_rank(var):
 # ---- docs/settings.md's table -------------------------------------------------------------------
 
 KIND_TYPES = {"int": "integer", "float": "number", "floor": "number (GiB)", "bool": "boolean", "choice": "choice",
-              "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "path": "path",
-              "words": "shell words", "command": "command", "target": "ssh target", "targets": "ssh targets",
+              "text": "text", "secret": "text (secret)", "webhook": "URL (secret)", "url": "URL", "path": "path",
+              "words": "shell words", "sshopts": "ssh options", "command": "command", "hostport": "host:port",
+              "target": "ssh target", "targets": "ssh targets",
               "list": "list", "caps": "list of integers", "gpus": "GPU devices", "image": "image reference",
               "ip": "IPv4 address", "ifname": "interface name", "hcas": "list of RDMA devices"}
 # what a kind accepts, in words, when the setting itself does not say more (settings/kinds.py checks it)
@@ -200,8 +231,11 @@ KIND_ACCEPTS = {
     "bool": "1 or 0 (also true/false, yes/no, on/off); a profile writes true or false",
     "secret": "any text; never printed",
     "webhook": "an http:// or https:// URL",
+    "url": "an http:// or https:// URL (or empty)",
     "path": "an absolute path or one starting with `~/`",
     "words": "shell words with balanced quotes; no `--api-key` or `--hf-token`",
+    "sshopts": "ssh options as shell words, e.g. `-p 2222 -o StrictHostKeyChecking=accept-new`: each word an "
+               "option or its value",
     "target": "`user@host` (the host alone too), neither starting with `-`; at most 255 characters",
     "targets": "a comma list of distinct ssh targets, `user@a,user@b`",
     "image": "`name@sha256:<64 hex digits>`; a tag without a digest only with `ALLOW_UNPINNED_IMAGE`",
@@ -217,6 +251,8 @@ def accepts(s):
         return f"{number(s.lo)} to {number(s.hi)}" if s.hi is not None else f"{number(s.lo)} or more"
     if s.kind == "float":
         return f"more than {number(s.lo)}, at most {number(s.hi)}"
+    if s.kind == "hostport":
+        return f"host:port, the port {number(s.lo)} to {number(s.hi)}, e.g. `mail.example.org:587`"
     if s.kind == "floor":
         return f"{number(s.lo)} to {number(s.hi)}"
     if s.kind == "choice":
@@ -243,7 +279,7 @@ def shown_default(s):
         s.default, float) else str(s.default)
 
 
-def docs_table(engine=ENGINE):
+def docs_table(engine=ENGINE, own=OWN):
     """The markdown table docs/settings.md holds (a test compares the two): every setting's name, type,
     accepted values, default, where it may be set and meaning, then the per-node ones."""
     def row(name, s, default, where):
@@ -251,7 +287,7 @@ def docs_table(engine=ENGINE):
 
     rows = ["| name | type | range or choices | default | where | meaning |",
             "| --- | --- | --- | --- | --- | --- |"]
-    rows += [row(f"`{s.name}`", s, shown_default(s), s.where) for s in table(engine)]
+    rows += [row(f"`{s.name}`", s, shown_default(s), s.where) for s in table(engine, own)]
     rows += [row(f"`R<N>_{k}` (`HEAD_{k}` = R0, `WORKER_{k}` = R1)", Setting(k, p.kind, "", p.help, lo=p.lo, hi=p.hi),
                  p.shown, "environment, profile `[overrides]`") for k, p in PER_NODE.items()]
     return "\n".join(rows)

@@ -1,6 +1,7 @@
 """What a setting is: its environment variable, kind (a validator in settings/kinds.py), default,
-accepted values, where it may be set and what it means. dsv41's own are listed in settings/schema.py,
-an engine's in its package (dsv41/vllm/settings.py)."""
+accepted values, where it may be set, what it means and the fields of Config it makes (derived values
+such as minutes to seconds declared with it). dsv41's own are listed in settings/schema.py, an
+engine's in its package (dsv41/vllm/settings.py)."""
 from typing import NamedTuple
 
 
@@ -16,6 +17,18 @@ class Setting(NamedTuple):
     choices: tuple = ()       # choice, list: the accepted words
     env_only: bool = False    # never in a file: secrets, the profile's own name
     shown: str = ""           # docs/settings.md's default column when the default needs words
+    field: str | None = ""    # its field of Config: "" the key; None none (WORKER: read into Config.nodes)
+    to: object = None         # the field's value from the parsed one (minutes to seconds, -1 to None); None: as is
+    also: tuple = ()          # more fields made from it: ((name, function of the parsed value or None), ...)
+
+    @property
+    def fields(self):
+        """((Config field, function of the parsed value or None), ...): the fields this setting makes."""
+        return () if self.field is None else ((self.field or self.key, self.to), *self.also)
+
+    def field_values(self, value):
+        """{Config field: value} this setting makes of its parsed value."""
+        return {name: value if to is None else to(value) for name, to in self.fields}
 
     @property
     def key(self):

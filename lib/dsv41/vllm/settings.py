@@ -6,6 +6,9 @@ from dsv41.settings.setting import Setting as S
 
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 SECRET_ENV = ("VLLM_API_KEY",)        # the engine's variables that carry a secret: never in a unit file
+# the flags dsv41's own settings give: a profile's [args] may not give them another value, or the API
+# would not be where, nor serve the name, dsv41 and its clients look for
+FLAG_SETTINGS = {"--port": "PORT", "--served-model-name": "SERVED_MODEL_NAME"}
 
 SETTINGS = (
     S("KV_BYTES", "int", 2700000000, "KV cache bytes (fp8; 2,023,717 tokens)", lo=1, hi=128 * 2**30),

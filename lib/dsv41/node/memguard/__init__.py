@@ -14,12 +14,14 @@ MEMGUARD_GIB and MEMGUARD_MODE with them, so it imports nothing of the guard and
 the rest.
 """
 import os
+import re
 
 from dsv41.errors import UserError
 
 FLOOR_GIB = (0.1, 1024)        # the floors the guard accepts, in GiB
 DEFAULT_FLOOR_GIB = 1.0        # MEMGUARD_GIB's default (the settings schema reads it from here)
 MODES = ("enforce", "observe")
+DEFAULT_MODE = "enforce"       # MEMGUARD_MODE's default (the settings schema reads it from here)
 GIB = 1 << 30
 
 
@@ -29,10 +31,8 @@ def gib(nbytes):
 
 def check_floor(value, var="MEMGUARD_GIB"):
     """The floor in GiB, or UserError naming the accepted range (the one rule, used by the Config too)."""
-    try:
-        gib_ = float(str(value).strip())
-    except ValueError:
-        gib_ = float("nan")
+    text = str(value).strip()          # in ASCII digits: float() also takes any Unicode digit and 1_0
+    gib_ = float(text) if re.fullmatch(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", text) else float("nan")
     lo, hi = FLOOR_GIB
     if not lo <= gib_ <= hi:
         raise UserError(f"{var}={value!r} is not valid: expected the memory guard's floor in GiB, "

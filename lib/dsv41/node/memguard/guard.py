@@ -22,7 +22,7 @@ import time
 
 from dsv41.errors import UserError, cli
 from dsv41.names import DEFAULT_STATE_DIR, GUARD_LOG, RANK_PREFIX, RANK_UNIT_RE, rank_unit
-from dsv41.node.memguard import DEFAULT_FLOOR_GIB, GIB, check_floor, check_metrics_dir, check_mode, gib
+from dsv41.node.memguard import DEFAULT_FLOOR_GIB, DEFAULT_MODE, GIB, check_floor, check_metrics_dir, check_mode, gib
 from dsv41.node.memguard.kill import kill_all, release, systemctl
 from dsv41.node.memguard.log import Log, now_iso
 from dsv41.node.memguard.marker import below, read_trip, trip_path, trips_so_far, write_trip
@@ -307,8 +307,9 @@ def parse_args(argv=None, env=None):
     p = argparse.ArgumentParser(prog="dsv41-memguard", description=__doc__.split("\n\n")[0])
     p.add_argument("--floor-gib", default=env.get("MEMGUARD_GIB", str(DEFAULT_FLOOR_GIB)),
                    help=f"stop the ranks below this much MemAvailable (env MEMGUARD_GIB, default {DEFAULT_FLOOR_GIB:g})")
-    p.add_argument("--mode", default=env.get("MEMGUARD_MODE", "enforce"),
-                   help="enforce (kill and stop) or observe (only log)")
+    p.add_argument("--mode", default=env.get("MEMGUARD_MODE", DEFAULT_MODE),
+                   help=f"enforce (kill and stop) or observe (only log) (env MEMGUARD_MODE, default "
+                        f"{DEFAULT_MODE})")
     p.add_argument("--state-dir", default=env.get("STATE_DIR", DEFAULT_STATE_DIR),
                    help=f"absolute, or starting with ~/ (env STATE_DIR, default {DEFAULT_STATE_DIR})")
     p.add_argument("--log", default=None, help="log file (default $STATE_DIR/memguard.log)")
