@@ -55,7 +55,7 @@ def snapshot(o):
     """What top draws and --json prints (SCHEMA), from what the Observer o has seen."""
     now = time.time()
     return {"schema": SCHEMA, "time": now, "interval_s": o.interval, "health": o.judge(now).as_json(),
-            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": watchdog_entry(o.cfg, o.head()),
+            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": watchdog_entry(o.cfg, o.head(), o.problems),
             "release": release_status.service_entry(o.cfg.state_dir)}
 
 
@@ -311,3 +311,5 @@ def top(cfg, json=False, once=False, interval=2.0):
         run_live(o, console)
     finally:
         o.close()
+        for line in o.problems:          # a state file that cannot be read: read as absent, said here
+            print(f"dsv41: {line}", file=sys.stderr, flush=True)

@@ -31,9 +31,9 @@ def mark_ready(state_dir, now=None):
         pass
 
 
-def ready_at(state_dir):
-    """When a readiness wait last saw a token, or None."""
-    return statefiles.ready_at(state_dir)
+def ready_at(state_dir, problems=None):
+    """When a readiness wait last saw a token, or None (problems: statefiles.seen)."""
+    return statefiles.seen(problems, statefiles.ready_at, state_dir)
 
 
 def needs_reboot(state_dir):
@@ -71,12 +71,12 @@ def publish_status(state_dir, doc):
     statefiles.publish_status(state_dir, doc)
 
 
-def watchdog_entry(cfg, head):
+def watchdog_entry(cfg, head, problems=None):
     """The watchdog's unit state (head: the head's state.NodeState, None when unknown) and what it
-    last saw (watchdog.status.json on the head)."""
+    last saw (watchdog.status.json on the head; problems: statefiles.seen)."""
     unit = head.unit(names.WATCHDOG_UNIT) if head is not None else None
     entry = {"enabled": cfg.watchdog, "unit": (unit.active or "not installed") if unit and unit.installed else "not installed"}
-    entry.update(watchdog_status(cfg.state_dir))
+    entry.update(statefiles.seen(problems, watchdog_status, cfg.state_dir, default={}))
     return entry
 
 
@@ -190,10 +190,14 @@ def recoveries(state_dir, now=None, known=None):
             if i.get("action") == RESTART and "started" in i]
 
 
-def view(state_dir, now=None):
-    """What the record holds that bears on the cluster's health (core.health.Record)."""
-    lock = runlock.holder(state_dir)
-    known = incidents(state_dir)
+def view(state_dir, now=None, problems=None):
+    """What the record holds that bears on the cluster's health (core.health.Record). problems: None,
+    a file that cannot be read is statefiles.BadStateFile; a list, it is said there and read as absent
+    (statefiles.seen)."""
+    lock = statefiles.seen(problems, runlock.holder, state_dir)
+    known = statefiles.seen(problems, incidents, state_dir, default=[])
     running = [i for i in known if i["open"] and live(i, lock)]
-    return Record(recovering=running[-1] if running else None, needs_reboot=needs_reboot(state_dir),
-                  gave_up=gave_up(state_dir), lock=lock, recoveries=tuple(recoveries(state_dir, now, known)))
+    return Record(recovering=running[-1] if running else None,
+                  needs_reboot=statefiles.seen(problems, needs_reboot, state_dir),
+                  gave_up=statefiles.seen(problems, gave_up, state_dir), lock=lock,
+                  recoveries=tuple(recoveries(state_dir, now, known)))

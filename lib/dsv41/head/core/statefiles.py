@@ -58,12 +58,13 @@ def check(value, shape, where="it"):
     null), [shape] (a list of it), {str: shape} (a mapping of names to it) or {"field": shape, ...} (an
     object with those fields at least; a missing one reads as null)."""
     if isinstance(shape, tuple):
+        why = None
         for alt in shape:
             try:
                 return check(value, alt, where)
-            except ValueError:
-                pass
-        raise ValueError(f"{where}: {one_line(repr(value), 40)} is not what this version writes")
+            except ValueError as err:
+                why = why if alt is None else err
+        raise why
     if shape is None:
         if value is not None:
             raise ValueError(f"{where} is not null")
@@ -122,6 +123,19 @@ def read_json(file, shape=ANY, then="run the command again"):
     except ValueError as err:
         what = "is not JSON" if isinstance(err, json.JSONDecodeError) else "is not what this version writes"
         raise bad(file, f"{what} ({one_line(err, 120)})", then) from None
+
+
+def seen(problems, read, *args, default=None):
+    """read(*args), strict when problems is None; else a file that cannot be read is said in problems
+    (its one line) and read as `default`: status and top answer with what they can see."""
+    if problems is None:
+        return read(*args)
+    try:
+        return read(*args)
+    except BadStateFile as err:
+        if str(err) not in problems:
+            problems.append(str(err))
+        return default
 
 
 def write_json(file, doc, mode=0o644, indent=1, durable_dir=False):
