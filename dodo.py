@@ -102,9 +102,9 @@ def task_image():
 
 
 def task_render():
-    """Render every node's systemd units into $STATE_DIR/units/r<N>/, changing nothing on any node.
+    """Render every node's systemd units into $STATE_DIR/units/r<N>/; no installed unit changes.
 
-    No node is contacted when every per-node value is given by override."""
+    No node is contacted when every per-node value is given by override (asking one ships the node code)."""
     return {"actions": [call(render.render, mutates=True)], "uptodate": [False]}
 
 
@@ -186,7 +186,9 @@ def task_alerts():
 
 def task_smoke():
     """Smoke-test the API: text, tools, vision, reasoning, stream; PASS/FAIL per check."""
-    return {"actions": [call(smoke_bench.smoke)], "params": [JSON], "uptodate": [False]}
+    return {"actions": [call(smoke_bench.smoke)], "uptodate": [False], "params": [
+        JSON, {"name": "deadline_s", "long": "deadline-s", "type": float, "default": None,
+               "help": "end the whole run within S seconds: checks still to run then fail (default: the smoke tool's)"}]}
 
 
 def task_bench():

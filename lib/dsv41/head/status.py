@@ -38,8 +38,8 @@ def node_entry(recipe, spec, f):
         "gpu_memory": f.gpu_memory, "tripped": f.tripped}
 
 
-def api_status(cl):
-    client = cl.api(read_timeout=5)
+def api_status(cl, problems=None):
+    client = cl.api(read_timeout=5, problems=problems)
     out = {"url": client.base, "health": client.health(), "models": None, "error": None}
     try:
         out["models"] = client.models()
@@ -81,9 +81,9 @@ def status(cfg, json=False):
         states[node.name] = f = cl.look(node)
         entries[node.name] = {"error": f.error} if f.error else node_entry(cl.recipe, cl.spec(node), f)
         table.row(node.name, entries[node.name])
-    api = api_status(cl)
-    stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
     problems = []                        # state files that cannot be read: said, and read as absent
+    api = api_status(cl, problems)
+    stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
     h = assess(cfg, Observation(time.time(), states, api["health"], None, None,
                                 ready_at=record.ready_at(cfg.state_dir, problems),
                                 api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"),
