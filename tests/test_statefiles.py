@@ -210,3 +210,57 @@ def test_a_state_dir_that_is_a_file_is_bad_input_and_a_broken_doit_db_one_line(t
     assert "doit.db cannot be read (file is not a database): move it aside" in said[0]
     assert "watchdog.status.json is not what this version writes (it is not an object)" in said[1]
     shutil.rmtree(sd)
+
+
+# ---- the node's files (node/statefiles.py): here the head is the node, its state dir the same --------------
+
+TRIP = {"time": "2027-01-15T08:00:00", "host": "head", "mem_available_bytes": 1 << 30, "floor_bytes": 2 << 30}
+NODE_FILES = {
+    names.GUARD_SETTINGS: ({"floor_gib": 8, "mode": "enforce"}, [{"floor_gib": "8"}, {"floor_gib": True}, [8]]),
+    names.MEM_BASELINE: ({"mem_available_bytes": 10 << 30, "boot_id": "b"},
+                         [{"mem_available_bytes": "x"}, {"mem_available_bytes": 1, "boot_id": 5}, None]),
+    names.TRIP_MARKER: (TRIP, [[1], {**TRIP, "mem_available_bytes": "x"}, {**TRIP, "floor_bytes": None}]),
+    names.RECEIPT: ({"version": 1, "model_dir": "/m", "files": {}}, [[1], {"version": 1, "model_dir": 5}]),
+}
+NODE_CASES = [(name, how, wrong) for name, (_, wrongs) in NODE_FILES.items()
+              for how, wrong in [*(("a wrong type", w) for w in wrongs), ("not UTF-8", None), ("a folder", None),
+                                 ("truncated", None)]]
+
+
+@pytest.mark.parametrize("name,how,wrong", NODE_CASES, ids=[f"{n}-{h}-{i}" for i, (n, h, _) in enumerate(NODE_CASES)])
+def test_a_broken_node_file_is_read_as_absent_or_said_never_fatal(tmp_path, monkeypatch, capsys, name, how, wrong):
+    from dsv41.node import probe
+    from dsv41.node import statefiles as node_files
+    from dsv41.node.checkpoint import Checkpoint
+    from dsv41.node.memguard import marker
+    sd = tmp_path / "state"
+    sd.mkdir()
+    good = json.dumps(NODE_FILES[name][0])
+    path = sd / name
+    if how == "a wrong type":
+        path.write_text(json.dumps(wrong))
+    elif how == "not UTF-8":
+        path.write_bytes(good.encode()[:-2] + b"\xff" + good.encode()[-2:])
+    elif how == "a folder":
+        path.mkdir()
+    else:
+        path.write_text(good[: len(good) // 2])
+    assert probe.guard_settings(sd) is None or name != names.GUARD_SETTINGS
+    assert node_files.mem_baseline(sd) == (None, None) or name != names.MEM_BASELINE
+    assert Checkpoint("/m", str(sd / names.RECEIPT)).load_receipt() is None or name != names.RECEIPT
+    trip = marker.read_trip(sd)
+    if name == names.TRIP_MARKER:                   # a marker it cannot read still counts as a trip
+        assert trip and marker.describe_trip(trip).startswith("tripped (")
+    code, out = run_status(cfg_for(monkeypatch, str(sd)), capsys)
+    assert code == (5 if name == names.TRIP_MARKER else 3), out
+
+
+def test_the_good_node_files_read_as_their_values(tmp_path):
+    from dsv41.node import probe
+    from dsv41.node import statefiles as node_files
+    from dsv41.node.memguard import marker
+    for name, (good, _) in NODE_FILES.items():
+        (tmp_path / name).write_text(json.dumps(good))
+    assert probe.guard_settings(tmp_path) == {"floor_gib": 8, "mode": "enforce"}
+    assert node_files.mem_baseline(tmp_path) == (10 << 30, "b")
+    assert marker.describe_trip(marker.read_trip(tmp_path)).startswith("tripped at 2027-01-15T08:00:00 on head")
