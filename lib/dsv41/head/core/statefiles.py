@@ -8,6 +8,7 @@ be read: BadStateFile, one line naming it and what to do (move it aside), never 
     incidents.jsonl, incidents/<name>/summary.json     the incidents and their evidence folders
     releases/<NNNN>/release.json, releases/current.json   the release history (core/releases.py)
     image.stamp, units/r<N>/<unit>                     what `doit image` saw, the rendered units
+    monitoring/<file>                                  Prometheus' and Alertmanager's configs and units
     doit.lock                                          the run lock (core/runlock.py takes it)
 """
 import json
@@ -138,9 +139,18 @@ def seen(problems, read, *args, default=None):
         return default
 
 
+def write_file(file, data, mode=0o644):
+    """Bytes or text, atomically and fsync'd (files.write_atomic); BadStateFile when it cannot be written
+    (a folder in its place, or a file in place of its folder)."""
+    try:
+        write_atomic(file, data, mode)
+    except OSError as err:
+        raise bad(file, f"cannot be written ({err.strerror or err})") from None
+
+
 def write_json(file, doc, mode=0o644, indent=1, durable_dir=False):
     """A record, atomically and fsync'd (the rename too with durable_dir)."""
-    write_atomic(file, json.dumps(doc, indent=indent) + "\n", mode)
+    write_file(file, json.dumps(doc, indent=indent) + "\n", mode)
     if durable_dir:
         fsync_dir(os.path.dirname(file))
 
@@ -303,6 +313,12 @@ def watchdog_settings(state_dir):
     return None if doc is None else doc["config"]
 
 
+def watchdog_settings_text(config):
+    """watchdog.json's text: the resolved settings (launch writes it on the head as one of the files it
+    puts on a node, core/desired.py)."""
+    return json.dumps({"config": config}, indent=1, sort_keys=True) + "\n"
+
+
 def incident_lines(state_dir):
     """incidents.jsonl's lines (bytes), [] when there is none."""
     return (read_bytes(_file(state_dir, names.INCIDENTS)) or b"").splitlines()
@@ -364,7 +380,7 @@ def write_if_changed(file, data, mode=0o644):
     """Write bytes atomically unless the file holds them already; -> whether it was written."""
     if read_bytes(file) == data:
         return False
-    write_atomic(file, data, mode)
+    write_file(file, data, mode)
     return True
 
 
