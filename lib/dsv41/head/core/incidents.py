@@ -23,7 +23,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from dsv41.errors import UserError, one_line
-from dsv41.files import write_atomic
 from dsv41 import names
 from dsv41.head.core import record, statefiles
 
@@ -120,7 +119,7 @@ def save(state_dir, verdict, evidence, *, nodes, metrics_text, fault_at, secrets
     os.makedirs(folder, mode=0o700)
 
     def put(rel, text):
-        write_atomic(os.path.join(folder, rel), scrub(text, secrets), mode=0o600)
+        statefiles.write_file(os.path.join(folder, rel), scrub(text, secrets), 0o600)
 
     gathered = {}
     for node, ev in nodes.items():

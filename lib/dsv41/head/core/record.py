@@ -1,4 +1,5 @@
-"""The record: everything the watchdog and launch keep on the head between runs, written and read here only.
+"""The record: everything the watchdog and launch keep on the head between runs, what it means (its files
+are read and written, their shapes checked, by core/statefiles.py).
 
     $STATE_DIR/ready.json             when a readiness wait last saw a token (the head's clock)
     $STATE_DIR/needs-reboot.json      a restart stopped: a node's memory did not come back ({time, line})
