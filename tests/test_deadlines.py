@@ -161,3 +161,38 @@ def test_an_error_answer_whose_body_trickles_is_cut_at_the_deadline(tool, tmp_pa
         took = time.monotonic() - t0
     assert took < DEADLINE + 1.5, took
     assert code == (1 if tool == "smoke" else 3)
+
+
+class TrickledMetrics(BaseHTTPRequestHandler):
+    """/metrics answered at once, its body a byte every 0.2 s: each read well within a read timeout."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "10000")
+        self.end_headers()
+        for _ in range(10000):
+            time.sleep(0.2)
+            try:
+                self.wfile.write(b"#")
+                self.wfile.flush()
+            except OSError:
+                return
+
+
+def test_a_metrics_scrape_ends_within_its_timeout_against_a_trickle():
+    from dsv41.client import metrics
+    from dsv41.errors import UserError
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), TrickledMetrics)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(UserError, match="timed out: no complete answer within 1 s"):
+            metrics.scrape(f"http://127.0.0.1:{srv.server_address[1]}/metrics", timeout=1)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert time.monotonic() - t0 < 2
