@@ -113,3 +113,13 @@ def test_a_key_file_that_cannot_be_sent_is_one_line_and_status_answers_what_it_s
     assert r.returncode == 3 and "NOT RUNNING" in r.stdout and len(lines) == 1 and "holds a space, a line break" in lines[0]
     r, lines = doit(["top", "--once"], tmp_path)
     assert r.returncode == 0 and "cluster: NOT RUNNING" in r.stdout and len(lines) == 1, r.stderr
+
+
+def test_plan_names_the_ssh_failure_of_a_worker_it_cannot_ask(tmp_path):
+    """The head here (its fabric given), worker1 on a port nothing listens on."""
+    (tmp_path / "state").mkdir()
+    r, lines = doit(["plan"], tmp_path, WORKER="127.0.0.1", SSH_OPTS="-p 1", HEAD_IP="10.0.0.1", HEAD_IFNAME="eth0",
+                    HEAD_HCAS="mlx5_0", HEAD_GID_INDEX="3")
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("dsv41: plan: worker1: no fabric facts (cannot reach worker1 (127.0.0.1): ssh: ")
+    assert "Connection refused" in lines[0] and "no facts gathered" not in lines[0]

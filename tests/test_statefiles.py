@@ -264,3 +264,14 @@ def test_the_good_node_files_read_as_their_values(tmp_path):
     assert probe.guard_settings(tmp_path) == {"floor_gib": 8, "mode": "enforce"}
     assert node_files.mem_baseline(tmp_path) == (10 << 30, "b")
     assert marker.describe_trip(marker.read_trip(tmp_path)).startswith("tripped at 2027-01-15T08:00:00 on head")
+
+
+def test_a_generated_file_that_cannot_be_written_is_one_line(tmp_path):
+    from dsv41.head.core import image
+    (tmp_path / names.IMAGE_STAMP).mkdir()
+    with pytest.raises(statefiles.BadStateFile, match=r"image.stamp is a folder, not a file: move it aside"):
+        statefiles.stamp_image(str(tmp_path), "img", {"head": "sha256:1"})
+    (tmp_path / names.UNITS).write_text("x")
+    with pytest.raises(statefiles.BadStateFile, match=rf"{tmp_path}/units is a file, not a folder: move it aside"):
+        statefiles.write_if_changed(str(tmp_path / names.UNITS / "r0" / "dsv41-r0.service"), b"x")
+    assert image.statefiles is statefiles                      # `doit image` writes its stamp through it

@@ -91,6 +91,16 @@ def check(value, shape, where="it"):
 
 # ---- reading and writing ------------------------------------------------------------------------------
 
+def _in_the_way(file):
+    """The file where one of `file`'s folders should be."""
+    d = os.path.dirname(file)
+    while d and not os.path.isdir(d) and d != os.path.dirname(d):
+        if os.path.exists(d):
+            return d
+        d = os.path.dirname(d)
+    return file
+
+
 def read_bytes(file):
     """The file's bytes, None when there is none; BadStateFile when it cannot be read."""
     try:
@@ -100,6 +110,8 @@ def read_bytes(file):
         return None
     except IsADirectoryError:
         raise bad(file, "is a folder, not a file") from None
+    except NotADirectoryError:
+        raise bad(_in_the_way(file), "is a file, not a folder") from None
     except OSError as err:
         raise bad(file, f"cannot be read ({err.strerror or err})") from None
 
@@ -144,6 +156,8 @@ def write_file(file, data, mode=0o644):
     (a folder in its place, or a file in place of its folder)."""
     try:
         write_atomic(file, data, mode)
+    except (NotADirectoryError, FileExistsError):       # making its folder met a file
+        raise bad(_in_the_way(file), "is a file, not a folder") from None
     except OSError as err:
         raise bad(file, f"cannot be written ({err.strerror or err})") from None
 
