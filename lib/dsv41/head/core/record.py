@@ -28,7 +28,7 @@ def mark_ready(state_dir, now=None):
     """A readiness wait saw a token: an engine that stops generating after this is a fault, not a start-up."""
     try:
         statefiles.mark_ready(state_dir, time.time() if now is None else now)
-    except OSError:
+    except (OSError, statefiles.BadStateFile):     # a mark it cannot write never fails the wait
         pass
 
 

@@ -271,59 +271,55 @@ RELEASE = {"schema": str, "number": int, "time": TIME, "state": one_of("rolling 
 CURRENT = {"number": int}
 
 
-def _file(state_dir, name):
-    return path(state_dir, name)
-
-
 # ---- markers and the watchdog's files -----------------------------------------------------------------
 
 def ready_at(state_dir):
-    doc = read_json(_file(state_dir, names.READY), READY)
+    doc = read_json(path(state_dir, names.READY), READY)
     return None if doc is None else float(doc["time"])
 
 
 def mark_ready(state_dir, now):
-    write_json(_file(state_dir, names.READY), {"time": now})
+    write_json(path(state_dir, names.READY), {"time": now})
 
 
 def needs_reboot(state_dir):
-    return read_json(_file(state_dir, names.NEEDS_REBOOT), NEEDS_REBOOT,
+    return read_json(path(state_dir, names.NEEDS_REBOOT), NEEDS_REBOOT,
                      "reboot the node it names before `doit launch`")
 
 
 def set_needs_reboot(state_dir, line, now):
-    write_json(_file(state_dir, names.NEEDS_REBOOT), {"time": now, "line": line})
+    write_json(path(state_dir, names.NEEDS_REBOOT), {"time": now, "line": line})
 
 
 def clear_needs_reboot(state_dir):
-    return remove(_file(state_dir, names.NEEDS_REBOOT))
+    return remove(path(state_dir, names.NEEDS_REBOOT))
 
 
 def gave_up(state_dir):
-    return read_json(_file(state_dir, names.WATCHDOG_GAVEUP), GAVE_UP, "`doit launch` (the watchdog had given up)")
+    return read_json(path(state_dir, names.WATCHDOG_GAVEUP), GAVE_UP, "`doit launch` (the watchdog had given up)")
 
 
 def set_gave_up(state_dir, reason, now):
-    write_json(_file(state_dir, names.WATCHDOG_GAVEUP), {"time": now, "reason": reason})
+    write_json(path(state_dir, names.WATCHDOG_GAVEUP), {"time": now, "reason": reason})
 
 
 def clear_gave_up(state_dir):
-    return remove(_file(state_dir, names.WATCHDOG_GAVEUP))
+    return remove(path(state_dir, names.WATCHDOG_GAVEUP))
 
 
 def watchdog_status(state_dir):
     """What the watchdog last published, or {}."""
-    return read_json(_file(state_dir, names.WATCHDOG_STATUS), WATCHDOG_STATUS,
+    return read_json(path(state_dir, names.WATCHDOG_STATUS), WATCHDOG_STATUS,
                      "let the watchdog write it again (within a minute)") or {}
 
 
 def publish_status(state_dir, doc):
-    write_json(_file(state_dir, names.WATCHDOG_STATUS), doc)
+    write_json(path(state_dir, names.WATCHDOG_STATUS), doc)
 
 
 def watchdog_settings(state_dir):
     """The resolved settings launch wrote for the watchdog (its "config"), None when there is none."""
-    doc = read_json(_file(state_dir, names.WATCHDOG_SETTINGS), WATCHDOG_SETTINGS, "run `doit launch`")
+    doc = read_json(path(state_dir, names.WATCHDOG_SETTINGS), WATCHDOG_SETTINGS, "run `doit launch`")
     return None if doc is None else doc["config"]
 
 
@@ -335,7 +331,7 @@ def watchdog_settings_text(config):
 
 def incident_lines(state_dir):
     """incidents.jsonl's lines (bytes), [] when there is none."""
-    return (read_bytes(_file(state_dir, names.INCIDENTS)) or b"").splitlines()
+    return (read_bytes(path(state_dir, names.INCIDENTS)) or b"").splitlines()
 
 
 def incident_events(lines, file=names.INCIDENTS):
@@ -344,7 +340,7 @@ def incident_events(lines, file=names.INCIDENTS):
 
 
 def append_incident_event(state_dir, event):
-    append_line(_file(state_dir, names.INCIDENTS), event)
+    append_line(path(state_dir, names.INCIDENTS), event)
 
 
 # ---- incident folders ---------------------------------------------------------------------------------
@@ -401,4 +397,4 @@ def write_if_changed(file, data, mode=0o644):
 def stamp_image(state_dir, image, ids):
     """image.stamp: the image and the id every node held (a file task dependencies can watch)."""
     data = json.dumps({"image": image, "ids": ids}, indent=1, sort_keys=True).encode()
-    write_if_changed(_file(state_dir, names.IMAGE_STAMP), data)
+    write_if_changed(path(state_dir, names.IMAGE_STAMP), data)
