@@ -17,21 +17,21 @@ from dsv41.head import (alerts, completion, config, copy_checkpoint, download, f
                         stop)
 from dsv41.head.core import image, preflight, verify  # noqa: E402
 from dsv41.head.core.doit_setup import (Reporter, SizeMtimeChecker, action, bad_options_exit_2,  # noqa: E402
-                                        quiet_on_closed_pipe)
+                                        dep_file, quiet_on_closed_pipe)
 from dsv41.settings.layers import load_config  # noqa: E402
 
 quiet_on_closed_pipe()                  # `doit ... | head -1` ends quietly, as head expects
 bad_options_exit_2()                    # `doit status --bogus` is bad input (2), not NOT RUNNING (3)
 try:
     CFG = load_config()
+    DEP_FILE = dep_file(CFG.state_dir)   # the state dir made; doit.db, or a record in memory when it is broken
 except UserError as err:
     print(f"dsv41: {one_line(err, 2000)}", file=sys.stderr)
     sys.exit(2)
 
-os.makedirs(CFG.state_dir, exist_ok=True)
 DOIT_CONFIG = {
     "default_tasks": ["launch"],
-    "dep_file": os.path.join(CFG.state_dir, "doit.db"),
+    "dep_file": DEP_FILE,
     "backend": "sqlite3",
     "check_file_uptodate": SizeMtimeChecker,
     "reporter": Reporter,
@@ -102,9 +102,9 @@ def task_image():
 
 
 def task_render():
-    """Render every node's systemd units into $STATE_DIR/units/r<N>/, changing nothing on any node.
+    """Render every node's systemd units into $STATE_DIR/units/r<N>/; no installed unit changes.
 
-    No node is contacted when every per-node value is given by override."""
+    No node is contacted when every per-node value is given by override (asking one ships the node code)."""
     return {"actions": [call(render.render, mutates=True)], "uptodate": [False]}
 
 
@@ -186,7 +186,9 @@ def task_alerts():
 
 def task_smoke():
     """Smoke-test the API: text, tools, vision, reasoning, stream; PASS/FAIL per check."""
-    return {"actions": [call(smoke_bench.smoke)], "params": [JSON], "uptodate": [False]}
+    return {"actions": [call(smoke_bench.smoke)], "uptodate": [False], "params": [
+        JSON, {"name": "deadline_s", "long": "deadline-s", "type": float, "default": None,
+               "help": "end the whole run within S seconds: checks still to run then fail (default: the smoke tool's)"}]}
 
 
 def task_bench():

@@ -1,7 +1,8 @@
 """A real HTTP server on 127.0.0.1 that answers what a test sets, well-formed HTTP with unexpected
 bodies: `models` and `chat` are any JSON, `stream` the bytes of a streamed answer (with cut, the connection
 then drops before the promised length), `trickle` the seconds between the bytes of a chat
-answer that never ends."""
+answer that never ends; with stream_error, a streamed request is answered HTTP 500 at once and its body
+trickles so (other requests get `chat`)."""
 import json
 import threading
 import time
@@ -11,9 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class OddServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, models, chat=None, stream=None, cut=False, trickle=None):
+    def __init__(self, models, chat=None, stream=None, cut=False, trickle=None, stream_error=False):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.models, self.chat, self.stream, self.cut, self.trickle = models, chat, stream, cut, trickle
+        self.stream_error = stream_error
         self.stopped = threading.Event()
         self.url = f"http://127.0.0.1:{self.server_address[1]}/v1"
 
@@ -46,8 +48,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if self.server.trickle:
-            self.send_response(200)
+        error = self.server.stream_error and body.get("stream")
+        if self.server.trickle and (error or not self.server.stream_error):
+            self.send_response(500 if error else 200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", "100000")
             self.end_headers()

@@ -141,3 +141,58 @@ def test_bench_ends_within_its_whole_run_deadline_with_results_so_far(standin, t
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41:")]
     assert "bench stopped at prefill 32: the run's deadline of 3 s passed (--deadline-s)" in line, line
     assert "the run's deadline" in json.loads((tmp_path / "b.json").read_text())["error"]
+
+
+@pytest.mark.parametrize("tool", ["smoke", "bench"])
+def test_an_error_answer_whose_body_trickles_is_cut_at_the_deadline(tool, tmp_path):
+    """A streamed request is answered HTTP 500 at once, then its body a byte every 0.2 s (each read well
+    within any read timeout): the error's body is read within the run's deadline too (in-process: the
+    tools' run functions)."""
+    from dsv41.client.bench import run_bench
+    from dsv41.client.smoke import run_smoke
+    chat = {"choices": [{"message": {"content": "391"}, "finish_reason": "stop"}], "tokens": [1, 2], "count": 2}
+    with OddServer({"data": [{"id": "m", "max_model_len": 100_000}]}, chat=chat, trickle=0.2, stream_error=True) as srv:
+        t0 = time.monotonic()
+        if tool == "smoke":
+            code = run_smoke(srv.url, "k", deadline_s=DEADLINE, out=open(os.devnull, "w"))
+        else:
+            code = run_bench(["--url", srv.url, "--out", str(tmp_path / "b.json"), "--prefill", "64", "--conc", "1",
+                              "--deadline-s", str(DEADLINE)])
+        took = time.monotonic() - t0
+    assert took < DEADLINE + 1.5, took
+    assert code == (1 if tool == "smoke" else 3)
+
+
+class TrickledMetrics(BaseHTTPRequestHandler):
+    """/metrics answered at once, its body a byte every 0.2 s: each read well within a read timeout."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "10000")
+        self.end_headers()
+        for _ in range(10000):
+            time.sleep(0.2)
+            try:
+                self.wfile.write(b"#")
+                self.wfile.flush()
+            except OSError:
+                return
+
+
+def test_a_metrics_scrape_ends_within_its_timeout_against_a_trickle():
+    from dsv41.client import metrics
+    from dsv41.errors import UserError
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), TrickledMetrics)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(UserError, match="timed out: no complete answer within 1 s"):
+            metrics.scrape(f"http://127.0.0.1:{srv.server_address[1]}/metrics", timeout=1)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert time.monotonic() - t0 < 2

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from dsv41.errors import UserError
-from dsv41.head.core import incidents
+from dsv41.head.core import incidents, statefiles
 from dsv41.head.core.cluster import Cluster
 from dsv41.settings.layers import load_config
 from sshd import need_sshd, start_sshd, stop_sshd
@@ -154,4 +154,5 @@ def test_show_says_what_is_missing_never_none(tmp_path):
     shown = incidents.show(str(tmp_path), 1)
     assert "None" not in shown and "incident 20270101T000000Z-DEAD:" in shown and "head: 0 files in -" in shown
     (folder / "summary.json").write_text("{not json")
-    assert "None" not in incidents.show(str(tmp_path), 1)
+    with pytest.raises(statefiles.BadStateFile, match=r"summary.json is not JSON .*: move it aside"):
+        incidents.show(str(tmp_path), 1)

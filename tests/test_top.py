@@ -150,13 +150,14 @@ def test_at_80_columns_every_name_state_and_figure_is_whole(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--interval", "0.1"], "--interval 0.1 is not valid: expected seconds between refreshes, at least 0.5"),
     (["--json"], "--json prints one snapshot: use it with --once"),
+    (["--once", "--interval", "-1"], "--interval -1.0 is not valid: expected seconds between refreshes, at least 0 "),
     ([], "doit top draws a live screen and needs a terminal: in scripts use `doit top --once`"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, needle):
     env = {k: v for k, v in os.environ.items() if k not in ("WORKER", "WORKERS", "DSV41_PROFILE")}
     r = subprocess.run(DOIT + ["top", *args], env={**env, "STATE_DIR": str(tmp_path)}, capture_output=True,
                        text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert r.returncode != 0 and r.stdout == ""
+    assert r.returncode == (2 if args else 1) and r.stdout == ""      # bad input 2; no terminal: it failed
     [line] = [ln for ln in r.stderr.splitlines() if ln.startswith("dsv41: ")]
     assert line.startswith(f"dsv41: top: {needle}") and "Traceback" not in r.stderr
 

@@ -10,10 +10,13 @@ On every node, $STATE_DIR holds:
     cache/               kernel and compile caches (/cache in the container)
     run/                 cidfiles of the rank containers
     secrets/api_key      rank 0 only: the API key, 0600, mounted read-only into its container
-and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db, doit.lock,
-ssh/ (ssh master sockets), and the watchdog's watchdog.json (its settings), watchdog.status.json (what
-it last saw), watchdog.gaveup (while it exists the watchdog is hands-off), incidents.jsonl and ready.json (when
-a readiness wait last saw a token).
+and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db (doit's own
+record of what ran), doit.lock (the run lock), image.stamp (the image ids `doit image` saw), ssh/ (ssh
+master sockets), releases/ (one folder per release and current.json), incidents/ (one evidence folder per
+incident), monitoring/, needs-reboot.json, and the watchdog's watchdog.json (its settings),
+watchdog.status.json (what it last saw), watchdog.gaveup (while it exists the watchdog is hands-off),
+incidents.jsonl and ready.json (when a readiness wait last saw a token). The head reads and writes its
+files through dsv41.head.core.statefiles, each into a typed value whose shape is checked.
 """
 import os
 import re
@@ -46,6 +49,15 @@ INCIDENTS = "incidents.jsonl"
 READY = "ready.json"                  # on the head: when a readiness wait last saw a token
 MEM_BASELINE = "mem-baseline.json"    # on every node: its MemAvailable before its first rank started
 NEEDS_REBOOT = "needs-reboot.json"    # on the head: a restart stopped because a node's memory did not come back
+DOIT_DB = "doit.db"                    # on the head: doit's record of what ran (sqlite)
+DOIT_LOCK = "doit.lock"               # on the head: the run lock (core/runlock.py)
+IMAGE_STAMP = "image.stamp"           # on the head: the image ids every node held at the last `doit image`
+SSH = "ssh"                           # on the head: the ssh master sockets
+RELEASES = "releases"                 # on the head: releases/<NNNN>/release.json, releases/current.json
+RELEASE_RECORD = "release.json"
+RELEASE_CURRENT = "current.json"
+INCIDENT_DIRS = "incidents"           # on the head: incidents/<UTC time>-<verdict>/summary.json, ...
+INCIDENT_SUMMARY = "summary.json"
 CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key
 # ---- monitoring (head/monitoring.py, head/exporter.py) ----
 PROMETHEUS_UNIT = "dsv41-prometheus.service"      # the head's Prometheus (doit monitoring --install)

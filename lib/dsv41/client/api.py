@@ -2,6 +2,7 @@
 (client/stream.py reads a streamed answer)."""
 import json
 import os
+import re
 import threading
 import time
 from urllib.parse import urlsplit
@@ -53,8 +54,13 @@ def normalize_base(url):
         raise UserError("no API URL given: pass the base URL, e.g. http://127.0.0.1:8000/v1")
     if "://" not in url:
         url = "http://" + url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        parts.port                       # a port out of range, or not a number: ValueError
+    except ValueError as err:
+        raise UserError(f"bad API URL {url!r} ({one_line(err, 80)}): expected http://HOST:PORT or "
+                        "http://HOST:PORT/v1") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or not url.isascii() or not url.isprintable():
         raise UserError(f"bad API URL {url!r}: expected http://HOST:PORT or http://HOST:PORT/v1")
     url = url.rstrip("/")
     for suffix in ("/chat/completions", "/completions", "/models"):
@@ -63,15 +69,31 @@ def normalize_base(url):
     return url if url.endswith("/v1") else url + "/v1"
 
 
+KEY_RE = re.compile(r"[!-~]+")       # printable ASCII, no space: what an HTTP header can carry
+
+
+def checked_key(key, where):
+    """The key, or a UserError naming where it came from when it cannot go in a request's header."""
+    if key and not KEY_RE.fullmatch(key):
+        raise UserError(f"the API key in {where} holds a space, a line break or a character that is not ASCII: a "
+                        f"key is one word of printable ASCII; fix {where}")
+    return key
+
+
 def read_key_file(path):
     """The key in a key file, or None when the file is missing or empty (the one reader of key files)."""
     try:
-        with open(os.path.expanduser(path)) as f:
-            return f.read().strip() or None
+        with open(os.path.expanduser(path), "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return None
     except OSError as err:
-        raise UserError(f"cannot read API key file {path}: {err.strerror}") from None
+        raise UserError(f"cannot read API key file {path}: {err.strerror or err}") from None
+    try:
+        return checked_key(data.decode().strip(), f"API key file {path}") or None
+    except UnicodeDecodeError:
+        raise UserError(f"API key file {path} is not UTF-8 text: a key is one word of printable ASCII; fix "
+                        "the file") from None
 
 
 def load_key(key_file=None, env=None):
@@ -81,7 +103,7 @@ def load_key(key_file=None, env=None):
     env = os.environ if env is None else env
     key = (env.get("DSV41_API_KEY") or "").strip()
     if key:
-        return key
+        return checked_key(key, "DSV41_API_KEY")
     key = read_key_file(key_file or DEFAULT_KEY_FILE)
     if not key and key_file:
         what = "is empty" if os.path.exists(os.path.expanduser(key_file)) else "not found"
@@ -165,6 +187,7 @@ class Client:
         path is under the server's root, not /v1."""
         url = (self.base[: -len("/v1")] if root else self.base) + path
         limit = self.budget(read_timeout or self.read_timeout)
+        at = time.perf_counter() + limit
         try:
             resp = bounded(lambda: requests.request(method, url, headers=self.headers(), json=body, stream=stream,
                                                     timeout=(min(CONNECT_TIMEOUT, limit), limit)),
@@ -180,8 +203,7 @@ class Client:
             raise ApiError(f"the server at {self.base} rejected the API key (HTTP {resp.status_code}): {hint}",
                            resp.status_code)
         if resp.status_code >= 400:
-            detail = one_line(resp.text, 200)
-            resp.close()
+            detail = one_line(_error_body(resp, stream, at), 200) or "no body"
             raise ApiError(f"{method} {path} failed with HTTP {resp.status_code}: {detail}", resp.status_code)
         return resp
 
@@ -320,6 +342,26 @@ def _object(resp, what):
         raise ServerFault(f"{what} answered a JSON {type(obj).__name__}, not an object: is this an "
                           "OpenAI-compatible API?")
     return obj
+
+
+def _error_body(resp, stream, at):
+    """The start of an error answer's body, read by perf_counter `at` (a streamed request's body is not
+    read yet: a server that trickles it is cut there); the response closed."""
+    if not stream:
+        resp.close()
+        return resp.text
+    cutter = _cut_at(resp, at)
+    try:
+        data = resp.raw.read(ERROR_BODY_BYTES)
+    except Exception:  # noqa: BLE001  cut, or broken: the status line says enough
+        data = b""
+    finally:
+        cutter.cancel()
+        resp.close()
+    return data.decode(errors="replace")
+
+
+ERROR_BODY_BYTES = 2048
 
 
 def _cut_at(resp, at):

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from dsv41.client.api import bounded
 from dsv41.errors import UserError, one_line
 
 
@@ -92,10 +93,11 @@ def metrics_url(api_url):
 
 
 def scrape(url, timeout=5.0):
-    """A Snapshot of one GET of url (timed when the answer arrived); UserError in one line when the
-    server does not answer, answers with an error, or answers with something that is not Prometheus text."""
+    """A Snapshot of one GET of url (timed when the answer arrived), within `timeout` seconds of wall time
+    (a server that trickles cannot stretch it: api.bounded); UserError in one line when the server does
+    not answer in time, answers with an error, or answers with something that is not Prometheus text."""
     try:
-        r = requests.get(url, timeout=(min(2.0, timeout), timeout))
+        r = bounded(lambda: requests.get(url, timeout=(min(2.0, timeout), timeout)), timeout, f"GET {url}")
     except requests.exceptions.ConnectionError as err:
         why = "connection refused" if "refused" in str(err).lower() else one_line(err, 120)
         raise UserError(f"no answer from {url} ({why})") from None

@@ -2,7 +2,7 @@
 ($STATE_DIR/incidents/), newest first: time, verdict, outage, result, evidence; `show N` prints the N-th
 newest (1: the last), `show NAME` the one an alert names, with what was gathered from each node and
 the stopped processes' stacks."""
-from dsv41.errors import UserError
+from dsv41.errors import BadInput
 from dsv41.head.core import incidents as folders
 
 
@@ -12,7 +12,7 @@ def incidents(cfg, words=()):
         print("\n".join(folders.list_lines(cfg.state_dir)))
         return
     if words[0] != "show" or len(words) > 2:
-        raise UserError(f"`doit incidents {' '.join(words)}`: expected `doit incidents` or `doit incidents show [N|NAME]` "
+        raise BadInput(f"`doit incidents {' '.join(words)}`: expected `doit incidents` or `doit incidents show [N|NAME]` "
                         "(N: the number `doit incidents` lists, 1 the newest; NAME: the incident's, as an alert names it)")
     which = words[1] if len(words) == 2 else "1"
-    print(folders.show(cfg.state_dir, int(which) if which.isdigit() else which))
+    print(folders.show(cfg.state_dir, int(which) if which.isascii() and which.isdigit() else which))

@@ -15,7 +15,7 @@ def _log_args(words, follow, lines, node):
             value = words.pop(0)
             if w == "--node":
                 node = value
-            elif value.isdigit():
+            elif value.isascii() and value.isdigit():
                 lines = int(value)
             else:
                 raise BadInput(f"-n {value!r} is not a number of lines")

@@ -19,9 +19,8 @@ import requests
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.files import write_atomic
 from dsv41.head.core import alertmanager as am
-from dsv41.head.core import commands, engine, units
+from dsv41.head.core import commands, engine, statefiles, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.settings.paths import ROOT
 
@@ -170,7 +169,7 @@ def render(cfg, recipe=None):
     paths = {}
     for name, text in files.items():
         paths[name] = os.path.join(d, name)
-        write_atomic(paths[name], text, 0o600 if name == AM_CONFIG else 0o644)
+        statefiles.write_file(paths[name], text, 0o600 if name == AM_CONFIG else 0o644)
     return paths
 
 
@@ -237,9 +236,9 @@ def run_installed(cfg, paths):
 
 def install_unit(cl, head, unit, rendered):
     path = f"{names.UNIT_DIR}/{unit}"
-    text = open(rendered).read()
+    text = statefiles.read_text(rendered)
     have = head.read_file(path)
-    if have is None or have.decode() != text:
+    if have is None or have.decode(errors="replace") != text:
         head.run(cl.priv(head, ["install", "-m", "0644", rendered, path]))
         head.run(cl.priv(head, commands.systemctl("daemon-reload")))
         head.run(cl.priv(head, commands.systemctl("enable", "--quiet", unit)))

@@ -1,5 +1,7 @@
 """doit plan: the dry run. Resolved settings, each node's fabric and state, unit diffs and the steps launch would
-take, each with its reason, and what the release history would record; nothing on any node changes."""
+take, each with its reason, and what the release history would record. No unit, container, image, state
+file or setting changes on any node; to ask a node, it makes the node's STATE_DIR when missing and ships the
+node code to $STATE_DIR/lib there (core.cluster.ship_code), as every command that asks a node does."""
 import difflib
 import time
 

@@ -4,7 +4,7 @@ serves; `show N` prints release N (default: the one in service) with its differe
 `doit rollback [N]` goes back to release N (default: the last good one before the one in service)."""
 import re
 
-from dsv41.errors import UserError, one_line
+from dsv41.errors import BadInput, UserError, one_line
 from dsv41.head.core import releases as rel, rollout
 
 USAGE = ("expected `doit releases` or `doit releases show [N]` (N: a number `doit releases` lists; "
@@ -67,14 +67,19 @@ def show_lines(history, serving, number):
     return out
 
 
+def _number(word):
+    """A release number as typed: ASCII digits (str.isdigit() also takes "²", which int() refuses)."""
+    return word.isascii() and word.isdigit()
+
+
 def releases(cfg, words=()):
     words = list(words)
     history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
     if not words:
         print("\n".join(list_lines(history, serving)))
         return
-    if words[0] != "show" or len(words) > 2 or (len(words) == 2 and not words[1].isdigit()):
-        raise UserError(f"`doit releases {' '.join(words)}`: {USAGE}")
+    if words[0] != "show" or len(words) > 2 or (len(words) == 2 and not _number(words[1])):
+        raise BadInput(f"`doit releases {' '.join(words)}`: {USAGE}")
     if len(words) == 2:
         number = int(words[1])
     elif serving is not None or history:
@@ -106,8 +111,8 @@ def rollback_target(history, serving, number=None):
 
 def rollback(cfg, words=()):
     words = list(words)
-    if len(words) > 1 or (words and not words[0].isdigit()):
-        raise UserError(f"`doit rollback {' '.join(words)}`: expected `doit rollback` or `doit rollback N` "
+    if len(words) > 1 or (words and not _number(words[0])):
+        raise BadInput(f"`doit rollback {' '.join(words)}`: expected `doit rollback` or `doit rollback N` "
                         "(N: a good release `doit releases` lists)")
     history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
     if rel.unfinished(history):

@@ -3,6 +3,7 @@ Health (core.health, as the watchdog, top and launch judge it) as one word and a
 use (core.health.WORDS; docs/operating.md lists them). A recovery under way is RECOVERING, with the step it is on.
 The release in service, and one that failed after it, come from core.release_status."""
 import json as _json
+import sys
 import time
 
 from dsv41 import names
@@ -37,8 +38,8 @@ def node_entry(recipe, spec, f):
         "gpu_memory": f.gpu_memory, "tripped": f.tripped}
 
 
-def api_status(cl):
-    client = cl.api(read_timeout=5)
+def api_status(cl, problems=None):
+    client = cl.api(read_timeout=5, problems=problems)
     out = {"url": client.base, "health": client.health(), "models": None, "error": None}
     try:
         out["models"] = client.models()
@@ -80,14 +81,17 @@ def status(cfg, json=False):
         states[node.name] = f = cl.look(node)
         entries[node.name] = {"error": f.error} if f.error else node_entry(cl.recipe, cl.spec(node), f)
         table.row(node.name, entries[node.name])
-    api = api_status(cl)
+    problems = []                        # state files that cannot be read: said, and read as absent
+    api = api_status(cl, problems)
     stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
     h = assess(cfg, Observation(time.time(), states, api["health"], None, None,
-                                ready_at=record.ready_at(cfg.state_dir),
+                                ready_at=record.ready_at(cfg.state_dir, problems),
                                 api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"),
-                                record=record.view(cfg.state_dir)), Memory(), cl.recipe)
-    wd = watchdog_entry(cfg, cl.states.get(cl.head.name))
+                                record=record.view(cfg.state_dir, problems=problems)), Memory(), cl.recipe)
+    wd = watchdog_entry(cfg, cl.states.get(cl.head.name), problems)
     release = release_status.service_entry(cfg.state_dir)
+    for line in problems:
+        print(f"dsv41: {line}", file=sys.stderr, flush=True)
     quiet = silences.silence_line(cfg)
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": h.word, "exit_code": h.exit_code, "health": h.as_json(),

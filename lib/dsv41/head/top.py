@@ -40,7 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dsv41.client import metrics
-from dsv41.errors import UserError
+from dsv41.errors import BadInput, UserError
 from dsv41.head.core import release_status
 from dsv41.head.core.observe import Observer
 from dsv41.head.core.record import watchdog_entry, watchdog_line
@@ -55,7 +55,7 @@ def snapshot(o):
     """What top draws and --json prints (SCHEMA), from what the Observer o has seen."""
     now = time.time()
     return {"schema": SCHEMA, "time": now, "interval_s": o.interval, "health": o.judge(now).as_json(),
-            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": watchdog_entry(o.cfg, o.head()),
+            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": watchdog_entry(o.cfg, o.head(), o.problems),
             "release": release_status.service_entry(o.cfg.state_dir)}
 
 
@@ -290,9 +290,9 @@ def top(cfg, json=False, once=False, interval=2.0):
     """doit top [--interval S] [--once [--json]]"""
     if interval is None or interval != interval or interval < 0 or (not once and interval < MIN_INTERVAL_S):
         least = "0 (one scrape, no rates) with --once" if once else f"{MIN_INTERVAL_S:g}"
-        raise UserError(f"--interval {interval!r} is not valid: expected seconds between refreshes, at least {least}")
+        raise BadInput(f"--interval {interval!r} is not valid: expected seconds between refreshes, at least {least}")
     if json and not once:
-        raise UserError("--json prints one snapshot: use it with --once (doit top --once --json)")
+        raise BadInput("--json prints one snapshot: use it with --once (doit top --once --json)")
     o = Observer(cfg, interval)
     try:
         if once:
@@ -311,3 +311,5 @@ def top(cfg, json=False, once=False, interval=2.0):
         run_live(o, console)
     finally:
         o.close()
+        for line in o.problems:          # a state file that cannot be read: read as absent, said here
+            print(f"dsv41: {line}", file=sys.stderr, flush=True)

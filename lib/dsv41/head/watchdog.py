@@ -22,7 +22,6 @@ METRICS_DIR, removed when it stops.
     python -m dsv41.head.watchdog --state-dir DIR
 """
 import argparse
-import json
 import os
 import signal
 import sys
@@ -32,7 +31,7 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, cli, one_line
 from dsv41.settings.resolved import from_resolved
-from dsv41.head.core import record, recovery, releases, runlock
+from dsv41.head.core import record, recovery, releases, runlock, statefiles
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import (NO_TOKEN, RECOVERING, TOKEN, VERDICTS, Health, Memory, Observation, assess,
                                     wants_probe)
@@ -263,12 +262,10 @@ def load_settings(state_dir):
     """The Config launch resolved for the watchdog ($STATE_DIR/watchdog.json): neither the environment
     nor the checkout's conf/ is read, so only a `doit launch` (which restarts the watchdog when the file
     changes) changes what it does."""
-    path = settings_file(os.path.expanduser(state_dir))
-    try:
-        with open(path) as f:
-            data = json.load(f)["config"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"cannot read the watchdog's settings {path} ({err}): run `doit launch`") from None
+    state_dir = os.path.expanduser(state_dir)
+    data = statefiles.watchdog_settings(state_dir)
+    if data is None:
+        raise UserError(f"the watchdog's settings {settings_file(state_dir)} are missing: run `doit launch`")
     return from_resolved(data)
 
 

@@ -20,17 +20,18 @@ import threading
 import time
 
 from dsv41.errors import UserError, cli
-from dsv41.files import fsync_dir, write_atomic
+from dsv41.files import fsync_dir
 from dsv41.node.checkpoint_io import Writer, hash_file, read_into
 from dsv41.node.checkpoint_layout import (MANIFEST, REQUIRED, TMP_SUFFIX, count_bank_files, find_parts, listing,
                                           part_gap, partial_transfers, plan_banks, read_manifest, subdirs)
+from dsv41.node import statefiles
 from dsv41.node.progress import MachineProgress, Progress, no_progress
 
 RECEIPT_VERSION = 1
 
 
 def write_json_atomic(path, data):
-    write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+    statefiles.write_json(path, data, indent=1, sort_keys=True)
 
 
 # ---- verification ---------------------------------------------------------------------------------
@@ -62,11 +63,10 @@ class Checkpoint:
     # receipt ------------------------------------------------------------------------------------
     def load_receipt(self):
         try:
-            with open(self.receipt_file, encoding="utf-8") as f:
-                r = json.load(f)
-        except (FileNotFoundError, ValueError, OSError):
+            r = statefiles.read_object(self.receipt_file)
+        except statefiles.Unreadable:           # verified again, and written anew
             return None
-        if not isinstance(r, dict) or r.get("version") != RECEIPT_VERSION or r.get("model_dir") != self.dir:
+        if r is None or r.get("version") != RECEIPT_VERSION or r.get("model_dir") != self.dir:
             return None
         return r
 

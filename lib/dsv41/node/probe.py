@@ -12,7 +12,8 @@ import shutil
 import sys
 import time
 
-from dsv41.names import GUARD_SETTINGS, MEM_BASELINE, UNIT_DIR
+from dsv41.names import UNIT_DIR
+from dsv41.node import statefiles
 from dsv41.node.facts import MEMINFO, memory_facts, run_quiet
 from dsv41.node.memguard.marker import describe_trip, read_trip
 
@@ -119,10 +120,8 @@ def guard_settings(state_dir):
     """The guard's memguard.json ({"floor_gib", "mode", ...}) as written by launch; None when absent
     or unreadable (the guard then keeps its command-line floor)."""
     try:
-        with open(os.path.join(state_dir, GUARD_SETTINGS)) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
+        return statefiles.guard_settings(state_dir)
+    except statefiles.Unreadable:
         return None
 
 
@@ -148,17 +147,6 @@ def newest_change(model_dir):
     return newest
 
 
-def mem_baseline(state_dir):
-    """(MemAvailable bytes, the boot it was recorded in) of the node's baseline, (None, None) without one; the
-    boot is None for a baseline of an earlier version (it recorded none)."""
-    try:
-        with open(os.path.join(state_dir, MEM_BASELINE)) as f:
-            data = json.load(f)
-        return int(data["mem_available_bytes"]), data.get("boot_id")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None, None
-
-
 def boot_id():
     """This boot's id (a new one at every boot: a node's memory is as the boot left it until a rank ran)."""
     try:
@@ -173,7 +161,7 @@ def main():
     state = req["state_dir"]
     files = {name: _sha(os.path.join(state, name)) for name in req.get("files", [])}
     memory = meminfo()
-    baseline, baseline_boot = mem_baseline(state)
+    baseline, baseline_boot = statefiles.mem_baseline(state)
     print(json.dumps({
         "uid": os.getuid(), "home": os.path.expanduser("~"), "time": time.time(),
         "units": units(req.get("units", [])),

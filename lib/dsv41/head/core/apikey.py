@@ -3,7 +3,7 @@ file; the clients send it; it is never in a unit file, an argument list or a log
 import secrets
 
 from dsv41.client.api import read_key_file
-from dsv41.files import write_atomic
+from dsv41.head.core import statefiles
 
 
 def read_key(cfg):
@@ -15,6 +15,6 @@ def read_or_create_key(cfg):
     if key:
         return key
     key = secrets.token_urlsafe(32)
-    write_atomic(cfg.api_key_file, (key + "\n").encode(), 0o600)
+    statefiles.write_file(cfg.api_key_file, key + "\n", 0o600)
     print(f"[head] created the API key in {cfg.api_key_file} (mode 0600)")
     return key

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from dsv41 import names
 from dsv41.client.api import Client
+from dsv41.errors import UserError
 from dsv41.settings.paths import LIB_DIR
 from dsv41.head.core import commands, engine, state
 from dsv41.head.core.apikey import read_key, read_or_create_key
@@ -101,9 +102,17 @@ class Cluster:
         self.states.clear()
         return self.connect()
 
-    def api(self, read_timeout, create_key=False):
-        """A client of the cluster's API with its key (created first when create_key and missing)."""
-        key = read_or_create_key(self.cfg) if create_key else read_key(self.cfg)
+    def api(self, read_timeout, create_key=False, problems=None):
+        """A client of the cluster's API with its key (created first when create_key and missing). With
+        a list for problems, a key file that cannot be read is said there and no key is sent (status and
+        top still ask /health)."""
+        try:
+            key = read_or_create_key(self.cfg) if create_key else read_key(self.cfg)
+        except UserError as err:
+            if problems is None:
+                raise
+            problems += [] if str(err) in problems else [str(err)]
+            key = None
         return Client(self.cfg.api_url, key, read_timeout=read_timeout)
 
     def probe_argv(self, node, state_dir):

@@ -6,7 +6,7 @@ import os
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import exporter, units
+from dsv41.head.core import exporter, statefiles, units
 from dsv41.head.core.apikey import read_key, read_or_create_key  # noqa: F401 (the verbs' way to the key)
 from dsv41.settings.resolved import resolved
 from dsv41.head.core.decide import Desired  # noqa: F401 (what desired() returns)
@@ -34,7 +34,7 @@ def read_head_plan(cfg):
 def watchdog_settings(cfg):
     """The watchdog's settings: the resolved Config without secrets (config.resolved), so that it runs
     on what launch resolved, never on the environment or conf/ of a later day."""
-    return json.dumps({"config": resolved(cfg)}, indent=1, sort_keys=True) + "\n"
+    return statefiles.watchdog_settings_text(resolved(cfg))
 
 
 def state_files(cfg, is_head, key, plan_text):

@@ -9,6 +9,7 @@ from doit.dependency import FileChangedChecker
 from doit.exceptions import InvalidCommand, TaskError, TaskFailed
 from doit.reporter import ConsoleReporter
 
+from dsv41 import names
 from dsv41.errors import BadInput, QuietPipe, UserError, one_line
 from dsv41.head.core import runlock
 
@@ -43,6 +44,30 @@ class Reporter(ConsoleReporter):
     def complete_run(self):
         self.failures = [f for f in self.failures if not getattr(f["exception"], "dsv41", False)]
         super().complete_run()
+
+
+def dep_file(state_dir):
+    """doit's record of what ran ($STATE_DIR/doit.db), the state dir made first. A STATE_DIR that cannot
+    be made is bad input; a doit.db that cannot be opened is said in one line and a record in memory is
+    used instead, so the command still answers (a launch then checks every step again)."""
+    try:
+        os.makedirs(state_dir, exist_ok=True)
+    except OSError as err:
+        why = "is a file, not a folder" if isinstance(err, FileExistsError) else f"cannot be made ({err.strerror or err})"
+        raise BadInput(f"STATE_DIR {state_dir} {why}: set STATE_DIR to a folder this user can write") from None
+    db = names.state_path(state_dir, names.DOIT_DB)
+    import sqlite3                       # doit's backend imports it anyway
+    try:
+        conn = sqlite3.connect(db)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        finally:
+            conn.close()
+        return db
+    except sqlite3.Error as err:
+        print(f"dsv41: {db} cannot be read ({one_line(err, 100)}): move it aside (to {names.DOIT_DB}.bad); this "
+              "run keeps doit's record in memory (a launch checks every step again)", file=sys.stderr, flush=True)
+        return ":memory:"
 
 
 def quiet_on_closed_pipe():

@@ -1,12 +1,9 @@
 """The serving image: pulled by digest on every node when missing, never re-pulled when present;
 every node must hold the same image ID (a node that pulled another build is caught here)."""
 import dataclasses
-import json
-import os
 
 from dsv41.errors import UserError
-from dsv41.files import write_atomic
-from dsv41.head.core import commands
+from dsv41.head.core import commands, statefiles
 from dsv41.head.core.cluster import Cluster
 
 
@@ -34,12 +31,5 @@ def ensure(cl, states):
         detail = ", ".join(f"{k} {v[:19]}" for k, v in ids.items())
         raise UserError(f"nodes hold different images for {cfg.image} ({detail}): remove the odd one "
                         "(docker rmi) and run `doit image` again")
-    stamp = os.path.join(cfg.state_dir, "image.stamp")
-    data = json.dumps({"image": cfg.image, "ids": ids}, indent=1, sort_keys=True).encode()
-    try:
-        old = open(stamp, "rb").read()
-    except FileNotFoundError:
-        old = None
-    if old != data:
-        write_atomic(stamp, data)
+    statefiles.stamp_image(cfg.state_dir, cfg.image, ids)
     return ids

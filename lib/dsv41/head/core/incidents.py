@@ -23,11 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from dsv41.errors import UserError, one_line
-from dsv41.files import write_atomic
-from dsv41.head.core import record
+from dsv41 import names
+from dsv41.head.core import record, statefiles
 
 SCHEMA = "dsv41.incident/1"
-DIR = "incidents"
+DIR = names.INCIDENT_DIRS
 FOLDER_RE = re.compile(r"^\d{8}T\d{6}Z-[A-Z_]+(-\d+)?$")
 REDACTED = "<redacted>"
 
@@ -113,13 +113,13 @@ def save(state_dir, verdict, evidence, *, nodes, metrics_text, fault_at, secrets
     """Write one incident folder (0700, files 0600), named as its incident in the record (name) or by its
     time, and drop the oldest beyond `keep`; -> its path."""
     now = time.time() if now is None else now
-    taken = set(os.listdir(root(state_dir))) if os.path.isdir(root(state_dir)) else set()
+    taken = set(statefiles.listdir(root(state_dir)))
     folder = folder_of(state_dir, name if name and name not in taken else record.incident_id(verdict, now, taken))
     os.makedirs(root(state_dir), mode=0o700, exist_ok=True)
     os.makedirs(folder, mode=0o700)
 
     def put(rel, text):
-        write_atomic(os.path.join(folder, rel), scrub(text, secrets), mode=0o600)
+        statefiles.write_file(os.path.join(folder, rel), scrub(text, secrets), 0o600)
 
     gathered = {}
     for node, ev in nodes.items():
@@ -135,29 +135,26 @@ def save(state_dir, verdict, evidence, *, nodes, metrics_text, fault_at, secrets
     put("metrics.txt", metrics_text or "")
     summary = {"schema": SCHEMA, "time": now, "verdict": verdict, "evidence": evidence, "fault_at": fault_at,
                "ended": None, "outage_s": None, "result": "pending", "nodes": gathered}
-    put("summary.json", json.dumps(summary, indent=1) + "\n")
+    statefiles.write_summary(folder, summary)
     prune(state_dir, keep)
     return folder
 
 
 def record_result(folder, result, ended=None):
     """The recovery's end: result, when the API served again (ended) and the outage since fault_at."""
-    path = os.path.join(folder, "summary.json")
-    with open(path) as f:
-        summary = json.load(f)
+    summary = statefiles.summary(folder)
+    if summary is None:
+        raise statefiles.bad(os.path.join(folder, names.INCIDENT_SUMMARY), "is missing")
     ended = time.time() if ended is None else ended
-    start = summary.get("fault_at") or summary["time"]
+    start = summary.get("fault_at") or summary.get("time") or ended
     summary.update(result=result, ended=ended, outage_s=round(ended - start, 1))
-    write_atomic(path, json.dumps(summary, indent=1) + "\n", mode=0o600)
+    statefiles.write_summary(folder, summary)
     return summary
 
 
 def folders(state_dir):
     """Incident folders, newest first."""
-    try:
-        found = [d for d in os.listdir(root(state_dir)) if FOLDER_RE.match(d)]
-    except FileNotFoundError:
-        return []
+    found = [d for d in statefiles.listdir(root(state_dir)) if FOLDER_RE.match(d)]
     return [os.path.join(root(state_dir), d) for d in sorted(found, reverse=True)]
 
 
@@ -169,11 +166,10 @@ def prune(state_dir, keep):
 # ---- reading ------------------------------------------------------------------------------------------
 
 def _summary(folder):
-    try:
-        with open(os.path.join(folder, "summary.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {"verdict": os.path.basename(folder).split("-", 1)[-1], "result": "unreadable"}
+    """The folder's summary (statefiles.BadStateFile when it is not one); a folder without one (a kill
+    while it was saved) says so."""
+    found = statefiles.summary(folder)
+    return {"verdict": os.path.basename(folder).split("-", 1)[-1], "result": "no summary.json"} if found is None else found
 
 
 def entries(state_dir):
@@ -245,6 +241,6 @@ def show(state_dir, n=1):
             out.append(f"    {os.path.relpath(path, folder):<40} {os.path.getsize(path):>9} bytes")
     for dirpath, _, files in walk:
         for fname in sorted(f for f in files if f.startswith("pyspy-")):
-            with open(os.path.join(dirpath, fname)) as f:
-                out += ["", f"== {os.path.relpath(os.path.join(dirpath, fname), folder)}", f.read().rstrip()]
+            text = (statefiles.read_bytes(os.path.join(dirpath, fname)) or b"").decode(errors="replace")
+            out += ["", f"== {os.path.relpath(os.path.join(dirpath, fname), folder)}", text.rstrip()]
     return "\n".join(out)

@@ -21,6 +21,7 @@ import time
 
 import sh
 
+from dsv41 import names
 from dsv41.head.core import runlock
 from dsv41.settings import schema
 from dsv41.errors import UserError, one_line
@@ -268,7 +269,7 @@ def connect(nodes):
 
 
 def control_dir(state_dir):
-    return os.path.join(state_dir, "ssh")
+    return names.state_path(state_dir, names.SSH)
 
 
 def _socket_dir(d):

@@ -169,6 +169,7 @@ class Observer:
         self.health = None               # the API's /health at the last scrape
         self.mem = Memory()              # what core.health remembers between scrapes
         self.scrapes = self.judged = 0   # scrapes that came back; the last one the memory has taken in
+        self.problems = []               # state files that cannot be read (record.view), each said once
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -181,7 +182,7 @@ class Observer:
 
     def start_scrape(self):
         if self.scrape is None:
-            self.scrape = Scrape(self.cl.recipe, self.cl.api(read_timeout=SCRAPE_TIMEOUT_S))
+            self.scrape = Scrape(self.cl.recipe, self.cl.api(read_timeout=SCRAPE_TIMEOUT_S, problems=self.problems))
 
     def start_node(self, w):
         node = w.node
@@ -291,7 +292,8 @@ class Observer:
         states = {name: w.seen if w.seen is not None and not w.error else unreachable(w.error or "no answer yet")
                   for name, w in self.watches.items()}
         obs = Observation(now, states, self.health, None if self.engine_error else self.snap, None,
-                          ready_at=record.ready_at(self.cfg.state_dir), record=record.view(self.cfg.state_dir))
+                          ready_at=record.ready_at(self.cfg.state_dir, self.problems),
+                          record=record.view(self.cfg.state_dir, problems=self.problems))
         mem = copy.deepcopy(self.mem)    # the screen is redrawn more often than it learns anything new:
         h = assess(self.cfg, obs, mem, self.cl.recipe)      # one look per scrape moves the memory on
         if self.scrapes != self.judged:

@@ -137,7 +137,7 @@ def gather(cl, progress=None):
         peers = [head_ip] * bool(head_ip) + [ip for r, ip in known.items() if ip and r != s.rank]
         args += (["--peer", head_ip] if head_ip else []) + (["--ping", ",".join(peers)] if peers else [])
         out[s.rank] = _facts_call(cl, n, args)
-    decided = fabric.decide_all(cfg, _answered(out))
+    decided = fabric.decide_all(cfg, out)    # a node that did not answer: its error, as why it has no facts
     # a second head call pings the workers whose fabric address became known only now
     late = [decided[r]["ip"] for r in known if decided[r]["ip"] and decided[r]["ip"] not in pinged]
     if late and "error" not in out[0] and decided[0]["ifname"]:

@@ -1,4 +1,5 @@
-"""The record: everything the watchdog and launch keep on the head between runs, written and read here only.
+"""The record: everything the watchdog and launch keep on the head between runs, what it means (its files
+are read and written, their shapes checked, by core/statefiles.py).
 
     $STATE_DIR/ready.json             when a readiness wait last saw a token (the head's clock)
     $STATE_DIR/needs-reboot.json      a restart stopped: a node's memory did not come back ({time, line})
@@ -11,40 +12,14 @@ An incident is opened before its evidence is saved or anything is stopped, so a 
 point of a recovery leaves it open: the next watchdog closes it as interrupted (close_interrupted) and
 counts it in the budget. Each line is appended and fsync'd; a torn last line is skipped. Lines of
 earlier versions (one line per ended incident, no "event") read as closed incidents."""
-import json
 import os
 import time
 
 from dsv41 import names
-from dsv41.files import write_atomic
-from dsv41.head.core import runlock
+from dsv41.head.core import runlock, statefiles
 from dsv41.head.core.health import Record
 
 RESTART = "restart"            # the watchdog's restarts: what its budget and backoff count
-
-
-def _path(state_dir, name):
-    return names.state_path(state_dir, name)
-
-
-def _read(state_dir, name):
-    try:
-        with open(_path(state_dir, name)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write(state_dir, name, doc):
-    write_atomic(_path(state_dir, name), json.dumps(doc, indent=1) + "\n")
-
-
-def _remove(state_dir, name):
-    try:
-        os.unlink(_path(state_dir, name))
-        return True
-    except FileNotFoundError:
-        return False
 
 
 # ---- markers ------------------------------------------------------------------------------------------
@@ -52,61 +27,57 @@ def _remove(state_dir, name):
 def mark_ready(state_dir, now=None):
     """A readiness wait saw a token: an engine that stops generating after this is a fault, not a start-up."""
     try:
-        _write(state_dir, names.READY, {"time": time.time() if now is None else now})
-    except OSError:
+        statefiles.mark_ready(state_dir, time.time() if now is None else now)
+    except (OSError, statefiles.BadStateFile):     # a mark it cannot write never fails the wait
         pass
 
 
-def ready_at(state_dir):
-    """When a readiness wait last saw a token, or None."""
-    doc = _read(state_dir, names.READY)
-    try:
-        return float(doc["time"])
-    except (TypeError, KeyError, ValueError):
-        return None
+def ready_at(state_dir, problems=None):
+    """When a readiness wait last saw a token, or None (problems: statefiles.seen)."""
+    return statefiles.seen(problems, statefiles.ready_at, state_dir)
 
 
 def needs_reboot(state_dir):
     """The NEEDS_REBOOT marker ({"time", "line"}) or None."""
-    return _read(state_dir, names.NEEDS_REBOOT)
+    return statefiles.needs_reboot(state_dir)
 
 
 def set_needs_reboot(state_dir, line, now=None):
-    _write(state_dir, names.NEEDS_REBOOT, {"time": time.time() if now is None else now, "line": line})
+    statefiles.set_needs_reboot(state_dir, line, time.time() if now is None else now)
 
 
 def clear_needs_reboot(state_dir):
-    return _remove(state_dir, names.NEEDS_REBOOT)
+    return statefiles.clear_needs_reboot(state_dir)
 
 
 def gave_up(state_dir):
     """The watchdog's gave-up marker ({"time", "reason"}) or None."""
-    return _read(state_dir, names.WATCHDOG_GAVEUP)
+    return statefiles.gave_up(state_dir)
 
 
 def set_gave_up(state_dir, reason, now):
-    _write(state_dir, names.WATCHDOG_GAVEUP, {"time": now, "reason": reason})
+    statefiles.set_gave_up(state_dir, reason, now)
 
 
 def clear_gave_up(state_dir):
-    return _remove(state_dir, names.WATCHDOG_GAVEUP)
+    return statefiles.clear_gave_up(state_dir)
 
 
 def watchdog_status(state_dir):
     """What the watchdog last published, or {}."""
-    return _read(state_dir, names.WATCHDOG_STATUS) or {}
+    return statefiles.watchdog_status(state_dir)
 
 
 def publish_status(state_dir, doc):
-    _write(state_dir, names.WATCHDOG_STATUS, doc)
+    statefiles.publish_status(state_dir, doc)
 
 
-def watchdog_entry(cfg, head):
+def watchdog_entry(cfg, head, problems=None):
     """The watchdog's unit state (head: the head's state.NodeState, None when unknown) and what it
-    last saw (watchdog.status.json on the head)."""
+    last saw (watchdog.status.json on the head; problems: statefiles.seen)."""
     unit = head.unit(names.WATCHDOG_UNIT) if head is not None else None
     entry = {"enabled": cfg.watchdog, "unit": (unit.active or "not installed") if unit and unit.installed else "not installed"}
-    entry.update(watchdog_status(cfg.state_dir))
+    entry.update(statefiles.seen(problems, watchdog_status, cfg.state_dir, default={}))
     return entry
 
 
@@ -141,11 +112,7 @@ def incident_id(verdict, now, taken=()):
 
 
 def _append(state_dir, event):
-    path = _path(state_dir, names.INCIDENTS)
-    with open(path, "a") as f:
-        f.write(json.dumps(event) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    statefiles.append_incident_event(state_dir, event)
 
 
 def open_incident(state_dir, *, verdict, evidence, fault_at, node=None, action=RESTART, by="dsv41-watchdog",
@@ -182,25 +149,16 @@ def _fold(inc, event):
 
 def incidents(state_dir):
     """Every incident, oldest first, its events folded (open: not closed yet)."""
-    try:
-        with open(_path(state_dir, names.INCIDENTS)) as f:
-            return fold(f.readlines())
-    except FileNotFoundError:
-        return []
+    return fold(statefiles.incident_lines(state_dir), names.state_path(state_dir, names.INCIDENTS))
 
 
-def fold(lines):
+def fold(lines, file=names.INCIDENTS):
     """incidents.jsonl's lines as incidents, oldest first: one dict each, "open" True until it closed
-    ("result" is "" while open). A torn line (a crash while writing) is skipped."""
+    ("result" is "" while open). A torn line (a crash while writing) is skipped; one of another shape is
+    statefiles.BadStateFile."""
     by_id, order = {}, []
-    for n, line in enumerate(lines):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        key = event.get("id") or f"line-{n}"          # an earlier version's line: one closed incident
+    for n, event in statefiles.incident_events(lines, file):
+        key = event.get("id") or f"line-{n - 1}"          # an earlier version's line: one closed incident
         if key not in by_id:
             by_id[key], _ = {"id": key, "result": ""}, order.append(key)
         _fold(by_id[key], event)
@@ -233,10 +191,14 @@ def recoveries(state_dir, now=None, known=None):
             if i.get("action") == RESTART and "started" in i]
 
 
-def view(state_dir, now=None):
-    """What the record holds that bears on the cluster's health (core.health.Record)."""
-    lock = runlock.holder(state_dir)
-    known = incidents(state_dir)
+def view(state_dir, now=None, problems=None):
+    """What the record holds that bears on the cluster's health (core.health.Record). problems: None,
+    a file that cannot be read is statefiles.BadStateFile; a list, it is said there and read as absent
+    (statefiles.seen)."""
+    lock = statefiles.seen(problems, runlock.holder, state_dir)
+    known = statefiles.seen(problems, incidents, state_dir, default=[])
     running = [i for i in known if i["open"] and live(i, lock)]
-    return Record(recovering=running[-1] if running else None, needs_reboot=needs_reboot(state_dir),
-                  gave_up=gave_up(state_dir), lock=lock, recoveries=tuple(recoveries(state_dir, now, known)))
+    return Record(recovering=running[-1] if running else None,
+                  needs_reboot=statefiles.seen(problems, needs_reboot, state_dir),
+                  gave_up=statefiles.seen(problems, gave_up, state_dir), lock=lock,
+                  recoveries=tuple(recoveries(state_dir, now, known)))

@@ -46,15 +46,15 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.files import fsync_dir, write_atomic
+from dsv41.head.core import statefiles
 from dsv41.settings.kinds import ConfigError
 from dsv41.settings.resolved import from_resolved, resolved
 from dsv41.node.checkpoint_layout import MANIFEST
 
 SCHEMA = "dsv41.release/1"
-DIR = "releases"
-RECORD = "release.json"
-CURRENT = "current.json"
+DIR = names.RELEASES
+RECORD = names.RELEASE_RECORD
+CURRENT = names.RELEASE_CURRENT
 FOLDER_RE = re.compile(r"^\d{4,}$")
 ROLLING_OUT, GOOD, FAILED, INTERRUPTED = "rolling out", "good", "failed", "interrupted"
 SAME = ("image_ids", "units", "files", "settings")          # what makes two releases the same
@@ -301,55 +301,32 @@ def to_prune(releases, keep, serving):
 
 # ---- storage: the only I/O ---------------------------------------------------------------------------
 
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise UserError(f"{path} cannot be read ({one_line(err, 120)}): move it away (the other releases "
-                        "stay) or restore it") from None
-
-
-def _load(path, number):
-    data = _read_json(path)
+def _load(state_dir, number):
+    data = statefiles.release_record(state_dir, f"{number:04d}")
     if data is None:
         return None
-    try:
-        if data.pop("schema") != SCHEMA or data["number"] != number:
-            raise ValueError(f"not a {SCHEMA} record of release {number}")
-        return Release(**data)
-    except (AttributeError, KeyError, TypeError, ValueError) as err:
-        raise UserError(f"{path} is not a release record ({one_line(err, 120)}): move its folder away (the other "
-                        "releases stay) or restore it") from None
+    path = os.path.join(folder(state_dir, number), RECORD)
+    if data.pop("schema") != SCHEMA or data["number"] != number:
+        raise statefiles.bad(path, f"is not a {SCHEMA} record of release {number}",
+                             "run the command again (the other releases stay)")
+    return Release(**{f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
+                      for f in dataclasses.fields(Release)})
 
 
 def load_all(state_dir):
     """Every release, oldest first; UserError (one line) naming a record that cannot be read. A folder
     without a record (a launch killed while creating it, before anything changed) is skipped."""
-    try:
-        found = sorted(int(d) for d in os.listdir(root(state_dir)) if FOLDER_RE.match(d))
-    except FileNotFoundError:
-        return []
-    out = [_load(os.path.join(folder(state_dir, n), RECORD), n) for n in found]
+    found = sorted(int(d) for d in statefiles.listdir(root(state_dir)) if FOLDER_RE.match(d))
+    out = [_load(state_dir, n) for n in found]
     return [r for r in out if r is not None]
 
 
 def serving_number(state_dir):
-    data = _read_json(os.path.join(root(state_dir), CURRENT))
-    if data is None:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("number"), int):
-        raise UserError(f"{os.path.join(root(state_dir), CURRENT)} does not name a release: remove it "
-                        "(the next good launch writes it again)")
-    return data["number"]
+    return statefiles.serving_number(state_dir)
 
 
 def _write(state_dir, release):
-    write_atomic(os.path.join(folder(state_dir, release.number), RECORD),
-                 json.dumps({"schema": SCHEMA, **dataclasses.asdict(release)}, indent=1) + "\n", mode=0o600)
-    fsync_dir(folder(state_dir, release.number))
+    statefiles.write_release(state_dir, f"{release.number:04d}", {"schema": SCHEMA, **dataclasses.asdict(release)})
 
 
 def begin(state_dir, fields, keep, now=None):
@@ -363,10 +340,7 @@ def begin(state_dir, fields, keep, now=None):
     fields = _plain(fields)
     release = Release(number=number, time=time.time() if now is None else now, state=ROLLING_OUT,
                       changes=changes(prev, fields), changes_from=prev and prev.number, **fields)
-    os.makedirs(root(state_dir), mode=0o700, exist_ok=True)
-    os.makedirs(folder(state_dir, number), mode=0o700, exist_ok=True)
     _write(state_dir, release)
-    fsync_dir(root(state_dir))
     for n in to_prune([*history, release], keep, serving):
         shutil.rmtree(folder(state_dir, n), ignore_errors=True)
     return release
@@ -395,7 +369,7 @@ def rolled_back(state_dir, number, target):
 
 
 def _update(state_dir, number, **changed):
-    old = _load(os.path.join(folder(state_dir, number), RECORD), number)
+    old = _load(state_dir, number)
     if old is None:
         raise UserError(f"release {number} is not in {root(state_dir)}: `doit releases` lists them")
     release = dataclasses.replace(old, **changed)
@@ -405,8 +379,7 @@ def _update(state_dir, number, **changed):
 
 def mark_serving(state_dir, number):
     """Name the release in service (after a good rollout, or a rollback that served again)."""
-    write_atomic(os.path.join(root(state_dir), CURRENT), json.dumps({"number": number}) + "\n", mode=0o600)
-    fsync_dir(root(state_dir))
+    statefiles.mark_serving(state_dir, number)
 
 
 def in_service(state_dir):

@@ -4,9 +4,11 @@ import fcntl
 import os
 import sys
 
+from dsv41 import names
 from dsv41.errors import UserError
+from dsv41.head.core.statefiles import bad
 
-LOCK = "doit.lock"
+LOCK = names.DOIT_LOCK
 _fd = None
 
 
@@ -17,7 +19,10 @@ def take(state_dir, what=None):
         return
     os.makedirs(state_dir, exist_ok=True)
     path = os.path.join(state_dir, LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise bad(path, f"cannot be opened ({err.strerror or err})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -49,6 +54,8 @@ def holder(state_dir):
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except OSError as err:
+        raise bad(path, f"cannot be opened ({err.strerror or err})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -60,4 +67,7 @@ def holder(state_dir):
 
 def _written(fd):
     """What the holder wrote in the lock file ("pid N: command")."""
-    return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+    try:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:                 # a folder in its place
+        return "unknown"

@@ -15,7 +15,7 @@ import jinja2
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.files import write_atomic
+from dsv41.head.core import statefiles
 from dsv41.head.core import commands as c
 from dsv41.settings.paths import LIB_DIR, ROOT
 
@@ -125,15 +125,8 @@ def write_rendered(cfg, rendered_by_rank, out_dir=None):
         d = os.path.join(out_dir, f"r{rank}")
         for name, text in sorted(files.items()):
             path = os.path.join(d, name)
-            data = text.encode()
-            try:
-                with open(path, "rb") as f:
-                    if f.read() == data:
-                        continue
-            except FileNotFoundError:
-                pass
-            write_atomic(path, data, 0o644)
-            written.append(path)
+            if statefiles.write_if_changed(path, text.encode()):
+                written.append(path)
     if os.path.isdir(out_dir):
         for sub in os.listdir(out_dir):
             m = re.fullmatch(r"r(\d+)", sub)

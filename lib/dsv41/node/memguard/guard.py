@@ -13,7 +13,6 @@ each trip.
 """
 import argparse
 import ctypes
-import json
 import os
 import select
 import signal
@@ -22,6 +21,7 @@ import time
 
 from dsv41.errors import UserError, cli
 from dsv41.names import DEFAULT_STATE_DIR, GUARD_LOG, RANK_PREFIX, RANK_UNIT_RE, rank_unit
+from dsv41.node import statefiles
 from dsv41.node.memguard import DEFAULT_FLOOR_GIB, DEFAULT_MODE, GIB, check_floor, check_metrics_dir, check_mode, gib
 from dsv41.node.memguard.kill import kill_all, release, systemctl
 from dsv41.node.memguard.log import Log, now_iso
@@ -118,14 +118,13 @@ class Guard:
         MEMGUARD_GIB never restarts the guard, nor the ranks bound to it)."""
         self.reload = False
         try:
-            with open(self.settings) as f:
-                data = json.load(f)
+            data = statefiles.read_object(self.settings)
+            if data is None:
+                return
             floor = int(check_floor(data["floor_gib"], "floor_gib") * GIB)
             mode = check_mode(data.get("mode", self.mode), "mode")
             metrics_dir = check_metrics_dir(data.get("metrics_dir", self.cli_metrics_dir), "metrics_dir")
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError, KeyError, TypeError, UserError) as err:
+        except (ValueError, KeyError, TypeError, UserError) as err:      # statefiles.Unreadable too
             self.log(f"settings {self.settings} ignored ({type(err).__name__}: {err}); keeping floor "
                      f"{gib(self.floor):.2f} GiB, mode {self.mode}")
             return

@@ -9,13 +9,13 @@ import json
 import math
 import os
 
-from dsv41.files import fsync_dir, write_atomic
 from dsv41.names import TRIP_MARKER
+from dsv41.node import statefiles
 from dsv41.node.memguard import GIB
 
 
 def trip_path(state_dir):
-    return os.path.join(os.path.expanduser(str(state_dir)), TRIP_MARKER)
+    return statefiles.path(state_dir, TRIP_MARKER)
 
 
 def parse_trip(raw, where=TRIP_MARKER):
@@ -32,14 +32,10 @@ def parse_trip(raw, where=TRIP_MARKER):
 
 def read_trip(state_dir):
     """The node's trip marker as a dict, or None when it has not tripped."""
-    path = trip_path(state_dir)
     try:
-        with open(path, "rb") as f:
-            return parse_trip(f.read(), path)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        return {"error": f"cannot read {path}: {err.strerror}"}
+        return statefiles.read_object(trip_path(state_dir))
+    except statefiles.Unreadable as err:
+        return {"error": f"unreadable trip marker {err}"}
 
 
 def trips_so_far(state_dir):
@@ -50,9 +46,7 @@ def trips_so_far(state_dir):
 
 def write_trip(state_dir, trip, durable=False):
     """Write the trip marker atomically; durable: its directory entry too (an fsync of the state dir)."""
-    write_atomic(trip_path(state_dir), json.dumps(trip, indent=1).encode())
-    if durable:
-        fsync_dir(state_dir)
+    statefiles.write_json(trip_path(state_dir), trip, durable=durable, indent=1)
 
 
 def below(avail, floor):
@@ -63,7 +57,7 @@ def below(avail, floor):
 
 def describe_trip(trip):
     """One line about a trip marker (as the launcher and status show it)."""
-    if "mem_available_bytes" not in trip or "floor_bytes" not in trip:
+    if not all(isinstance(trip.get(k), (int, float)) for k in ("mem_available_bytes", "floor_bytes")):
         return f"tripped ({trip.get('error') or 'marker without readings'})"
     return f"tripped at {trip.get('time', '?')} on {trip.get('host', '?')}: " + below(
         trip["mem_available_bytes"], trip["floor_bytes"])
