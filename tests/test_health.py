@@ -14,7 +14,7 @@ import pytest
 
 from dsv41.head import status, top, watchdog
 from dsv41.settings.layers import load_config
-from dsv41.head.core import observe, record, runlock
+from dsv41.head.core import observe, record, runlock, top_watch
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import EXIT_CODES, WORDS, Verdict
 from dsv41.head.core.state import parse, unreachable
@@ -141,7 +141,7 @@ def cluster(tmp_path, api, monkeypatch):
     monkeypatch.setattr(Cluster, "probe", probe)
     monkeypatch.setattr(Cluster, "connect", lambda self: [])
     monkeypatch.setattr(Cluster, "refresh", lambda self: None, raising=False)
-    monkeypatch.setattr(observe.Observer, "start_node", lambda self, w: seen(w, current["states"][w.node.name]))
+    monkeypatch.setattr(top_watch.Observer, "start_node", lambda self, w: seen(w, current["states"][w.node.name]))
     return cfg, current
 
 
@@ -238,3 +238,31 @@ def test_a_probe_without_a_token_is_wedged_only_while_health_still_answers(hang,
     seen = [w.look()[1] for _ in want]
     assert [h.verdict for h in seen] == want, [h.evidence for h in seen]
     assert ("does not answer" in seen[-1].evidence) == (want[-1] == Verdict.DEAD)
+
+
+def test_every_caller_builds_its_observation_in_core_observe(cluster, monkeypatch):
+    """status, top, launch and the watchdog each build their observation through
+    core.observe.observation, and no other module makes one."""
+    import ast
+    from pathlib import Path
+    from dsv41.head import launch
+    lib = Path(__file__).resolve().parents[1] / "lib" / "dsv41"
+    makers = {str(p.relative_to(lib)) for p in lib.rglob("*.py")
+              for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call)
+              and getattr(n.func, "id", getattr(n.func, "attr", None)) == "Observation"}
+    assert makers == {"head/core/observe.py"}
+    cfg, current = cluster
+    current["states"] = states(SERVING)
+    set_up(cfg, "ready")
+    built = []
+    real = observe.observation
+    monkeypatch.setattr(observe, "observation", lambda *a, **kw: built.append(1) or real(*a, **kw))
+    cl = Cluster(cfg)
+    monkeypatch.setattr(type(cl.recipe), "ready", lambda self, client: True)
+    callers = {"status": lambda: status_json(cfg), "top": lambda: top_json(cfg),
+               "watchdog": lambda: watchdog.Watchdog(cfg, log=lambda m: None).look(),
+               "launch": lambda: launch.health_now(cl, current["states"], probe=True)}
+    for name, call in callers.items():
+        before = len(built)
+        call()
+        assert len(built) > before, f"{name} built its observation elsewhere"
