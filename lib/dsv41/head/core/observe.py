@@ -1,11 +1,12 @@
 """The one place the cluster's observation is built (core.health.Observation): every node's probe, the
 API's /health and /metrics, the token probe, and what the record holds (core.record, through
-core.statefiles). `doit status`, `doit top`, `doit launch` and the watchdog each build it here and judge
-it with core.health.assess, so all four judge the same value the same way.
+core.statefiles). `doit status`, `doit top`, `doit launch`, the watchdog and the rollout's hold each
+build it here and judge it with core.health.assess, so all five judge the same value the same way.
 observation() makes it from what a caller gathered (status, which prints a node's row as it comes,
 and top, whose core.top_watch never waits on a node); look() gathers it in one synchronous pass and
-judged() judges that look (the watchdog and launch). The cluster is passed in (a
-core.cluster.Cluster), never imported, so the import chain through this module stays short."""
+judged() judges that look (the watchdog, launch and the hold). The cluster is passed in (a
+core.cluster.Cluster), never imported: the rollout's hold imports this module, and the
+import chain through it stays short."""
 import time
 
 from dsv41.errors import UserError, one_line
@@ -32,7 +33,7 @@ def look(cl, states=None, scrape=True, probe=None, mem=None, api_error=None, pro
     (health.wants_probe, with the caller's Memory mem): a probe that got no token asks /health once
     more, so a server that stopped between the two is down (DEAD), not a wedged engine; "ready", the
     recipe's readiness, once every engine unit is active and a readiness wait saw this start of rank 0
-    generate (launch: a start-up is left to the readiness wait). Never raises for a node
+    generate (launch and the hold: a start-up is left to the readiness wait). Never raises for a node
     or the API being down."""
     cfg = cl.cfg
     states = cl.observe() if states is None else states
@@ -56,7 +57,7 @@ def look(cl, states=None, scrape=True, probe=None, mem=None, api_error=None, pro
 
 def judged(cl, mem=None, **how):
     """(look(cl, mem=mem, **how), its Health by core.health.assess), with the caller's Memory (a fresh
-    one when None: launch)."""
+    one when None: launch, a hold's look)."""
     mem = Memory() if mem is None else mem
     obs = look(cl, mem=mem, **how)
     return obs, assess(cl.cfg, obs, mem, cl.recipe)
