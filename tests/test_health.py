@@ -14,7 +14,8 @@ import pytest
 
 from dsv41.head import status, top, watchdog
 from dsv41.settings.layers import load_config
-from dsv41.head.core import observe, record, runlock
+from dsv41.errors import UserError
+from dsv41.head.core import observe, record, runlock, top_watch
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import EXIT_CODES, WORDS, Verdict
 from dsv41.head.core.state import parse, unreachable
@@ -141,7 +142,7 @@ def cluster(tmp_path, api, monkeypatch):
     monkeypatch.setattr(Cluster, "probe", probe)
     monkeypatch.setattr(Cluster, "connect", lambda self: [])
     monkeypatch.setattr(Cluster, "refresh", lambda self: None, raising=False)
-    monkeypatch.setattr(observe.Observer, "start_node", lambda self, w: seen(w, current["states"][w.node.name]))
+    monkeypatch.setattr(top_watch.Observer, "start_node", lambda self, w: seen(w, current["states"][w.node.name]))
     return cfg, current
 
 
@@ -238,3 +239,64 @@ def test_a_probe_without_a_token_is_wedged_only_while_health_still_answers(hang,
     seen = [w.look()[1] for _ in want]
     assert [h.verdict for h in seen] == want, [h.evidence for h in seen]
     assert ("does not answer" in seen[-1].evidence) == (want[-1] == Verdict.DEAD)
+
+
+TRIPPED_WORKER = {"head": node(0), "worker1": {**node(1), "tripped": {"line": "tripped at 1.0 GiB", "time": NOW}}}
+
+
+@pytest.mark.parametrize("facts, token, want", [
+    (SERVING, True, None),
+    ({"head": node(0), "worker1": node(1, active="activating")}, True, "dsv41-r1.service on worker1 is activating"),
+    ({"head": node(0), "worker1": node(1, since=NOW - 100)}, True, "restarted after the head's rank"),
+    ({"head": node(0), "worker1": "ssh: connect to host w port 22: Connection timed out"}, True,
+     "UNKNOWN: no fresh facts from worker1"),
+    (TRIPPED_WORKER, True, "TRIPPED: the memory guard is tripped on worker1"),
+    (SERVING, False, "WEDGED: the idle probe got no token"),
+], ids=["serving", "activating", "stale", "unreachable", "tripped", "wedged"])
+def test_the_hold_counts_a_rank_up_only_when_the_health_says_ready(facts, token, want, cluster, monkeypatch):
+    """The rollout's hold asks the same Health as status: a rank still activating, a worker restarted after
+    the head's rank, a node that does not answer, a tripped guard or no token at the end fails it."""
+    from dsv41.head.core import ranks, rollout
+    cfg, current = cluster
+    current["states"] = states(facts)
+    set_up(cfg, "ready")
+    cl = Cluster(cfg)
+    monkeypatch.setattr(type(cl.recipe), "ready", lambda self, client: token)
+    monkeypatch.setattr(ranks, "show_rank_logs", lambda cl: None)
+    if want is None:
+        rollout.hold(cl, 0)
+    else:
+        with pytest.raises(UserError, match="the hold") as e:
+            rollout.hold(cl, 0)
+        assert want in str(e.value)
+
+
+def test_every_caller_builds_its_observation_in_core_observe(cluster, monkeypatch):
+    """status, top, launch, the watchdog and the hold each build their observation through
+    core.observe.observation, and no other module makes one."""
+    import ast
+    from pathlib import Path
+    from dsv41.head import launch
+    from dsv41.head.core import ranks, rollout
+    lib = Path(__file__).resolve().parents[1] / "lib" / "dsv41"
+    makers = {str(p.relative_to(lib)) for p in lib.rglob("*.py")
+              for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call)
+              and getattr(n.func, "id", getattr(n.func, "attr", None)) == "Observation"}
+    assert makers == {"head/core/observe.py"}
+    cfg, current = cluster
+    current["states"] = states(SERVING)
+    set_up(cfg, "ready")
+    built = []
+    real = observe.observation
+    monkeypatch.setattr(observe, "observation", lambda *a, **kw: built.append(1) or real(*a, **kw))
+    monkeypatch.setattr(ranks, "show_rank_logs", lambda cl: None)
+    cl = Cluster(cfg)
+    monkeypatch.setattr(type(cl.recipe), "ready", lambda self, client: True)
+    callers = {"status": lambda: status_json(cfg), "top": lambda: top_json(cfg),
+               "watchdog": lambda: watchdog.Watchdog(cfg, log=lambda m: None).look(),
+               "launch": lambda: launch.health_now(cl, current["states"], probe=True),
+               "hold": lambda: rollout.hold(cl, 0)}
+    for name, call in callers.items():
+        before = len(built)
+        call()
+        assert len(built) > before, f"{name} built its observation elsewhere"

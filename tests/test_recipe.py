@@ -15,7 +15,7 @@ import pytest
 
 from dsv41.client import metrics
 from dsv41.head import config as config_verb, launch, monitoring, plan, stop, top
-from dsv41.head.core.observe import Observer
+from dsv41.head.core.top_watch import Observer
 from dsv41.head.core import rollout
 from dsv41.head.core import cluster as cluster_mod, engine, ranks
 from dsv41.head.core.cluster import Cluster

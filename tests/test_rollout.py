@@ -58,7 +58,7 @@ def nodes(monkeypatch):
         return run
     monkeypatch.setattr(rollout, "apply", step("apply"))
     monkeypatch.setattr(rollout.ranks, "wait_ready", step("ready"))
-    monkeypatch.setattr(rollout.ranks, "hold", step("hold"))
+    monkeypatch.setattr(rollout, "hold", step("hold"))
 
     def go_back(cl, failed, target, **kw):
         calls["went_back"] = (failed.number, target.number)

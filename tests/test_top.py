@@ -22,7 +22,7 @@ from rich.console import Console
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head import top
-from dsv41.head.core import observe
+from dsv41.head.core import top_watch
 from dsv41.settings.layers import load_config
 from dsv41.head.core.desired import guard_settings
 from dsv41.head.core.state import parse
@@ -65,7 +65,7 @@ def test_probe_gives_memory_swap_and_the_guards_floor_and_mode(tmp_path):
     cfg = load_config({"STATE_DIR": str(tmp_path), "MEMGUARD_GIB": "2.5", "MEMGUARD_MODE": "observe"})
     (tmp_path / names.GUARD_SETTINGS).write_text(guard_settings(cfg))
     facts = real_probe(tmp_path, units=units(since=1000.0), time=1000.0 + 2 * 3600 + 3 * 60 + 4)
-    f = observe.node_figures(parse(facts), ["dsv41-r1.service"])
+    f = top_watch.node_figures(parse(facts), ["dsv41-r1.service"])
     meminfo = dict(line.split(":") for line in Path("/proc/meminfo").read_text().splitlines())
     assert f["mem_total_bytes"] == int(meminfo["MemTotal"].split()[0]) * 1024
     assert f["swap_total_bytes"] == int(meminfo["SwapTotal"].split()[0]) * 1024 and f["swap_used_bytes"] >= 0
@@ -82,21 +82,21 @@ def test_probe_gives_memory_swap_and_the_guards_floor_and_mode(tmp_path):
     (30, 20, "near floor"), (41, 20, "ok"),                    # within 2x the floor
     (0.9, 1, "below floor")])
 def test_memory_is_near_the_floor_within_2x_or_4_gib(avail_gib, floor_gib, state):
-    assert observe.memory_state(avail_gib * GIB, floor_gib * GIB) == state
+    assert top_watch.memory_state(avail_gib * GIB, floor_gib * GIB) == state
 
 
 def test_guard_shows_tripped_observe_or_its_unit_state():
-    assert observe.guard_state(parse({"units": units(), "tripped": {"time": "t"}}), "enforce") == "TRIPPED"
-    assert observe.guard_state(parse({"units": units(), "tripped": None}), "enforce") == "active"
-    assert observe.guard_state(parse({"units": units(), "tripped": None}), "observe") == "observe"
-    assert observe.guard_state(parse({"units": units(guard="failed"), "tripped": None}), "enforce") == "failed"
-    assert observe.guard_state(parse({"units": {}, "tripped": None}), None) == "not installed"
+    assert top_watch.guard_state(parse({"units": units(), "tripped": {"time": "t"}}), "enforce") == "TRIPPED"
+    assert top_watch.guard_state(parse({"units": units(), "tripped": None}), "enforce") == "active"
+    assert top_watch.guard_state(parse({"units": units(), "tripped": None}), "observe") == "observe"
+    assert top_watch.guard_state(parse({"units": units(guard="failed"), "tripped": None}), "enforce") == "failed"
+    assert top_watch.guard_state(parse({"units": {}, "tripped": None}), None) == "not installed"
 
 
 def test_gpu_memory_where_nvidia_smi_reports_it():
-    assert observe.gpu_figures("1024, 2048\n512, 2048\n") == (1536 << 20, 4096 << 20)
-    assert observe.gpu_figures("[N/A], [N/A]") == (None, None)       # one pool shared with the CPU
-    assert observe.gpu_figures(None) == (None, None)
+    assert top_watch.gpu_figures("1024, 2048\n512, 2048\n") == (1536 << 20, 4096 << 20)
+    assert top_watch.gpu_figures("[N/A], [N/A]") == (None, None)       # one pool shared with the CPU
+    assert top_watch.gpu_figures(None) == (None, None)
 
 
 def sample_view(tmp_path):
@@ -106,9 +106,9 @@ def sample_view(tmp_path):
     facts = real_probe(tmp_path, units=units(since=1.0), time=61.0)
     facts["memory"]["available_bytes"] = int(3.5 * GIB)      # 2.5 GiB above a 1 GiB floor
     view = {"time": time.time(), "interval_s": 2.0,
-            "nodes": {"head": {**observe.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "ok", "seen_s_ago": 1.0,
+            "nodes": {"head": {**top_watch.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "ok", "seen_s_ago": 1.0,
                                "error": None},
-                      "worker1": {**observe.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "stale", "seen_s_ago": 14.2,
+                      "worker1": {**top_watch.node_figures(parse(facts), ["dsv41-r1.service"]), "state": "stale", "seen_s_ago": 14.2,
                                   "error": "worker1 (u@w) did not answer within 10 s (SSH_TIMEOUT_S)"}},
             "engine": {"url": "http://h:8000/metrics", "state": "no answer", "seen_s_ago": None,
                        "error": "no answer from http://h:8000/metrics (connection refused)"},

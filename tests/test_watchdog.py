@@ -210,10 +210,10 @@ def watchdog_on(tmp_path, monkeypatch, looks, restart, **settings):
                        **settings})
     clock = Clock(START)
 
-    def observe(cl, c, mem):
+    def look(cl, probe=None, mem=None, **how):
         o = looks(clock.t - START)
         return dataclasses.replace(o, record=record.view(str(tmp_path), clock.t))
-    monkeypatch.setattr(watchdog, "observe", observe)
+    monkeypatch.setattr(watchdog.observe, "look", look)
     monkeypatch.setattr(ranks, "kill_ranks", lambda cl: None)
     monkeypatch.setattr(ranks, "stop_ranks", lambda cl: None)
     monkeypatch.setattr(ranks, "start_ranks", lambda cl: restart(clock))

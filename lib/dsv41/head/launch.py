@@ -6,15 +6,16 @@ its evidence saved first, and no rank starts on a node whose memory did not come
 stopped (NEEDS_REBOOT, refused until it is back or `--force`). A launch that changes what runs is a
 release rolled out through core.rollout: checked, and rolled back to the last good release when it fails;
 the release that just failed is refused without `--retry-failed`."""
+import sys
 import time
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import image, preflight, record, rollout, units
+from dsv41.head.core import image, observe, preflight, record, rollout, units
 from dsv41.head.core.cluster import Cluster, say
 from dsv41.head.core.decide import Kind, Step, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
-from dsv41.head.core.health import BACK, DEGRADED, NO_TOKEN, REPAIR, TOKEN, Memory, Observation, assess, memory_check
+from dsv41.head.core.health import BACK, DEGRADED, REPAIR, memory_check
 
 
 def launch(cfg, force=False, retry_failed=False):
@@ -79,22 +80,17 @@ def refuse_if_needs_reboot(cl, states, force):
 
 
 def health_now(cl, states, probe):
-    """core.health's judgement of the cluster as launch found it. With probe, and every engine unit up
-    after a readiness wait saw this start of rank 0 generate, the recipe's readiness is asked for a token
-    within WATCHDOG_PROBE_S (no token: WEDGED); a rank 0 that never generated since it started is left to
-    the readiness wait (a start-up)."""
-    cfg = cl.cfg
-    client = cl.api(read_timeout=cfg.watchdog_probe_s)
-    head = states[cl.head.name]
-    every = [states[n.name].unit(u) for n in cl.nodes for u in cl.engine_units(n)]
-    started = max((head.unit(u).since for u in cl.engine_units(cl.head)), default=0.0)
-    ready = record.ready_at(cfg.state_dir)
-    health = client.health()
-    token = None
-    if probe and health == 200 and ready is not None and ready >= started and all(u.active == "active" for u in every):
-        token = TOKEN if cl.recipe.ready(client) else NO_TOKEN
-    obs = Observation(time.time(), states, health, None, token, ready_at=ready)
-    return assess(cfg, obs, Memory(), cl.recipe)
+    """core.health's judgement of the cluster as launch found it (core.observe.look). With probe, and
+    every engine unit up after a readiness wait saw this start of rank 0 generate, the recipe's readiness
+    is asked for a token within WATCHDOG_PROBE_S (no token: WEDGED); a rank 0 that never generated since
+    it started is left to the readiness wait (a start-up). A state file that cannot be read is said and
+    read as absent."""
+    problems = []
+    _, h = observe.judged(cl, states=states, scrape=False, probe="ready" if probe else None,
+                          problems=problems)
+    for line in problems:
+        print(f"dsv41: {line}", file=sys.stderr, flush=True)
+    return h
 
 
 def resume_watchdog(cfg):

@@ -7,9 +7,9 @@ import sys
 import time
 
 from dsv41 import names
-from dsv41.head.core import record, release_status, silences
+from dsv41.head.core import observe, release_status, silences
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.health import MEANING, Memory, Observation, assess, stale_workers
+from dsv41.head.core.health import MEANING, Memory, assess, stale_workers
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 
 SCHEMA = "dsv41.status/3"
@@ -84,10 +84,9 @@ def status(cfg, json=False):
     problems = []                        # state files that cannot be read: said, and read as absent
     api = api_status(cl, problems)
     stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
-    h = assess(cfg, Observation(time.time(), states, api["health"], None, None,
-                                ready_at=record.ready_at(cfg.state_dir, problems),
-                                api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"),
-                                record=record.view(cfg.state_dir, problems=problems)), Memory(), cl.recipe)
+    obs = observe.observation(cfg, states, api["health"], problems=problems,
+                              api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
+    h = assess(cfg, obs, Memory(), cl.recipe)
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name), problems)
     release = release_status.service_entry(cfg.state_dir)
     for line in problems:

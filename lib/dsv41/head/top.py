@@ -6,7 +6,7 @@ under way shows as RECOVERING with its step); the watchdog's verdict and last in
 terminal back as it was. `--once` prints one snapshot as text, `--once --json` as JSON (SCHEMA) for
 scripts; it scrapes /metrics twice, --interval apart, for the rates (`--interval 0`: once, rates null).
 
-What is shown comes from core.observe, which never waits on a node (a frozen one shows as STALE with
+What is shown comes from core.top_watch, which never waits on a node (a frozen one shows as STALE with
 the age of its last answer, and reappears when it answers again); this module draws it.
 
 JSON (schema dsv41.top/3): {"schema", "time", "interval_s", "health": core.health.Health.as_json(), "nodes": {name: {"state": "ok" | "stale"
@@ -42,7 +42,7 @@ from rich.text import Text
 from dsv41.client import metrics
 from dsv41.errors import BadInput, UserError
 from dsv41.head.core import release_status
-from dsv41.head.core.observe import Observer
+from dsv41.head.core.top_watch import Observer
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 
 SCHEMA = "dsv41.top/3"

@@ -5,8 +5,8 @@ WATCHDOG_MAX_RECOVERIES times per WATCHDOG_WINDOW_MIN; past that it gives up and
 `doit launch`. It never acts on stale evidence, while a memory guard is tripped, while a doit run holds
 the run lock, or while a start-up is within START_TIMEOUT_MIN.
 
-Every WATCHDOG_INTERVAL_S it observes every node's rank unit and trip marker (one probe per node), the
-API's /health and /metrics and, when no request runs or waits or when work has made no progress for
+Every WATCHDOG_INTERVAL_S it observes (core.observe.look) every node's rank unit and trip marker (one
+probe per node), the API's /health and /metrics and, when no request runs or waits or when work has made no progress for
 WATCHDOG_STALL_S (every progress signal of the recipe flat), a one-token probe with a deadline;
 core.health.assess() turns that, the record and what it remembers into one Health (pure): the verdict
 and the action the recovery gate allows (the n-th recovery inside the window waits WATCHDOG_BACKOFF_S x
@@ -31,53 +31,13 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, cli, one_line
 from dsv41.settings.resolved import from_resolved
-from dsv41.head.core import record, recovery, releases, runlock, statefiles
+from dsv41.head.core import observe, record, recovery, releases, runlock, statefiles
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.health import (NO_TOKEN, RECOVERING, TOKEN, VERDICTS, Health, Memory, Observation, assess,
-                                    wants_probe)
+from dsv41.head.core.health import RECOVERING, VERDICTS, Health, Memory
 
 SCHEMA = "dsv41.watchdog/2"
 METRICS_FILE = "dsv41_watchdog.prom"
 BY = "dsv41-watchdog"
-
-
-# ---- observing ------------------------------------------------------------------------------------
-
-def observe(cl, cfg, mem):
-    """One look at everything assess() needs; never raises for a node or the API being down. The
-    one-token probe goes out when no request runs or waits, and when work has made no progress for
-    WATCHDOG_STALL_S (health.wants_probe). An API that did not answer /health is not asked for more, so
-    that a look at a stopped API server costs the /health timeout only. A probe that got no token asks
-    /health once more: a server that stopped between the two is down (DEAD), not a wedged engine."""
-    states = cl.observe()                      # each interval asks every node afresh
-    client = cl.api(read_timeout=cfg.watchdog_probe_s)
-    health, snap, probe = client.health(), None, None
-    if health is not None:                     # a server that did not answer /health would not answer this
-        try:
-            snap = cl.recipe.scrape(timeout=client.health_timeout)
-        except UserError:
-            pass
-    if health == 200 and wants_probe(cfg, mem, snap, cl.recipe):
-        probe = token_probe(client, cfg.served_model_name)
-        if probe == NO_TOKEN:
-            again = client.health()
-            if again != 200:
-                health, probe = again, None
-    return Observation(time.time(), states, health, snap, probe, ready_at=record.ready_at(cfg.state_dir),
-                       record=record.view(cfg.state_dir))
-
-
-def token_probe(client, model):
-    """One streamed token within the client's read timeout: TOKEN, NO_TOKEN or "error ..."."""
-    try:
-        s = client.stream("/completions", {"model": model, "prompt": "Hello", "max_tokens": 1},
-                          stop_after_first=True)
-        return TOKEN if s.t_first is not None else NO_TOKEN
-    except UserError as err:
-        status = getattr(err, "status", None)
-        if status is None and "timed out" in str(err):
-            return NO_TOKEN
-        return f"error {status or one_line(err, 120)}"
 
 
 # ---- acting ---------------------------------------------------------------------------------------
@@ -99,9 +59,8 @@ class Watchdog:
             self.last = key
 
     def look(self):
-        """One observation and its Health."""
-        obs = observe(self.cl, self.cfg, self.mem)
-        return obs, assess(self.cfg, obs, self.mem, self.cl.recipe)
+        """One observation (core.observe.look: the one-token probe when idle or stalled) and its Health."""
+        return observe.judged(self.cl, self.mem, probe="idle")
 
     def resume(self):
         """At start: an incident a watchdog killed mid-recovery left open is closed as interrupted (with

@@ -1,5 +1,5 @@
 """The engine's units across the cluster, in the recipe's order: kill, stop and start them (the steps of
-core.recovery.restart, the one ordered restart), the readiness wait, a rollout's hold, and which unit is down."""
+core.recovery.restart, the one ordered restart), the readiness wait, and which unit is down."""
 import time
 
 from dsv41.errors import UserError
@@ -60,29 +60,6 @@ def wait_ready(cl, within=None):
                 raise UserError(f"the API did not become ready within {limit / 60:.3g} min "
                                 f"({what}); the ranks' journals are above")
             time.sleep(2)
-
-
-def hold(cl, seconds):
-    """The release stays healthy for `seconds` (ROLLOUT_HOLD_S): every engine unit active and /health
-    200 at each look, and a token at the end; UserError naming what failed."""
-    client = cl.api(read_timeout=60)
-    end = time.monotonic() + seconds
-    with progress.bar(f"holding: the release must stay healthy for {seconds:.0f} s (ROLLOUT_HOLD_S)",
-                            seconds, unit="s") as bar:
-        while True:
-            problem = ranks_down(cl)
-            code = None if problem else client.health()
-            if problem or code != 200:
-                bar.close()
-                show_rank_logs(cl)
-                raise UserError(f"{problem or f'/health answered {code}'} during the hold (ROLLOUT_HOLD_S)")
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            time.sleep(min(2.0, left))
-            bar.update(min(2.0, left))
-    if not cl.recipe.ready(client):
-        raise UserError("no token at the end of the hold (ROLLOUT_HOLD_S)")
 
 
 def ranks_down(cl):

@@ -22,7 +22,7 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import exporter, ranks, recovery, releases as rel, silences
+from dsv41.head.core import exporter, observe, progress, ranks, recovery, releases as rel, silences
 from dsv41.head.core.cluster import Cluster, read_key, say
 from dsv41.head.core.decide import Desired, Kind, Step, decide
 
@@ -136,7 +136,7 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, paused
         ranks.wait_ready(cl, ro.deadline if checked else None)
         startup = time.monotonic() - t if restarting else None
         if checked:
-            ranks.hold(cl, cfg.rollout_hold_s)
+            hold(cl, cfg.rollout_hold_s)
     except recovery.NeedsReboot as err:
         if ro.release is not None:
             rel.finish(cfg.state_dir, ro.release.number, rel.INTERRUPTED, f"not started: {one_line(err, 200)}")
@@ -166,6 +166,31 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, paused
     elif ro.serving_after is not None:
         rel.mark_serving(cfg.state_dir, ro.serving_after)
     return startup
+
+
+
+def hold(cl, seconds):
+    """The release stays healthy for `seconds` (ROLLOUT_HOLD_S): at each look the cluster's Health
+    (core.observe.judged, as status and the watchdog judge it) is READY (HEALTHY or BUSY), so a rank
+    still activating, restarted on its own, unreachable or tripped, or an API that does not answer,
+    fails it; the last look asks the recipe's readiness for a token (none: WEDGED). UserError naming
+    what failed. A state file that cannot be read is read as absent (launch has said it)."""
+    end = time.monotonic() + seconds
+    with progress.bar(f"holding: the release must stay healthy for {seconds:.0f} s (ROLLOUT_HOLD_S)",
+                      seconds, unit="s") as bar:
+        while True:
+            left = end - time.monotonic()
+            last = left <= 0
+            _, h = observe.judged(cl, scrape=False, probe="ready" if last else None, problems=[])
+            if h.word != "READY":
+                bar.close()
+                ranks.show_rank_logs(cl)
+                raise UserError(f"{h.verdict}: {h.evidence} {'at the end of' if last else 'during'} the hold "
+                                "(ROLLOUT_HOLD_S)")
+            if last:
+                return
+            time.sleep(min(2.0, left))
+            bar.update(min(2.0, left))
 
 
 def check_images(release, states):
