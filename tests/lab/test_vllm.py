@@ -179,7 +179,7 @@ def test_a_killed_worker_rank_fails_the_api_as_vllm_does_and_launch_repairs_it(l
                                                   "max_tokens": 4})[0] == 200
 
 
-WARM_RATIO_MAX = 0.9         # docs/lab.md: a warm start-up about 0.75 of a cold one here, 0.7 with AVX-512
+WARM_RATIO_MAX = 0.9         # docs/lab.md: a warm start-up 0.55 of a cold one on an AVX-512 Xeon
 
 
 @pytest.mark.soak
