@@ -84,6 +84,6 @@ def cidfile(rank):
 CIDFILE_RE = re.compile(rf"^{re.escape(RANK_PREFIX)}(\d+)\.cid$")
 
 
-def state_path(state_dir, name):
-    """A file of the state layout above, under one node's state dir."""
-    return os.path.join(state_dir, name)
+def state_path(state_dir, *parts):
+    """A file of the state layout above (or one inside its folders), under one node's state dir."""
+    return os.path.join(state_dir, *parts)

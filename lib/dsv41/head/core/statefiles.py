@@ -30,10 +30,6 @@ def bad(path, why, then="run the command again"):
     return BadStateFile(f"{path} {why}: move it aside (to {os.path.basename(path)}.bad) and {then}")
 
 
-def path(state_dir, *parts):
-    return os.path.join(state_dir, *parts)
-
-
 # ---- shapes -------------------------------------------------------------------------------------------
 
 def TIME(v):
@@ -274,52 +270,52 @@ CURRENT = {"number": int}
 # ---- markers and the watchdog's files -----------------------------------------------------------------
 
 def ready_at(state_dir):
-    doc = read_json(path(state_dir, names.READY), READY)
+    doc = read_json(names.state_path(state_dir, names.READY), READY)
     return None if doc is None else float(doc["time"])
 
 
 def mark_ready(state_dir, now):
-    write_json(path(state_dir, names.READY), {"time": now})
+    write_json(names.state_path(state_dir, names.READY), {"time": now})
 
 
 def needs_reboot(state_dir):
-    return read_json(path(state_dir, names.NEEDS_REBOOT), NEEDS_REBOOT,
+    return read_json(names.state_path(state_dir, names.NEEDS_REBOOT), NEEDS_REBOOT,
                      "reboot the node it names before `doit launch`")
 
 
 def set_needs_reboot(state_dir, line, now):
-    write_json(path(state_dir, names.NEEDS_REBOOT), {"time": now, "line": line})
+    write_json(names.state_path(state_dir, names.NEEDS_REBOOT), {"time": now, "line": line})
 
 
 def clear_needs_reboot(state_dir):
-    return remove(path(state_dir, names.NEEDS_REBOOT))
+    return remove(names.state_path(state_dir, names.NEEDS_REBOOT))
 
 
 def gave_up(state_dir):
-    return read_json(path(state_dir, names.WATCHDOG_GAVEUP), GAVE_UP, "`doit launch` (the watchdog had given up)")
+    return read_json(names.state_path(state_dir, names.WATCHDOG_GAVEUP), GAVE_UP, "`doit launch` (the watchdog had given up)")
 
 
 def set_gave_up(state_dir, reason, now):
-    write_json(path(state_dir, names.WATCHDOG_GAVEUP), {"time": now, "reason": reason})
+    write_json(names.state_path(state_dir, names.WATCHDOG_GAVEUP), {"time": now, "reason": reason})
 
 
 def clear_gave_up(state_dir):
-    return remove(path(state_dir, names.WATCHDOG_GAVEUP))
+    return remove(names.state_path(state_dir, names.WATCHDOG_GAVEUP))
 
 
 def watchdog_status(state_dir):
     """What the watchdog last published, or {}."""
-    return read_json(path(state_dir, names.WATCHDOG_STATUS), WATCHDOG_STATUS,
+    return read_json(names.state_path(state_dir, names.WATCHDOG_STATUS), WATCHDOG_STATUS,
                      "let the watchdog write it again (within a minute)") or {}
 
 
 def publish_status(state_dir, doc):
-    write_json(path(state_dir, names.WATCHDOG_STATUS), doc)
+    write_json(names.state_path(state_dir, names.WATCHDOG_STATUS), doc)
 
 
 def watchdog_settings(state_dir):
     """The resolved settings launch wrote for the watchdog (its "config"), None when there is none."""
-    doc = read_json(path(state_dir, names.WATCHDOG_SETTINGS), WATCHDOG_SETTINGS, "run `doit launch`")
+    doc = read_json(names.state_path(state_dir, names.WATCHDOG_SETTINGS), WATCHDOG_SETTINGS, "run `doit launch`")
     return None if doc is None else doc["config"]
 
 
@@ -331,7 +327,7 @@ def watchdog_settings_text(config):
 
 def incident_lines(state_dir):
     """incidents.jsonl's lines (bytes), [] when there is none."""
-    return (read_bytes(path(state_dir, names.INCIDENTS)) or b"").splitlines()
+    return (read_bytes(names.state_path(state_dir, names.INCIDENTS)) or b"").splitlines()
 
 
 def incident_events(lines, file=names.INCIDENTS):
@@ -340,7 +336,7 @@ def incident_events(lines, file=names.INCIDENTS):
 
 
 def append_incident_event(state_dir, event):
-    append_line(path(state_dir, names.INCIDENTS), event)
+    append_line(names.state_path(state_dir, names.INCIDENTS), event)
 
 
 # ---- incident folders ---------------------------------------------------------------------------------
@@ -357,30 +353,30 @@ def write_summary(folder, doc):
 # ---- releases -----------------------------------------------------------------------------------------
 
 def releases_dir(state_dir):
-    return path(state_dir, names.RELEASES)
+    return names.state_path(state_dir, names.RELEASES)
 
 
 def release_record(state_dir, folder_name):
     """releases/<folder>/release.json checked (still with its "schema"), None when there is none."""
-    return read_json(path(releases_dir(state_dir), folder_name, names.RELEASE_RECORD), RELEASE,
+    return read_json(names.state_path(releases_dir(state_dir), folder_name, names.RELEASE_RECORD), RELEASE,
                      "run the command again (the other releases stay)")
 
 
 def write_release(state_dir, folder_name, doc):
     os.makedirs(releases_dir(state_dir), mode=0o700, exist_ok=True)
-    os.makedirs(path(releases_dir(state_dir), folder_name), mode=0o700, exist_ok=True)
-    write_json(path(releases_dir(state_dir), folder_name, names.RELEASE_RECORD), doc, 0o600, durable_dir=True)
+    os.makedirs(names.state_path(releases_dir(state_dir), folder_name), mode=0o700, exist_ok=True)
+    write_json(names.state_path(releases_dir(state_dir), folder_name, names.RELEASE_RECORD), doc, 0o600, durable_dir=True)
     fsync_dir(releases_dir(state_dir))
 
 
 def serving_number(state_dir):
-    doc = read_json(path(releases_dir(state_dir), names.RELEASE_CURRENT), CURRENT,
+    doc = read_json(names.state_path(releases_dir(state_dir), names.RELEASE_CURRENT), CURRENT,
                     "run the command again (the next good launch writes it again)")
     return None if doc is None else doc["number"]
 
 
 def mark_serving(state_dir, number):
-    write_json(path(releases_dir(state_dir), names.RELEASE_CURRENT), {"number": number}, 0o600, indent=None,
+    write_json(names.state_path(releases_dir(state_dir), names.RELEASE_CURRENT), {"number": number}, 0o600, indent=None,
                durable_dir=True)
 
 
@@ -397,4 +393,4 @@ def write_if_changed(file, data, mode=0o644):
 def stamp_image(state_dir, image, ids):
     """image.stamp: the image and the id every node held (a file task dependencies can watch)."""
     data = json.dumps({"image": image, "ids": ids}, indent=1, sort_keys=True).encode()
-    write_if_changed(path(state_dir, names.IMAGE_STAMP), data)
+    write_if_changed(names.state_path(state_dir, names.IMAGE_STAMP), data)
