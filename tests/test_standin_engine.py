@@ -347,6 +347,8 @@ def stream_then(r, prompt, rank, sig):
 def test_stopped_worker_freezes_progress_while_health_and_metrics_answer(ranks):
     r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.02"}).up()
     resp, reader, got, frozen = stream_then(r, "count to 300", rank=1, sig=signal.SIGSTOP)
+    queued = r.stream("2+2")   # waits behind the stuck step; its client gives up: the abort waits too
+    queued.close()
     with pytest.raises(queue.Empty):
         reader.next_token(6)
     assert r.procs[0].poll() is None and r.get("/health")[0] == 200

@@ -821,6 +821,7 @@ class Engine:
         self.waiting, self.running = deque(), []
         self.lost, self.wedges, self.dead = set(), set(), False
         self.peers, self.acks, self.step_no = {}, {}, 0   # headless ranks' sockets; the last step each acked
+        self.stepping = False   # a step is in progress: aborts wait for its end, as in vLLM's EngineCore
         self.publish()
 
     # -- switches, from signal handlers and rank watchers
@@ -861,10 +862,11 @@ class Engine:
         return True
 
     def abort(self, req):
-        """The client went away. As in vLLM, the abort goes to the engine: a wedged one changes nothing."""
+        """The client went away. As in vLLM, the abort goes to the engine, which takes it between steps: a
+        wedged one, or one whose step waits for a stopped rank, changes nothing (its metrics stay frozen)."""
         with self.cv:
             req.aborted = True
-            if req in self.waiting and not self.wedges:
+            if req in self.waiting and not self.wedges and not self.stepping:
                 self.waiting.remove(req)
                 self.finished(req, "abort", time.time())
                 self.publish()
@@ -883,11 +885,12 @@ class Engine:
                     return self.die()
                 plan = self.schedule()
                 self.step_no += 1
-                step, step_start = self.step_no, time.monotonic()
+                step, step_start, self.stepping = self.step_no, time.monotonic(), True
             self.collective_start(step)
             time.sleep(max(0.0, self.token_s - (time.monotonic() - step_start)))   # the step's compute
             with self.cv:
                 self.collective_wait(step)
+                self.stepping = False
                 if self.wedges:   # stuck inside the step: nothing comes out until unwedged
                     continue
                 if self.lost:
