@@ -1,8 +1,9 @@
 """A real HTTP server on 127.0.0.1 that answers what a test sets, well-formed HTTP with unexpected
 bodies: `models` and `chat` are any JSON, `stream` the bytes of a streamed answer (with cut, the connection
-then drops before the promised length), `trickle` the seconds between the bytes of a chat
-answer that never ends; with stream_error, a streamed request is answered HTTP 500 at once and its body
-trickles so (other requests get `chat`)."""
+then drops before the promised length), `trickle` the seconds between the bytes of a chat answer
+that goes on for 20 s (then its connection closes short of its length: a client the trickle holds fails
+its test rather than hangs); with stream_error, a streamed request is answered HTTP 500 at once and its
+body trickles so (other requests get `chat`)."""
 import json
 import threading
 import time
@@ -54,7 +55,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", "100000")
             self.end_headers()
-            while not self.server.stopped.wait(self.server.trickle):
+            ends = time.monotonic() + 20   # then the connection closes: a client that waits for it fails, not hangs
+            while not self.server.stopped.wait(self.server.trickle) and time.monotonic() < ends:
                 try:
                     self.wfile.write(b" ")
                     self.wfile.flush()
