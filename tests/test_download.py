@@ -61,6 +61,31 @@ def test_download_reassembles_verifies_and_second_run_fetches_nothing(repo, tmp_
         assert hub.content_gets() == []
 
 
+@pytest.mark.parametrize("how", ["a list", "a wrong type", "not UTF-8", "a folder"])
+def test_a_broken_download_record_is_one_line_and_nothing_is_fetched(repo, tmp_path, how):
+    src, _ = repo
+    with HubStub(src) as hub:
+        env = env_for(hub, tmp_path)
+        assert download(env).returncode == 0
+        records = tmp_path / "model 'dir'" / ".cache" / "dsv41" / "download.json"
+        good = json.loads(records.read_text())
+        if how == "a list":
+            records.write_text(json.dumps(list(good)))
+        elif how == "a wrong type":
+            records.write_text(json.dumps({p: {**r, "size": "x"} for p, r in good.items()}))
+        elif how == "not UTF-8":
+            records.write_bytes(b"\xff" + records.read_bytes())
+        else:
+            records.unlink()
+            records.mkdir()
+        hub.log.clear()
+        r = download(env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"dsv41: {records} ") and "move it aside" in line, line
+    assert hub.content_gets() == []
+
+
 def test_parts_not_refetched_when_shards_are_there_without_receipt(repo, tmp_path):
     src, facts = repo
     with HubStub(src) as hub:

@@ -16,7 +16,8 @@ master sockets), releases/ (one folder per release and current.json), incidents/
 incident), monitoring/, needs-reboot.json, and the watchdog's watchdog.json (its settings),
 watchdog.status.json (what it last saw), watchdog.gaveup (while it exists the watchdog is hands-off),
 incidents.jsonl and ready.json (when a readiness wait last saw a token). The head reads and writes its
-files through dsv41.head.core.statefiles, each into a typed value whose shape is checked.
+files through dsv41.head.core.statefiles, each into a typed value whose shape is checked. In MODEL_DIR,
+.cache/dsv41/download.json records what `doit download` fetched (each file's etag, size and mtime).
 """
 import os
 import re
@@ -58,6 +59,8 @@ RELEASE_RECORD = "release.json"
 RELEASE_CURRENT = "current.json"
 INCIDENT_DIRS = "incidents"           # on the head: incidents/<UTC time>-<verdict>/summary.json, ...
 INCIDENT_SUMMARY = "summary.json"
+DOWNLOAD_DIR = os.path.join(".cache", "dsv41")   # in MODEL_DIR, on the head: partial downloads, and
+DOWNLOAD_RECORDS = os.path.join(DOWNLOAD_DIR, "download.json")   # what `doit download` fetched
 CONTAINER_SECRET = "/run/secrets/dsv41_api_key"   # where rank 0's container reads the key
 # ---- monitoring (head/monitoring.py, head/exporter.py) ----
 PROMETHEUS_UNIT = "dsv41-prometheus.service"      # the head's Prometheus (doit monitoring --install)

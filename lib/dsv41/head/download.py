@@ -17,20 +17,19 @@ huggingface_hub only through its public, documented API (tests/test_download.py 
 """
 import concurrent.futures as cf
 import importlib.util
-import json
 import os
 import sys
 import threading
 import time
 from urllib.parse import urlparse
 
+from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import progress
+from dsv41.head.core import progress, statefiles
 from dsv41.head.core.verify import checkpoint, gb, verify
 from dsv41.node import checkpoint as ck, checkpoint_layout as layout
 
 DOWNLOAD_THREADS = 8
-STATE = os.path.join(".cache", "dsv41")
 HF_PARTIALS = os.path.join(".cache", "huggingface", "download")
 RETRIES = 5                     # consecutive failed attempts without a byte received, then give up
 
@@ -135,8 +134,7 @@ class _Download:
         self.token = cfg.hf_token or None
         self.api = hf.HfApi(endpoint=cfg.hf_endpoint or None, token=self.token)
         self.endpoint = self.api.endpoint
-        self.state_dir = os.path.join(self.model_dir, STATE)
-        self.records_file = os.path.join(self.state_dir, "download.json")
+        self.state_dir = os.path.join(self.model_dir, names.DOWNLOAD_DIR)   # partial downloads, the records
         self.commit, self.tree, self.records, self.manifest = None, {}, {}, {}
         self.lock = threading.Lock()
         self.checker = checkpoint(cfg)
@@ -156,11 +154,7 @@ class _Download:
         if layout.MANIFEST not in self.tree:
             raise UserError(f"{cfg.hf_repo}@{self.commit[:12]} has no {layout.MANIFEST}: check HF_REPO and REVISION")
         os.makedirs(self.model_dir, exist_ok=True)
-        try:
-            with open(self.records_file) as fh:
-                self.records = json.load(fh)
-        except (FileNotFoundError, ValueError):
-            self.records = {}
+        self.records = statefiles.download_records(self.model_dir)
 
     def fetch_metadata(self):
         """The manifest and the small metadata first: they decide what else is needed (the manifest is
@@ -275,7 +269,7 @@ class _Download:
         st = os.stat(dest)
         with self.lock:
             self.records[f.path] = {"etag": _etag(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-            ck.write_json_atomic(self.records_file, self.records)
+            statefiles.write_download_records(self.model_dir, self.records)
 
     # ---- many files at once -------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ be read: BadStateFile, one line naming it and what to do (move it aside), never 
     image.stamp, units/r<N>/<unit>                     what `doit image` saw, the rendered units
     monitoring/<file>                                  Prometheus' and Alertmanager's configs and units
     doit.lock                                          the run lock (core/runlock.py takes it)
+    MODEL_DIR/.cache/dsv41/download.json               what `doit download` fetched (head/download.py)
 """
 import json
 import math
@@ -265,6 +266,7 @@ RELEASE = {"schema": str, "number": int, "time": TIME, "state": one_of("rolling 
            "startup_s": OPT_NUMBER, "result": str, "failed_at": OPT_TIME, "finished_at": OPT_TIME,
            "rolled_back_to": OPT_INT}
 CURRENT = {"number": int}
+DOWNLOAD_RECORDS = {str: {"etag": str, "size": int, "mtime_ns": int}}
 
 
 # ---- markers and the watchdog's files -----------------------------------------------------------------
@@ -394,3 +396,15 @@ def stamp_image(state_dir, image, ids):
     """image.stamp: the image and the id every node held (a file task dependencies can watch)."""
     data = json.dumps({"image": image, "ids": ids}, indent=1, sort_keys=True).encode()
     write_if_changed(names.state_path(state_dir, names.IMAGE_STAMP), data)
+
+
+# ---- what `doit download` fetched ---------------------------------------------------------------------
+
+def download_records(model_dir):
+    """{path in the repo: {"etag", "size", "mtime_ns"}} of the files earlier downloads fetched, {} when none."""
+    return read_json(os.path.join(model_dir, names.DOWNLOAD_RECORDS), DOWNLOAD_RECORDS,
+                     "run `doit download` again (files already here are checked against the checkpoint's receipt)") or {}
+
+
+def write_download_records(model_dir, records):
+    write_json(os.path.join(model_dir, names.DOWNLOAD_RECORDS), records)
