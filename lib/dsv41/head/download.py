@@ -23,7 +23,6 @@ import threading
 import time
 from urllib.parse import urlparse
 
-from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import progress, statefiles
 from dsv41.head.core.verify import checkpoint, gb, verify
@@ -134,7 +133,7 @@ class _Download:
         self.token = cfg.hf_token or None
         self.api = hf.HfApi(endpoint=cfg.hf_endpoint or None, token=self.token)
         self.endpoint = self.api.endpoint
-        self.state_dir = os.path.join(self.model_dir, names.DOWNLOAD_DIR)   # partial downloads, the records
+        self.state_dir = statefiles.download_dir(self.model_dir)   # partial downloads, the records
         self.commit, self.tree, self.records, self.manifest = None, {}, {}, {}
         self.lock = threading.Lock()
         self.checker = checkpoint(cfg)

@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 
-from dsv41 import names
 from dsv41.errors import UserError, cli, one_line
 from dsv41.settings.resolved import from_resolved
 from dsv41.head.core import observe, record, recovery, releases, runlock, statefiles
@@ -213,19 +212,12 @@ def remove_metrics(directory):
             pass
 
 
-def settings_file(state_dir):
-    return names.state_path(state_dir, names.WATCHDOG_SETTINGS)
-
-
 def load_settings(state_dir):
     """The Config launch resolved for the watchdog ($STATE_DIR/watchdog.json): neither the environment
     nor the checkout's conf/ is read, so only a `doit launch` (which restarts the watchdog when the file
     changes) changes what it does."""
     state_dir = os.path.expanduser(state_dir)
-    data = statefiles.watchdog_settings(state_dir)
-    if data is None:
-        raise UserError(f"the watchdog's settings {settings_file(state_dir)} are missing: run `doit launch`")
-    return from_resolved(data)
+    return from_resolved(statefiles.watchdog_settings(state_dir))
 
 
 @cli

@@ -316,9 +316,12 @@ def publish_status(state_dir, doc):
 
 
 def watchdog_settings(state_dir):
-    """The resolved settings launch wrote for the watchdog (its "config"), None when there is none."""
-    doc = read_json(names.state_path(state_dir, names.WATCHDOG_SETTINGS), WATCHDOG_SETTINGS, "run `doit launch`")
-    return None if doc is None else doc["config"]
+    """The resolved settings launch wrote for the watchdog (its "config"); UserError when there are none."""
+    file = names.state_path(state_dir, names.WATCHDOG_SETTINGS)
+    doc = read_json(file, WATCHDOG_SETTINGS, "run `doit launch`")
+    if doc is None:
+        raise UserError(f"the watchdog's settings {file} are missing: run `doit launch`")
+    return doc["config"]
 
 
 def watchdog_settings_text(config):
@@ -399,6 +402,11 @@ def stamp_image(state_dir, image, ids):
 
 
 # ---- what `doit download` fetched ---------------------------------------------------------------------
+
+def download_dir(model_dir):
+    """Where `doit download` keeps its partial files and its records in the model dir."""
+    return os.path.join(model_dir, names.DOWNLOAD_DIR)
+
 
 def download_records(model_dir):
     """{path in the repo: {"etag", "size", "mtime_ns"}} of the files earlier downloads fetched, {} when none."""
