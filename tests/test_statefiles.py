@@ -266,6 +266,20 @@ def test_the_good_node_files_read_as_their_values(tmp_path):
     assert marker.describe_trip(marker.read_trip(tmp_path)).startswith("tripped at 2027-01-15T08:00:00 on head")
 
 
+def test_the_guard_takes_the_rank_containers_from_good_cidfiles_only(tmp_path):
+    from dsv41.node import statefiles as node_files
+    run = tmp_path / names.RUN
+    run.mkdir()
+    good = "ab" * 32
+    (run / "dsv41-r0.cid").write_text(good + "\n")
+    (run / "dsv41-r1.cid").write_bytes(b"\xff\xfe not an id")    # not UTF-8, not an id
+    (run / "dsv41-r2.cid").mkdir()                                   # a folder in its place
+    (run / "dsv41-r3.cid").write_text("")                            # docker run cut short before writing it
+    (run / "other.cid").write_text("cd" * 32)                        # not a rank's
+    assert node_files.rank_cids(tmp_path) == {good: 0}
+    assert node_files.rank_cids(tmp_path / "none") == {}
+
+
 def test_a_generated_file_that_cannot_be_written_is_one_line(tmp_path):
     from dsv41.head.core import image
     (tmp_path / names.IMAGE_STAMP).mkdir()

@@ -9,13 +9,16 @@ means verifying again).
     memguard.tripped         the trip marker (node/memguard/marker.py says what it holds)
     mem-baseline.json        MemAvailable before the node's first rank started, and the boot it was in
     checkpoint-receipt.json  what was verified in the model dir (node/checkpoint.py)
+    run/dsv41-r<N>.cid       the rank containers' ids (docker run --cidfile; the guard reads them)
 """
 import json
 import os
+import re
 
 from dsv41 import names
 from dsv41.files import fsync_dir, write_atomic
 
+CID_RE = re.compile(r"^[0-9a-f]{12,64}$")
 NUMBER = (int, float)
 GUARD_SETTINGS = {"floor_gib": NUMBER, "mode": str, "metrics_dir": str}
 MEM_BASELINE = {"mem_available_bytes": int, "boot_id": (str, type(None))}
@@ -85,3 +88,25 @@ def mem_baseline(state_dir):
     if doc is None or "mem_available_bytes" not in doc:
         return None, None
     return doc["mem_available_bytes"], doc.get("boot_id")
+
+
+def rank_cids(state_dir):
+    """{container id: rank} from the cidfiles in $STATE_DIR/run. A file that cannot be read or holds no
+    container id is left out: the guard then finds that rank's processes by their DSV41_RANK=."""
+    run, cids = path(state_dir, names.RUN), {}
+    try:
+        files = os.listdir(run)
+    except OSError:
+        return cids
+    for name in files:
+        m = names.CIDFILE_RE.match(name)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(run, name), "rb") as f:
+                cid = f.read(200).strip().decode("ascii", "replace")
+        except OSError:
+            continue
+        if CID_RE.match(cid):
+            cids[cid] = int(m.group(1))
+    return cids

@@ -26,7 +26,7 @@ from dsv41.node.memguard import DEFAULT_FLOOR_GIB, DEFAULT_MODE, GIB, check_floo
 from dsv41.node.memguard.kill import kill_all, release, systemctl
 from dsv41.node.memguard.log import Log, now_iso
 from dsv41.node.memguard.marker import below, read_trip, trip_path, trips_so_far, write_trip
-from dsv41.node.memguard.scan import MemInfo, comm, fmt_top, rank_cids, scan, top_holders
+from dsv41.node.memguard.scan import MemInfo, comm, fmt_top, scan, top_holders
 from dsv41.node.memguard.textfile import METRICS_FILE, Textfile, metrics_lines
 
 SLOW_S, FAST_S, MIN_S = 1.0, 0.1, 0.01  # poll period: far from the floor, near it, at the floor
@@ -245,7 +245,7 @@ class Guard:
 
     def trip(self, avail):
         t0 = time.monotonic()
-        cids = rank_cids(self.state_dir)
+        cids = statefiles.rank_cids(self.state_dir)
         ranks, sizes = scan(cids)
         units = {rank_unit(r) for r, _ in ranks.values() if r is not None}
         units |= {rank_unit(r) for r in cids.values()}

@@ -2,13 +2,11 @@
 and in one pass over the processes the rank processes to kill and the biggest memory holders to name.
 """
 import os
-import re
 
-from dsv41.names import CIDFILE_RE, RANK_ENV, RUN
+from dsv41.names import RANK_ENV
 from dsv41.node.memguard import gib
 
 RANK_ENV_B = f"{RANK_ENV}=".encode()
-CID_RE = re.compile(r"^[0-9a-f]{12,64}$")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -33,22 +31,6 @@ def _read(path, limit=-1):
             return f.read(limit) if limit > 0 else f.readall()
     except OSError:
         return b""
-
-
-def rank_cids(state_dir):
-    """{container id: rank} from the cidfiles in $STATE_DIR/run (docker run --cidfile)."""
-    run = os.path.join(state_dir, RUN)
-    cids = {}
-    try:
-        names = os.listdir(run)
-    except OSError:
-        return cids
-    for name in names:
-        m = CIDFILE_RE.match(name)
-        cid = _read(os.path.join(run, name), 200).strip().decode("ascii", "replace")
-        if m and CID_RE.match(cid):
-            cids[cid] = int(m.group(1))
-    return cids
 
 
 def scan(cids, want_ranks=True):
