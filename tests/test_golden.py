@@ -1,0 +1,35 @@
+"""doit plan's text, the units doit render writes and decide()'s steps for fixed inputs
+(tests/records/golden.py), byte for byte as e8d141c gave them (tests/records/golden-e8d141c), except
+the cases a fix changed on purpose, whose expected text is in tests/records/golden-fixed."""
+import importlib.util
+import pathlib
+
+RECORDS = pathlib.Path(__file__).parent / "records"
+_spec = importlib.util.spec_from_file_location("golden", RECORDS / "golden.py")
+golden = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(golden)
+
+GID_0 = "a per-node GID index of 0 is kept, no longer lost to NCCL_IB_GID_INDEX or detection"
+FIXED = {                                   # case: the fix that changed its output since e8d141c
+    "plan-profile": GID_0,
+    "plan-unchanged-gid-0-given": GID_0,
+    "render-profile-gid-0": GID_0,
+    "render-three-nodes": GID_0,
+    "decide-gid-0-given": GID_0,
+    "plan-worker-unreachable": "doit plan names the ssh failure of a node it could not ask",
+}
+
+
+def test_outputs_are_the_recorded_ones():
+    got = golden.outputs()
+    assert sorted(got) == sorted(p.stem for p in (RECORDS / "golden-e8d141c").glob("*.txt"))
+    for name, text in got.items():
+        want = RECORDS / ("golden-fixed" if name in FIXED else "golden-e8d141c") / f"{name}.txt"
+        assert text.encode() == want.read_bytes(), f"{name} differs from {want}"
+
+
+def test_each_fixed_case_differs_from_e8d141c():
+    assert sorted(FIXED) == sorted(p.stem for p in (RECORDS / "golden-fixed").glob("*.txt"))
+    for name in FIXED:
+        assert (RECORDS / "golden-fixed" / f"{name}.txt").read_bytes() != (
+            RECORDS / "golden-e8d141c" / f"{name}.txt").read_bytes(), name
