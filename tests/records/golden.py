@@ -116,8 +116,9 @@ def lab(tmp, env, facts=None):
 
 
 def normalised(text, tmp):
-    """Paths that differ per run and per checkout replaced by names."""
-    for path, name in ((tmp, "<tmp>"), (str(paths.ROOT), "<root>"), (sys.executable, "<python>")):
+    """Paths that differ per run and per checkout replaced by names (the interpreter first: it may be in
+    the checkout)."""
+    for path, name in ((sys.executable, "<python>"), (tmp, "<tmp>"), (str(paths.ROOT), "<root>")):
         text = text.replace(path, name)
     return text
 
