@@ -132,14 +132,16 @@ def settings(env, *names):
 
 
 def detection_bound(env):
-    """Seconds within which the watchdog must see a fault: a stall (WATCHDOG_STALL_S) confirmed by a probe
-    (WATCHDOG_PROBE_S) at the next look, plus that look's own time before its probe (at most the /health
-    timeout, the nodes' probes running meanwhile); or an API that does not answer two looks in a row (a
-    look at a silent API lasts the /health timeout, so looks come no faster than that)."""
+    """Seconds from the fault within which the watchdog must see it: for a hang, the stall is counted
+    from the look that saw the last progress (the steps in flight at the fault show at the next look: up
+    to one interval after it), noticed at the first look after WATCHDOG_STALL_S (one more interval) and
+    confirmed by a probe (WATCHDOG_PROBE_S), plus that look's own time before its probe (at most the
+    /health timeout, the nodes' probes running meanwhile); or an API that does not answer two looks in a
+    row (a look at a silent API lasts the /health timeout, so looks come no faster than that)."""
     values = settings(env, "WATCHDOG_STALL_S", "WATCHDOG_PROBE_S", "WATCHDOG_INTERVAL_S")
     get = lambda k: float(values[k])  # noqa: E731
     interval = get("WATCHDOG_INTERVAL_S")
-    return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + interval + HEALTH_TIMEOUT,
+    return max(get("WATCHDOG_STALL_S") + get("WATCHDOG_PROBE_S") + 2 * interval + HEALTH_TIMEOUT,
                2 * max(interval, HEALTH_TIMEOUT) + HEALTH_TIMEOUT)
 
 
@@ -364,6 +366,9 @@ def main(argv=None):
     try:
         soak.prepare()
         soak.run()
+    except KeyboardInterrupt:        # make soak's time bound, or Ctrl-C: the report says so and the lab goes
+        soak.stopped = "stopped by SIGINT (a time bound, or Ctrl-C) before the soak's end"
+        soak.problems.append(soak.stopped)
     finally:
         try:
             result = soak.finish()

@@ -3,7 +3,7 @@ container killed, the head's engine stopped, a worker's engine stopped, the API 
 guard killed, a worker's sshd frozen; each once, under the soak's steady load, far enough apart that each
 heals before the next, in the lab (LAB_ENGINE=vllm: the real engine). For each: when the watchdog saw it
 and when a token came back, against the baselines measured or set in the same run: the detection bound
-(WATCHDOG_STALL_S + WATCHDOG_PROBE_S + one interval) and the SLO (that bound + the start-up the soak
+(WATCHDOG_STALL_S + WATCHDOG_PROBE_S + two intervals + a look) and the SLO (that bound + the start-up the soak
 measures first). It is the chaos soak (bench/bench_chaos.py) with these faults and no others; its report
 goes to --out (default faults-report).
 

@@ -23,7 +23,7 @@ part "soak-marked tests" .venv/bin/pytest -q -m soak
 part "fault table (make faults)" "$PY" bench/bench_faults.py --every 230-250 --out bench/out/soak-faults
 chaos_min=$(( ($(left) - 240) / 60 ))
 [ "$chaos_min" -ge 5 ] || chaos_min=5
-part "chaos soak ($chaos_min min)" "$PY" bench/bench_chaos.py --minutes "$chaos_min" --out bench/out/soak-chaos
+part "chaos soak ($chaos_min min)" "$PY" bench/bench_chaos.py --minutes "$chaos_min" --every 230-250 --out bench/out/soak-chaos
 echo "make soak: $((SECONDS - start)) s of $((minutes * 60)) s"
 printf '  %s\n' "${times[@]}"
 if [ ${#failed[@]} -gt 0 ]; then echo "make soak: FAILED: ${failed[*]}"; exit 1; fi

@@ -219,9 +219,9 @@ def test_watchdog_settings_for_the_soak():
     a = bench_chaos.parse(["--every", "15-30", "--watchdog", "fast", "--seed", "1"])
     env = bench_chaos.watchdog_env(a)
     assert env["WATCHDOG"] == "1" and env["WATCHDOG_WINDOW_MIN"] == "1" and int(env["WATCHDOG_MAX_RECOVERIES"]) >= 5
-    assert bench_chaos.detection_bound(env) == 12 + 4 + 2 + 5              # stall + probe + an interval + a look
+    assert bench_chaos.detection_bound(env) == 12 + 4 + 2 * 2 + 5          # stall + probe + two intervals + a look
     assert bench_chaos.watchdog_env(bench_chaos.parse(["--max-recoveries", "0"]))["WATCHDOG_MAX_RECOVERIES"] == "0"
     budget = bench_chaos.parse(["--budget-test"])
     assert bench_chaos.watchdog_env(budget)["WATCHDOG_MAX_RECOVERIES"] == "1" and budget.kinds == ["kill-rank"]
     assert bench_chaos.parse([]).kinds == KINDS
-    assert bench_chaos.detection_bound({}) == 120 + 60 + 15 + 5             # the schema's defaults
+    assert bench_chaos.detection_bound({}) == 120 + 60 + 2 * 15 + 5        # the schema's defaults
