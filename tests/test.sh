@@ -15,7 +15,7 @@ start=$(date +%s)
 ( env --default-signal=INT $PYTEST -q -p no:cacheprovider -m 'not lab and not soak' > "$out/unit.log" 2>&1
   echo $? > "$out/unit.rc"; date +%s > "$out/unit.end" ) &
 unit=$!
-$PYTEST -q -m 'lab and not soak'
+$PYTEST -q -m 'lab and not soak' --durations=60        # every lab test of note: where the time goes
 lab_rc=$? lab_end=$(date +%s)
 wait "$unit"
 echo
