@@ -176,7 +176,7 @@ def status_json(cfg):
         except SystemExit as e:
             code = e.code
     doc = json.loads(out.getvalue())
-    assert doc["exit_code"] == code and doc["schema"] == "dsv41.status/3"
+    assert doc["exit_code"] == code and doc["schema"] == "dsv41.status/4"
     return doc
 
 
@@ -185,7 +185,7 @@ def top_json(cfg):
     with redirect_stdout(out):
         top.top(cfg, json=True, once=True, interval=0)
     doc = json.loads(out.getvalue())
-    assert doc["schema"] == "dsv41.top/3"
+    assert doc["schema"] == "dsv41.top/4"
     return doc
 
 

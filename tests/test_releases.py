@@ -213,8 +213,9 @@ def test_doit_releases_lists_and_shows_them(tmp_path):
     r = doit(["releases"], tmp_path)
     assert r.returncode == 0 and "no releases yet" in r.stdout, r.stderr
     launch(d, fields(), rel.GOOD, startup_s=95)
-    launch(d, fields(unit="ExecStart=run --kv 2\n", kv_bytes=2), rel.FAILED, startup_s=None,
-           result="dsv41-r1.service failed")
+    r2 = rel.begin(d, fields(unit="ExecStart=run --kv 2\n", kv_bytes=2), 10, now=T0)
+    rel.finish(d, r2.number, rel.FAILED, "dsv41-r1.service failed", back_to=1, now=T0 + 100)
+    rel.rolling_back(d, 2)
     rel.rolled_back(d, 2, 1)
     assert [r.number for r in rel.in_service(d)] == [1, 2]              # serving 1, 2 failed after it
     r = doit(["releases"], tmp_path)

@@ -31,8 +31,15 @@ def want(kv=1):
 STATES = {"head": NodeState(versions={"kernel": "6.11"}), "worker1": NodeState(versions={"kernel": "6.11"})}
 
 
+def begun(cfg, kv, **kw):
+    """A launch of want(kv) that recorded its release (run() does it just before the first change)."""
+    ro = rollout.prepare(cfg, want(kv), STATES, IDS, **kw)
+    rollout.begin(cfg, ro)
+    return ro
+
+
 def good_release(cfg, kv=1, startup_s=100.0):
-    ro = rollout.prepare(cfg, want(kv), STATES, IDS)
+    ro = begun(cfg, kv)
     rel.finish(cfg.state_dir, ro.release.number, rel.GOOD, "ready", startup_s=startup_s)
     return ro.release.number
 
@@ -78,29 +85,33 @@ def test_the_release_in_service_is_not_recorded_again_and_a_change_begins_one(tm
     same = rollout.prepare(cfg, want(), STATES, IDS)
     assert same.release is None and rel.load_all(cfg.state_dir)[-1].number == first
     changed = rollout.prepare(cfg, want(2), STATES, IDS)
-    assert changed.release.number == first + 1 and changed.target.number == first
-    assert changed.release.state == rel.ROLLING_OUT                 # recorded before any node changes
-    assert any("dsv41-r0.service changed on head" in line for line in changed.lines)
-    assert changed.deadline[0] == 600                               # twice 100 s is below the 10 min floor
+    assert changed.release is None and rel.load_all(cfg.state_dir)[-1].number == first     # not yet begun
+    assert any(f"release {first + 1}: " in line and "dsv41-r0.service changed on head" in line
+               for line in changed.lines)
+    rollout.begin(cfg, changed)                                      # just before the first change on a node
+    r = rel.load_all(cfg.state_dir)[-1]
+    assert r == changed.release and r.number == first + 1 and changed.target.number == first
+    assert r.state == rel.ROLLING_OUT and r.back_to == first and r.carrier["by"] == "doit launch"
+    assert r.deadline_s == changed.deadline[0] == 600               # twice 100 s is below the 10 min floor
 
 
 def test_the_release_that_just_failed_is_refused_before_anything_is_written(tmp_path):
     cfg = config(tmp_path)
     good_release(cfg)
-    bad = rollout.prepare(cfg, want(2), STATES, IDS)
+    bad = begun(cfg, 2)
     rel.finish(cfg.state_dir, bad.release.number, rel.FAILED, "dsv41-r0.service failed")
     before = rel.load_all(cfg.state_dir)
     with pytest.raises(UserError, match="--retry-failed"):
         rollout.prepare(cfg, want(2), STATES, IDS)
     assert rel.load_all(cfg.state_dir) == before
-    again = rollout.prepare(cfg, want(2), STATES, IDS, retry_failed=True)
+    again = begun(cfg, 2, retry_failed=True)
     assert again.release.number == bad.release.number + 1
 
 
 def test_a_release_left_rolling_out_is_finished_by_the_same_launch_or_recorded_interrupted(tmp_path):
     cfg = config(tmp_path)
     first = good_release(cfg)
-    killed = rollout.prepare(cfg, want(2), STATES, IDS).release       # then the launch was killed
+    killed = begun(cfg, 2).release                                      # then the launch was killed
     resumed = rollout.prepare(cfg, want(2), STATES, IDS)
     assert resumed.resumed and resumed.release.number == killed.number and resumed.target.number == first
     assert "finishes its rollout" in resumed.lines[-1]
@@ -120,6 +131,7 @@ def test_a_failed_change_goes_back_to_the_last_good_release(tmp_path, nodes):
     assert nodes["pages"] == [("DSV41ReleaseFailed", "rolled back")]        # the failed release pages once
     failed = rel.load_all(cfg.state_dir)[-1]
     assert failed.state == rel.FAILED and "ready failed here" in failed.result
+    assert failed.back_to == first and failed.unfinished       # recorded before going back: a successor goes on
 
 
 def test_a_release_that_does_not_stay_healthy_for_the_hold_fails_too(tmp_path, nodes):
@@ -171,7 +183,7 @@ def test_a_repair_of_the_release_in_service_fails_as_before(tmp_path, nodes):
 def test_doit_rollback_picks_the_last_good_release_before_the_one_in_service(tmp_path):
     cfg = config(tmp_path)
     one, two = good_release(cfg, kv=1), good_release(cfg, kv=2)
-    bad = rollout.prepare(cfg, want(3), STATES, IDS).release
+    bad = begun(cfg, 3).release
     rel.finish(cfg.state_dir, bad.number, rel.FAILED, "r0 failed")
     history = rel.load_all(cfg.state_dir)
     assert rollback_target(history, two).number == one

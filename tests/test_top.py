@@ -242,7 +242,7 @@ def test_once_json_shows_nodes_engine_watchdog_and_a_frozen_worker_as_stale(clus
     finally:
         s1.close()
         s2.close()
-    assert v["schema"] == "dsv41.top/3" and v["interval_s"] == 1.0
+    assert v["schema"] == "dsv41.top/4" and v["interval_s"] == 1.0
     assert list(v["nodes"]) == ["head", "worker1"]
     for name, n in v["nodes"].items():
         assert (n["state"], n["error"]) == ("ok", None), (name, n)

@@ -341,20 +341,40 @@ def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path):
     assert p.returncode == 0 and not prom.exists() and "watchdog stopping" in out
 
 
-def test_a_release_a_killed_launch_left_rolling_out_is_never_healed(tmp_path, monkeypatch):
-    """A launch killed mid-rollout leaves its release "rolling out": nobody checked it, so the watchdog
-    names it and leaves the ranks to the next `doit launch`, which finishes the rollout or goes back."""
-    from dsv41.head.core import releases as rel
-    starts = []
+def test_a_release_a_dead_launch_left_rolling_out_is_carried_on_by_the_watchdog_under_the_lock(tmp_path, monkeypatch):
+    """A launch killed mid-rollout leaves its release "rolling out". While another process holds the run lock
+    the watchdog waits; once the lock is free (its holder died) it takes the lock and carries the release
+    on (core.rollout.carry_on, here recorded), and never heals it as a fault meanwhile."""
+    import subprocess
+    import sys
+    from dsv41.head import watchdog
+    from dsv41.head.core import releases as rel, runlock
+    starts, carried = [], []
     broken = lambda t: look(t, worker=node(1, state="failed", result="exit-code"))   # noqa: E731
     w, clock = watchdog_on(tmp_path, monkeypatch, broken, lambda c: starts.append(c.t))
+    monkeypatch.setattr(watchdog.rollout, "carry_on", lambda cfg, r, by: carried.append(
+        (r.number, r.state, by, runlock.holder(str(tmp_path)))))
     unit = {"head": {"dsv41-r0.service": "x\n"}}
     fields = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": {}, "node_versions": {}, "units": unit,
               "files": {}, "secret_files": {}}
-    rel.begin(str(tmp_path), fields, 10)
-    w.step()
-    assert starts == [] and record.incidents(str(tmp_path)) == []
-    assert any("release 1 was left rolling out" in m for m in w.lines), w.lines
+    rel.begin(str(tmp_path), fields, 10, carrier={"by": "doit launch", "pid": 1, "since": START})
+    lock = str(tmp_path / runlock.LOCK)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+                               "os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'pid 7: launch');"
+                               "print('held', flush=True); time.sleep(60)", lock], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        w.step()                                    # the launch lives: nothing carried on, nothing healed
+        assert carried == [] and starts == [] and record.incidents(str(tmp_path)) == []
+        assert any("not acting" in m and "holds the run lock (pid 7: launch)" in m for m in w.lines), w.lines
+    finally:
+        holder.kill()
+        holder.wait()
+    w.step()                                        # it died: the flock went with it
+    assert carried == [(1, rel.ROLLING_OUT, "dsv41-watchdog", "pid %d: dsv41-watchdog: carrying release 1 on"
+                        % __import__("os").getpid())]
+    assert starts == [] and runlock.holder(str(tmp_path)) is None          # the lock is given back
+    assert any("release 1 was left rolling out by doit launch, which ended: carrying it on" in m for m in w.lines)
     rel.finish(str(tmp_path), 1, rel.GOOD, "ready")
-    w.step()
-    assert len(starts) == 1
+    w.step()                                        # final: the broken worker is a fault like any other
+    assert len(starts) == 1 and len(carried) == 1

@@ -12,6 +12,8 @@
     lab.venv         "/opt/dsv41-venv" on head (doit, sh, requests, huggingface_hub, psutil, jinja2)
     lab.doit(args, env=None, check=True) -> CompletedProcess of `doit ARGS` on the head (lab.doit_env:
         the lab profile, WATCHDOG=0 unless env turns it on)
+    lab.doit_killed(args, env, line) -> `doit ARGS` started on the head, killed with SIGKILL once its
+        output shows `line`; its output
     lab.units(node, units, props) -> {unit: {prop: value}} from `systemctl show` on the node
     lab.link(node, up) / lab.freeze(node, frozen)  faults from the host: the node's fabric link down,
         or every process of the node frozen (its cgroup), as a hung or cut-off Spark would be
@@ -80,6 +82,19 @@ class Lab:
 
     # the watchdog is off unless a test turns it on: it would repair the faults tests make on purpose
     doit_env = {"DSV41_PROFILE": "lab", "WATCHDOG": "0"}
+
+    def doit_killed(self, args, env, line, timeout=300):
+        env = {**self.doit_env, **(env or {})}
+        log, word = "/tmp/killed-doit.log", args.split()[0]
+        self.on("head", f"cd {shlex.quote(self.repo)} && (env {' '.join(f'{k}={shlex.quote(v)}' for k, v in env.items())} "
+                        f"PYTHONUNBUFFERED=1 PYTHONPATH={shlex.quote(self.repo + '/lib')} setsid {self.venv}/bin/doit "
+                        f"{args} > {log} 2>&1 &)")
+        wait_for(f"`doit {args}` to print {line!r}", lambda: line in self.on("head", f"cat {log}").stdout, timeout,
+                 every=0.2)
+        self.on("head", f"pkill -9 -f 'bin/doi[t] {word}'")          # [t]: not this shell's own command line
+        wait_for(f"`doit {args}` to be gone",
+                 lambda: self.on("head", f"pgrep -f 'bin/doi[t] {word}'", check=False).returncode == 1)
+        return self.on("head", f"cat {log}").stdout
 
     def doit(self, args, env=None, check=True, timeout=900):
         env = {**self.doit_env, **(env or {})}

@@ -5,6 +5,7 @@ notification naming the verdict, the node, fault_at and the incident; `doit stop
 alerts and `doit launch` ends the silence; `doit alerts test` reports the webhook delivered. Timings are
 shortened through the settings (the lab profile's group timings, ALERT_FOR_S, the scrape every 2 s)."""
 import json
+import re
 import time
 
 import pytest
@@ -109,7 +110,7 @@ def test_a_launch_that_fails_is_quiet_during_its_restart_and_its_release_pages_o
     lab.on("head", f"rm -f {POSTS}")
     r = lab.doit("launch", {**ALERTS, "EXTRA": "--compilation-config not-json"}, check=False)
     assert r.returncode == 10 and "rolled back to release" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "silenced by doit launch until" in r.stdout and "paged DSV41ReleaseFailed" in r.stdout
+    assert re.search(r"silenced by doit launch, release \d+ until", r.stdout) and "paged DSV41ReleaseFailed" in r.stdout
     wait_for("the release's page", lambda: [p for p in posts(lab) if p["status"] == "firing"], timeout=90)
     time.sleep(QUIET_S)                                             # nothing more
     # nothing of the restart pages: the one alert that fires is the release's, as one alert (a later
@@ -118,3 +119,29 @@ def test_a_launch_that_fails_is_quiet_during_its_restart_and_its_release_pages_o
     assert {(a["labels"]["alertname"], a["startsAt"]) for a in firing} == {("DSV41ReleaseFailed", firing[0]["startsAt"])}
     assert "rolled back to release" in firing[0]["annotations"]["summary"]
     assert "no silence" in lab.doit("alerts", ALERTS).stdout
+
+
+def test_a_launch_killed_while_it_goes_back_is_finished_by_the_watchdog_and_pages_once(lab, alerting):
+    """The failing change's launch dies (SIGKILL) once it recorded its way back: with nobody touching
+    anything the watchdog finishes going back, the release pages once, and the dead launch's silence ends."""
+    fast = {**ALERTS, "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5"}
+    lab.doit("launch", fast)
+    lab.on("head", f"rm -f {POSTS}")
+    t0 = time.monotonic()
+    out = lab.doit_killed("launch", {**fast, "EXTRA": "--compilation-config not-json"}, "going back to release")
+    failed, back = map(int, re.search(r"release (\d+) failed .*: going back to release (\d+)", out).groups())
+    wait_for(f"release {failed} rolled back by the watchdog",
+             lambda: f"failed, rolled back to {back}" in lab.doit("releases", fast).stdout)
+    status = json.loads(lab.doit("status --json", fast).stdout)
+    took = time.monotonic() - t0
+    assert status["state"] == "READY" and status["release"]["serving"]["number"] == back, status["release"]
+    assert status["watchdog"]["unit"] == "active" and status["release"]["rolling_out"] is None
+    wait_for("the release's page", lambda: [p for p in posts(lab) if p["status"] == "firing"], timeout=90)
+    time.sleep(QUIET_S)                                             # nothing more
+    firing = [a for p in posts(lab) for a in p["alerts"] if a["status"] == "firing"]
+    assert [a["labels"]["alertname"] for a in firing] == ["DSV41ReleaseFailed"], firing
+    assert firing[0]["labels"]["release"] == str(failed) and f"rolled back to release {back}" in \
+        firing[0]["annotations"]["summary"]
+    wait_for("no silence of ours", lambda: "no silence" in lab.doit("alerts", fast).stdout, timeout=60)
+    print(f"a launch killed while going back: release {back} serving again {took:.0f} s after the launch began")
+    lab.doit("launch", ALERTS)

@@ -18,12 +18,31 @@ FAILS_AT_ONCE = {"EXTRA": "--compilation-config not-json"}      # the stand-in e
 NEVER_READY = {"EXTRA": "--port 8009"}                           # serves, but not where the API is
 
 
+FAST_WATCHDOG = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5"}      # it carries a dead command's release on
+
+
 def history(lab):
     """[(number, state, in service)] from `doit releases`."""
     out = lab.doit("releases").stdout
-    rows = re.findall(r"^([* ]) +(\d+)  .*?  (good|failed, rolled back to \d+|failed|rolling out|interrupted) ",
-                      out, re.M)
+    rows = re.findall(r"^([* ]) +(\d+)  .*?  (good|failed, rolled back to \d+|failed, rolling back to \d+|"
+                      r"failed, down|failed|rolling out|interrupted) ", out, re.M)
     return [(int(n), state, mark == "*") for mark, n, state in rows]
+
+
+def finished_by_the_watchdog(lab, number, state, t0, timeout=180):
+    """Release `number` reaches `state` with nobody touching anything, and the cluster is left served,
+    supervised and not silenced: the watchdog active, status READY, no silence of ours."""
+    wait_for(f"release {number} to be {state}", lambda: (number, state) in [(n, s) for n, s, _ in history(lab)],
+             timeout=timeout)
+    took = time.monotonic() - t0
+    assert answers(lab)
+    status = json.loads(lab.doit("status --json", check=False).stdout)
+    assert status["state"] == "READY" and status["watchdog"]["unit"] == "active", status
+    assert status["release"]["rolling_out"] is None and status["silenced"] is None, status["release"]
+    carried = [line for line in lab.on("head", "journalctl -u dsv41-watchdog --no-pager -o cat").stdout.splitlines()
+               if f"release {number} " in line and "carr" in line]
+    assert carried, "the watchdog's journal says nothing of carrying it on"
+    return took
 
 
 def serving(lab):
@@ -64,7 +83,7 @@ def test_a_good_change_is_a_new_release_and_the_same_launch_records_none(lab, go
     again = lab.doit("launch", {"KV_BYTES": "2600000000"})
     assert "nothing changed" in again.stdout and serving(lab) == new
     status = json.loads(lab.doit("status --json").stdout)
-    assert status["schema"] == "dsv41.status/3" and status["release"]["serving"]["number"] == new
+    assert status["schema"] == "dsv41.status/4" and status["release"]["serving"]["number"] == new
 
 
 def test_doit_rollback_goes_back_to_the_last_good_release_before_the_one_in_service(lab, good):
@@ -120,20 +139,52 @@ def test_a_release_that_never_becomes_ready_rolls_back_at_its_deadline(lab, good
     print(f"a release that never served: rolled back and serving {took:.0f} s after the launch began")
 
 
-def test_a_launch_killed_half_way_is_finished_by_the_next(lab, good):
+def test_with_the_watchdog_off_a_killed_launch_is_finished_by_the_next(lab, good):
     change = {"KV_BYTES": "2650000000"}
-    env = " ".join(f"{k}={v}" for k, v in {**lab.doit_env, **change}.items())
-    lab.on("head", f"cd {lab.repo} && (env {env} PYTHONUNBUFFERED=1 PYTHONPATH={lab.repo}/lib setsid {lab.venv}/bin/doit launch "
-                   "> /tmp/killed-launch.log 2>&1 &)")
-    wait_for("the rollout to start", lambda: "(re)starting the ranks" in lab.on("head", "cat /tmp/killed-launch.log").stdout,
-             timeout=120)
-    lab.on("head", "pkill -9 -f 'bin/doi[t] launch'")          # [t]: not this shell's own command line
-    wait_for("the launch to be gone", lambda: lab.on("head", "pgrep -f 'bin/doi[t] launch'", check=False).returncode == 1)
+    lab.doit_killed("launch", change, "(re)starting the ranks")
     rolling = max(n for n, _, _ in history(lab))
     assert (rolling, "rolling out", False) in history(lab)
-    assert f"release {rolling} is rolling out or was interrupted" in lab.doit("status", check=False).stdout
+    status = lab.doit("status", check=False).stdout
+    assert f"release {rolling} rolling out" in status and "the next `doit launch` or `doit rollback` carries it on" \
+        in status, status
     r = lab.doit("launch", change)
     assert f"release {rolling} was interrupted half-way" in r.stdout and "finishes its rollout" in r.stdout
     assert (rolling, "good", True) in history(lab)
     lab.doit("launch")                                                    # back to the defaults
     assert answers(lab)
+
+
+def killed_launch_is_finished_by_the_watchdog(lab, line, what):
+    lab.doit("launch", FAST_WATCHDOG)
+    t0 = time.monotonic()
+    lab.doit_killed("launch", {**FAST_WATCHDOG, "KV_BYTES": "2650000000"}, line)
+    rolling = max(n for n, _, _ in history(lab))
+    took = finished_by_the_watchdog(lab, rolling, "good", t0)
+    assert serving(lab) == rolling and "--kv-cache-memory-bytes 2650000000" in units_text(lab)["head"]
+    print(f"a launch killed {what}: release {rolling} good and serving {took:.0f} s after it began")
+    lab.doit("launch")                                                    # back to the defaults, watchdog off
+
+
+def test_a_launch_killed_while_the_ranks_start_is_finished_by_the_watchdog(lab, good):
+    killed_launch_is_finished_by_the_watchdog(lab, "started dsv41-r1", "while the ranks started")
+
+
+@pytest.mark.soak           # per landing: killed while the ranks start (above), while going back, a rollback
+@pytest.mark.parametrize("line, what", [("installed /etc/systemd/system/dsv41-r", "once its units were written"),
+                                        ("(re)starting the ranks", "as the ranks were stopped"),
+                                        ("holding: ", "during the hold")])
+def test_a_launch_killed_at_any_step_is_finished_by_the_watchdog(lab, good, line, what):
+    killed_launch_is_finished_by_the_watchdog(lab, line, what)
+
+
+def test_a_rollback_killed_half_way_is_finished_by_the_watchdog(lab, good):
+    lab.doit("launch", {**FAST_WATCHDOG, "KV_BYTES": "2650000000"})
+    before = serving(lab)
+    t0 = time.monotonic()
+    lab.doit_killed("rollback", FAST_WATCHDOG, "started dsv41-r1")
+    rolling = max(n for n, _, _ in history(lab))
+    assert rolling > before
+    took = finished_by_the_watchdog(lab, rolling, "good", t0)
+    assert serving(lab) == rolling and "--kv-cache-memory-bytes 2650000000" not in units_text(lab)["head"]
+    print(f"a rollback killed half-way: release {rolling} good and serving {took:.0f} s after it began")
+    lab.doit("launch")

@@ -279,6 +279,28 @@ def test_the_memory_guard_trips_on_the_engines_allocation_and_stops_both_ranks(l
     # the ranks stay stopped: the next test's `watched` launch starts both from stopped (one start-up saved)
 
 
+def test_a_launch_killed_while_the_real_engine_starts_is_finished_by_the_watchdog(lab, vllm):
+    """The memory guard's trip left both ranks stopped: the launch that turns the watchdog on (a release of
+    its own) is killed with SIGKILL while they start. With nobody touching anything the watchdog carries it
+    on: the ranks it started serve within what was left of the rollout deadline and hold, the release is
+    good, and the next test's launch finds nothing to change (the start-up shared)."""
+    env = {**vllm.env, **WATCHED}
+    t0 = time.monotonic()
+    out = lab.doit_killed("launch", env, "started dsv41-r1", timeout=600)
+    number = int(re.search(r"^release (\d+): ", out, re.M).group(1))
+
+    def finished():
+        report = json.loads(lab.doit("status --json", env, check=False).stdout)
+        return report["release"]["rolling_out"] is None and report
+    report = labctl.wait_for(f"release {number} carried on by the watchdog", finished, timeout=900, every=3)
+    took = time.monotonic() - t0
+    assert report["state"] == "READY" and report["release"]["serving"]["number"] == number, report["release"]
+    assert report["watchdog"]["unit"] == "active"
+    assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi", "max_tokens": 1})[0] == 200
+    print(f"real engine: a launch killed while the ranks started: release {number} good and serving {took:.0f} s "
+          "after it began")
+
+
 # The watchdog's short settings for these tests (the defaults are measured by the chaos soak: docs/faults.md).
 # A step of the tiny model takes milliseconds and a chunked prefill's longest flat stretch is about 3 s
 # (test_a_long_chunked_prefill_is_progress_though_no_token_total_moves), so 15 s of no progress is a hang.

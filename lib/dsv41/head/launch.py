@@ -12,7 +12,7 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core import image, observe, preflight, record, rollout, units
-from dsv41.head.core.cluster import Cluster, say
+from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import Kind, Step, decide
 from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
 from dsv41.head.core.health import BACK, DEGRADED, REPAIR, memory_check
@@ -23,6 +23,9 @@ def launch(cfg, force=False, retry_failed=False):
     cfg.require_workers()
     cl = Cluster(cfg)
     fab = preflight.for_launch(cl)
+    said = rollout.carry_on_way_back(cfg, "doit launch")     # a dead process's way back: finished first
+    if said:
+        print(said)
     states = cl.probe_all(versions=True)
     refuse_if_tripped(cl, states)
     refuse_if_needs_reboot(cl, states, force)
@@ -33,15 +36,18 @@ def launch(cfg, force=False, retry_failed=False):
         print(line)
     resume_watchdog(cfg)
     units.write_rendered(cfg, {cl.spec(n).rank: want.units[n.name] for n in cl.nodes}, units.rendered_dir(cfg))
+    if ro.resumed:                          # the release a dead process left rolling out, carried on
+        rollout.carry_on(cfg, ro.release, "doit launch")
+        print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
+              f"release {ro.release.number} finished")
+        return
     steps = decide(cfg.nodes, want, states, cl.recipe)
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
     h = health_now(cl, states, probe=not restarting)
     fault = h if h.verdict in ((DEGRADED,) if restarting else REPAIR) else None
     if fault and not restarting:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", f"{h.verdict}: {h.evidence}"))
-    paused = rollout.pause_watchdog(cl, states, steps)
-    rollout.run(cl, ro, want, steps, states, force=force, fault=fault, paused=paused, began=began)
-    rollout.apply_watchdog(cl, steps, paused)
+    rollout.run(cl, ro, want, steps, states, force=force, fault=fault, began=began)
     print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
           + done(steps, time.monotonic() - t0))
 

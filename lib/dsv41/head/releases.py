@@ -114,8 +114,16 @@ def rollback(cfg, words=()):
     if len(words) > 1 or (words and not _number(words[0])):
         raise BadInput(f"`doit rollback {' '.join(words)}`: expected `doit rollback` or `doit rollback N` "
                         "(N: a good release `doit releases` lists)")
+    number = int(words[0]) if words else None
+    said = rollout.carry_on_way_back(cfg, "doit rollback")    # a dead process's way back: finished first
+    if said:
+        print(said)
+    left = rel.unfinished(rel.load_all(cfg.state_dir))
+    if left is not None:                    # a rollout a dead process left: finished first, from its record
+        rollout.carry_on(cfg, left, "doit rollback")
+        if left.rollback_of is not None and number in (None, left.rollback_of):
+            print(f"release {left.rollback_of}'s state serves again as release {left.number}: the rollback a "
+                  "dead `doit rollback` left half-way is done")
+            return
     history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
-    if rel.unfinished(history):
-        raise UserError(f"release {rel.unfinished(history).number} was interrupted half-way: `doit launch` finishes "
-                        "it or goes back first")
-    rollout.rollback(cfg, history, rollback_target(history, serving, int(words[0]) if words else None))
+    rollout.rollback(cfg, history, rollback_target(history, serving, number))

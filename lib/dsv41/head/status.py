@@ -12,7 +12,7 @@ from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import MEANING, Memory, assess, stale_workers
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 
-SCHEMA = "dsv41.status/3"
+SCHEMA = "dsv41.status/4"
 
 
 def _when(stamp):
@@ -88,7 +88,7 @@ def status(cfg, json=False):
                               api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
     h = assess(cfg, obs, Memory(), cl.recipe)
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name), problems)
-    release = release_status.service_entry(cfg.state_dir)
+    release = release_status.service_entry(cfg.state_dir, wd)
     for line in problems:
         print(f"dsv41: {line}", file=sys.stderr, flush=True)
     quiet = silences.silence_line(cfg)

@@ -9,7 +9,7 @@ scripts; it scrapes /metrics twice, --interval apart, for the rates (`--interval
 What is shown comes from core.top_watch, which never waits on a node (a frozen one shows as STALE with
 the age of its last answer, and reappears when it answers again); this module draws it.
 
-JSON (schema dsv41.top/3): {"schema", "time", "interval_s", "health": core.health.Health.as_json(), "nodes": {name: {"state": "ok" | "stale"
+JSON (schema dsv41.top/4): {"schema", "time", "interval_s", "health": core.health.Health.as_json(), "nodes": {name: {"state": "ok" | "stale"
 | "connecting", "seen_s_ago" (null: never answered), "error", "mem_total_bytes", "mem_available_bytes",
 "floor_bytes", "above_floor_bytes", "memory": "ok" | "near floor" | "below floor" | null, "swap_total_bytes",
 "swap_used_bytes", "guard": "active" | "observe" | "TRIPPED" | its unit state, "guard_mode", "tripped" (the
@@ -45,7 +45,7 @@ from dsv41.head.core import release_status
 from dsv41.head.core.top_watch import Observer
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 
-SCHEMA = "dsv41.top/3"
+SCHEMA = "dsv41.top/4"
 GIB = 1 << 30
 MIN_INTERVAL_S = 0.5
 QUIT_KEYS = ("q", "Q")
@@ -54,9 +54,10 @@ QUIT_KEYS = ("q", "Q")
 def snapshot(o):
     """What top draws and --json prints (SCHEMA), from what the Observer o has seen."""
     now = time.time()
+    wd = watchdog_entry(o.cfg, o.head(), o.problems)
     return {"schema": SCHEMA, "time": now, "interval_s": o.interval, "health": o.judge(now).as_json(),
-            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": watchdog_entry(o.cfg, o.head(), o.problems),
-            "release": release_status.service_entry(o.cfg.state_dir)}
+            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": wd,
+            "release": release_status.service_entry(o.cfg.state_dir, wd)}
 
 
 # ---- drawing ----------------------------------------------------------------------------------------

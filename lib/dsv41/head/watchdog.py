@@ -30,13 +30,13 @@ import time
 
 from dsv41.errors import UserError, cli, one_line
 from dsv41.settings.resolved import from_resolved
-from dsv41.head.core import observe, record, recovery, releases, runlock, statefiles
+from dsv41.head.core import observe, record, recovery, rollout, runlock, statefiles
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import RECOVERING, VERDICTS, Health, Memory
 
 SCHEMA = "dsv41.watchdog/2"
 METRICS_FILE = "dsv41_watchdog.prom"
-BY = "dsv41-watchdog"
+BY = rollout.BY_WATCHDOG
 
 
 # ---- acting ---------------------------------------------------------------------------------------
@@ -71,7 +71,10 @@ class Watchdog:
         self.publish(h)
 
     def step(self):
-        """One interval: look, then do what the Health's action says (the gate is part of it)."""
+        """One interval: a release a dead process left unfinished is carried on first; else look, then do
+        what the Health's action says (the gate is part of it)."""
+        if self.carry_on():
+            return None
         obs, h = self.look()
         if h.action in ("restart", "start"):
             self.recover(h)
@@ -93,23 +96,59 @@ class Watchdog:
         self.last = None
         self.publish(h)
 
+    def carry_on(self):
+        """A release left rolling out or rolling back by a process that died (the run lock is free: its flock
+        went with it) is finished from its record with launch's own code (core.rollout.carry_on), under the
+        lock; it pages as a launch would. Silences of ours whose release is final end (two scrapes from
+        now). -> True when it carried one on."""
+        try:
+            history, left = rollout.unfinished(self.state)
+        except UserError as err:            # the next command names the file; the watchdog goes on
+            self.say("UNKNOWN", f"the release history cannot be read: {one_line(err, 200)}")
+            return False
+        if left is None:
+            line = rollout.end_final_silences(self.cfg, history)
+            if line:
+                self.log(line)
+            return False
+        if runlock.holder(self.state):      # its carrier lives: it waits, as for any doit run
+            return False
+        try:
+            runlock.take(self.state, f"{BY}: carrying release {left.number} on")
+        except UserError:
+            return False
+        by = (left.carrier or {}).get("by", "a doit run")
+        self.log(f"release {left.number} was left {left.shown_state} by {by}, which ended: carrying it on")
+        self.last = None
+        try:
+            rollout.carry_on(self.cfg, left, BY)
+            self.log(f"release {left.number} carried on: good and in service")
+        except (rollout.RolledBack, rollout.Down, UserError) as err:
+            self.log(f"release {left.number} carried on: {one_line(err, 400)}")
+        finally:
+            runlock.release()
+            self.mem = Memory(ran=True)
+            self.publish_after()
+        return True
+
     def recover(self, h):
         """Under the run lock: the one ordered restart (core.recovery.restart), RECOVERING published
         before anything is stopped and at each step."""
         try:
             runlock.take(self.state, "dsv41-watchdog recovery")
-        except UserError:
-            self.log("not acting: a doit run took the run lock just now")
+        except UserError:                   # a launch restarting the ranks, say: it carries its own check
+            self.say(h.verdict, f"{h.evidence}; not acting: the run lock is held "
+                                f"({runlock.holder(self.state) or 'just now'})")
+            self.publish(h)
             return
         try:
-            unfinished = releases.unfinished(releases.load_all(self.state))
+            unfinished = rollout.unfinished(self.state)[1]
         except UserError as err:            # an unreadable history never stops a recovery
             self.log(f"warning: {one_line(err, 200)}")
             unfinished = None
-        if unfinished is not None:          # a launch died mid-rollout: never heal a release nobody checked
+        if unfinished is not None:          # begun since this look: carried on at the next, never healed
             runlock.release()
-            self.say(h.verdict, f"{h.evidence}; not acting: release {unfinished.number} was left rolling out by a "
-                                "launch that ended mid-way: `doit launch` finishes it or goes back")
+            self.say(h.verdict, f"{h.evidence}; not acting: release {unfinished.number} is unfinished")
             self.publish(h)
             return
         self.log(f"{h.why}: starting the ranks ({h.verdict}: {h.evidence})" if h.action == "start" else
@@ -118,8 +157,12 @@ class Watchdog:
         t0 = self.clock()
         inc = None
 
+        pager = None
+
         def on_phase(i):
-            nonlocal inc
+            nonlocal inc, pager
+            if pager is None and i["open"]:
+                pager = self.paging(i)       # the incident pages from its start, however short it is
             inc = i
             if i["open"]:
                 self.publish(Health(RECOVERING, (f"recovering from {h.verdict}: {i['phase']}",), h.node, h.fault_at,
@@ -131,12 +174,37 @@ class Watchdog:
         finally:
             runlock.release()
             self.mem = Memory(ran=True)      # it ran the ranks: all of them ending by themselves is still DEAD
+            if pager is not None:
+                pager.set()
+                self.page(inc, ended=True)
             took = self.clock() - t0
             result = (inc or {}).get("result", "?")
             self.log(f"RECOVERED from {h.verdict} in {took:.0f} s: READY" if result == "READY"
                      else f"RECOVERY {'STOPPED' if result.startswith('interrupted') else 'FAILED'} after {took:.0f} s: "
                           f"{result}")
             self.publish_after()
+
+    def paging(self, inc):
+        """The incident's alert posted now and every INCIDENT_RESEND_S until the returned Event is set."""
+        done = threading.Event()
+        self.page(inc, say=True)
+
+        def resend():
+            while not done.wait(rollout.INCIDENT_RESEND_S):
+                self.page(inc)
+        threading.Thread(target=resend, name="incident-alert", daemon=True).start()
+        return done
+
+    def page(self, inc, ended=False, say=False):
+        """The incident's alert (core.rollout.page_incident), when monitoring is on (METRICS_DIR); the
+        first post's line is logged, and any that did not reach Alertmanager."""
+        if self.cfg.metrics_dir:
+            ends = rollout.incident_alert_ends(self.cfg, inc, self.clock(), ended)
+            if ended and ends > self.clock():
+                return                      # it ends by itself at `ends`, already posted
+            line = rollout.page_incident(self.cfg, inc, ends)
+            if say or line.startswith("not paged"):
+                self.log(line)
 
     def publish_after(self):
         try:

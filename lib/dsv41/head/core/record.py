@@ -78,6 +78,7 @@ def watchdog_entry(cfg, head, problems=None):
     unit = head.unit(names.WATCHDOG_UNIT) if head is not None else None
     entry = {"enabled": cfg.watchdog, "unit": (unit.active or "not installed") if unit and unit.installed else "not installed"}
     entry.update(statefiles.seen(problems, watchdog_status, cfg.state_dir, default={}))
+    entry["run_lock"] = statefiles.seen(problems, runlock.holder, cfg.state_dir)    # "pid N: what", or None
     return entry
 
 

@@ -1,7 +1,7 @@
 """The release history as `doit status` and `doit top` show it: one entry (the release in service,
 the newest that failed after it, one rolling out) and its line. The records are core.releases'."""
 from dsv41.errors import UserError, one_line
-from dsv41.head.core.releases import in_service, load_all, short_id, unfinished, when
+from dsv41.head.core.releases import ROLLING_OUT, carrier_line, in_service, load_all, short_id, unfinished, when
 
 
 def _brief(r):
@@ -9,15 +9,30 @@ def _brief(r):
                   "result": r.result, "failed_at": r.failed_at, "rolled_back_to": r.rolled_back_to}
 
 
-def service_entry(state_dir):
+def step_of(r):
+    """The step an unfinished release is on, in words."""
+    if r.state != ROLLING_OUT:
+        return f"going back to release {r.back_to}"
+    return "the ranks starting, then the hold" if r.started_at else "applying (the ranks not restarted yet)"
+
+
+def service_entry(state_dir, watchdog=None):
     """What `doit status` and `doit top` show of the history: {"serving", "failed" (the newest that failed
-    after it), "rolling_out"} (each a release's brief or None), or {"error": line}."""
+    after it), "rolling_out" (an unfinished one, with its step, its carrier and who carries it on now)}
+    (each a release's brief or None), or {"error": line}. watchdog: core.record.watchdog_entry() (whether
+    it runs, who holds the run lock)."""
     try:
         history = load_all(state_dir)
         serving, failed = in_service(state_dir)
+        left = unfinished(history)
     except UserError as err:
         return {"error": str(err)}
-    return {"serving": _brief(serving), "failed": _brief(failed), "rolling_out": _brief(unfinished(history))}
+    entry = {"serving": _brief(serving), "failed": _brief(failed), "rolling_out": _brief(left)}
+    if left:
+        w = watchdog or {}
+        entry["rolling_out"].update(step=step_of(left), carrier=left.carrier,
+                                    carried=carrier_line(left, w.get("run_lock"), w.get("unit") == "active"))
+    return entry
 
 
 def service_line(e):
@@ -31,5 +46,5 @@ def service_line(e):
         line += (f"; release {f['number']} failed at {when(f['failed_at'])}: {one_line(f['result'], 120)}"
                  + (f", rolled back to {f['rolled_back_to']}" if f["rolled_back_to"] else ""))
     if u:
-        line += f"; release {u['number']} is rolling out or was interrupted (`doit launch` finishes it)"
+        line += f"; release {u['number']} {u['state']} ({u.get('step', '?')}): {u.get('carried', '?')}"
     return line

@@ -1,17 +1,29 @@
 """Releases: what ran on the cluster after each launch that changed it, kept on the head.
 
-    $STATE_DIR/releases/<NNNN>/release.json   schema dsv41.release/1, one per release (dir 0700, file 0600)
+    $STATE_DIR/releases/<NNNN>/release.json   schema dsv41.release/2 (/1 still read), one per release (dir 0700, file 0600)
     $STATE_DIR/releases/current.json          {"number": N}: the release in service
 
 A record holds when it began, the image reference and the image id on each node, the checkpoint (repo,
 revision, manifest digest), every rendered unit and state file launch writes on each node (the API key
 file is never stored: only its name, in `secret_files`), the resolved settings (config.resolved: no
 secret), each node's kernel, driver and Docker version, what changed against the release it replaced
-(`changes_from`), the start-up time, the state and a result line. States: "rolling out" (written before
-anything on a node changes), "good" (the API answered and the cluster stayed healthy ROLLOUT_HOLD_S),
-"failed" (with `failed_at`, and `rolled_back_to` when the ranks went back), "interrupted" (a later
-launch found it unfinished and did something else). The newest RELEASES_KEEP are kept, never the one in
-service nor the last good one.
+(`changes_from`), the start-up time, the state and a result line. The newest RELEASES_KEEP are kept, never
+the one in service nor the last good one.
+
+A release's states, and the only moves between them (transition(): each checked against the state it
+leaves, and recorded durably, fsync'd, before the step it names is taken):
+
+    rolling out  -> good | failed | interrupted      begin(): just before the first change on a node
+    failed       -> rolling back                     only when `back_to` names where it goes back
+    rolling back -> rolled back | down
+
+"interrupted": a later launch found it unfinished and did something else. A release is unfinished while
+it is rolling out, rolling back, or failed with `back_to` set: whoever holds the run lock carries it on
+from the record alone (core/rollout.py carry_on(): the watchdog, or the next `doit launch` or `doit
+rollback`), since the record holds what that needs: `back_to` (the last good release a failure goes
+back to), `deadline_s` and `started_at` (the readiness wait's length and when the ranks began to
+restart: the deadline carries over), and `carrier` (who carries it on now, their pid and since when).
+The silences of its restart name it (core/silences.py), so whoever finishes it ends them.
 
 How launch uses it, in order (the storage functions, at the end, are the only I/O):
 
@@ -51,12 +63,16 @@ from dsv41.settings.kinds import ConfigError
 from dsv41.settings.resolved import from_resolved, resolved
 from dsv41.node.checkpoint_layout import MANIFEST
 
-SCHEMA = "dsv41.release/1"
+SCHEMA = "dsv41.release/2"
+OLDER = ("dsv41.release/1",)        # read too: a failed release with rolled_back_to is ROLLED_BACK there
 DIR = names.RELEASES
 RECORD = names.RELEASE_RECORD
 CURRENT = names.RELEASE_CURRENT
 FOLDER_RE = re.compile(r"^\d{4,}$")
 ROLLING_OUT, GOOD, FAILED, INTERRUPTED = "rolling out", "good", "failed", "interrupted"
+ROLLING_BACK, ROLLED_BACK, DOWN = "rolling back", "rolled back", "down"
+MOVES = {ROLLING_OUT: (GOOD, FAILED, INTERRUPTED), FAILED: (ROLLING_BACK,), ROLLING_BACK: (ROLLED_BACK, DOWN)}
+FAILURES = (FAILED, ROLLING_BACK, ROLLED_BACK, DOWN)     # the release failed, whatever came after
 SAME = ("image_ids", "units", "files", "settings")          # what makes two releases the same
 
 
@@ -64,7 +80,7 @@ SAME = ("image_ids", "units", "files", "settings")          # what makes two rel
 class Release:
     number: int
     time: float                     # when it began (the head's clock)
-    state: str                      # ROLLING_OUT, GOOD, FAILED, INTERRUPTED
+    state: str                      # a key or value of MOVES
     image: str                      # the image reference
     image_ids: dict                 # {node: image id}
     checkpoint: dict                # {"repo", "revision", "manifest_digest"}
@@ -80,10 +96,22 @@ class Release:
     failed_at: float | None = None
     finished_at: float | None = None
     rolled_back_to: int | None = None
+    back_to: int | None = None      # where a failure goes back (FAILED: set only when it will)
+    deadline_s: float | None = None     # the readiness wait's length (core/rollout.py deadline())
+    started_at: float | None = None     # when the ranks began to restart: the deadline's clock
+    carrier: dict | None = None     # {"by": "doit launch", "pid": N, "since": t}: who carries it on
+    rollback_of: int | None = None  # made by `doit rollback N`: N's state applied again
 
     @property
     def shown_state(self):
-        return f"{FAILED}, rolled back to {self.rolled_back_to}" if self.rolled_back_to else self.state
+        """As `doit releases` shows it: "failed, rolled back to N" is what the lab tests and people read."""
+        return {ROLLED_BACK: f"{FAILED}, rolled back to {self.rolled_back_to}",
+                ROLLING_BACK: f"{FAILED}, rolling back to {self.back_to}",
+                DOWN: f"{FAILED}, down (going back to {self.back_to} failed too)"}.get(self.state, self.state)
+
+    @property
+    def unfinished(self):
+        return self.state in (ROLLING_OUT, ROLLING_BACK) or (self.state == FAILED and self.back_to is not None)
 
 
 def root(state_dir):
@@ -234,8 +262,8 @@ def _ago(s):
 def flapping(releases, fp, now):
     """The line that refuses this launch when the newest release failed and this launch is the same
     release (fingerprint fp); None otherwise."""
-    last = next((r for r in reversed(releases) if r.state in (GOOD, FAILED)), None)
-    if last is None or last.state != FAILED or fingerprint(last) != fp:
+    last = next((r for r in reversed(releases) if r.state in (GOOD, *FAILURES)), None)
+    if last is None or last.state not in FAILURES or fingerprint(last) != fp:
         return None
     at = last.failed_at or last.time
     return (f"release {last.number} failed at {when(at)} ({_ago(now - at)}: {one_line(last.result, 160)}) "
@@ -250,8 +278,24 @@ def refuse_flapping(releases, fp, retry_failed, now):
 
 
 def unfinished(releases):
-    """The release a killed launch left "rolling out", or None."""
-    return next((r for r in reversed(releases) if r.state == ROLLING_OUT), None)
+    """The release a rollout has not finished (rolling out, rolling back, or failed on its way back: being
+    carried on, or left by a process that died), or None."""
+    return next((r for r in reversed(releases) if r.unfinished), None)
+
+
+def carrier_line(release, holder, watchdog_on):
+    """Who carries an unfinished release on, for `doit status`: holder is the run lock's ("pid N: ...",
+    None when free), watchdog_on whether dsv41-watchdog runs."""
+    c = release.carrier or {}
+    who = f"`{c['by']}` pid {c['pid']}" if c.get("by", "").startswith("doit") else c.get("by") or "a doit run"
+    since = f" since {when(c['since'])}" if c.get("since") else ""
+    if holder:
+        return (f"carried on by {who}{since}" if holder.startswith(f"pid {c.get('pid')}:")
+                else f"the run lock is held ({holder}): that run carries it on")
+    if watchdog_on:
+        return f"left by {who}{since}, which ended: the watchdog carries it on at its next look"
+    return (f"left by {who}{since}, which ended; the watchdog is not running (WATCHDOG=0, or `doit stop`): "
+            "the next `doit launch` or `doit rollback` carries it on")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +313,7 @@ def resume(releases, fp):
     INTERRUPTED, apply the target as recorded, mark_serving); "replace" otherwise (record it
     INTERRUPTED, then begin() a new release)."""
     r = unfinished(releases)
-    if r is None:
+    if r is None or r.state != ROLLING_OUT:     # a way back is carried on before (core/rollout.py)
         return None
     said = f"release {r.number} was interrupted half-way (began {when(r.time)})"
     if fingerprint(r) == fp:
@@ -306,9 +350,12 @@ def _load(state_dir, number):
     if data is None:
         return None
     path = os.path.join(folder(state_dir, number), RECORD)
-    if data.pop("schema") != SCHEMA or data["number"] != number:
+    schema = data.pop("schema")
+    if schema not in (SCHEMA, *OLDER) or data["number"] != number:
         raise statefiles.bad(path, f"is not a {SCHEMA} record of release {number}",
                              "run the command again (the other releases stay)")
+    if schema in OLDER and data.get("state") == FAILED and data.get("rolled_back_to"):
+        data = {**data, "state": ROLLED_BACK, "back_to": data["rolled_back_to"]}
     return Release(**{f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
                       for f in dataclasses.fields(Release)})
 
@@ -329,43 +376,90 @@ def _write(state_dir, release):
     statefiles.write_release(state_dir, f"{release.number:04d}", {"schema": SCHEMA, **dataclasses.asdict(release)})
 
 
-def begin(state_dir, fields, keep, now=None):
-    """Record a new release "rolling out" (fields: record_fields()), with what changed against the
-    release in service (else the newest); durable when it returns, so call it before any node changes.
-    Drops the oldest beyond `keep` (never the one in service or the last good one). -> the Release."""
+def draft(history, serving, fields, now=None, **carry):
+    """The release begin() would record (not written): its number, and what changed against the release in
+    service (else the newest); carry: back_to, deadline_s, carrier."""
+    prev = next((r for r in history if r.number == serving), history[-1] if history else None)
+    fields = _plain(fields)
+    return Release(number=history[-1].number + 1 if history else 1, time=time.time() if now is None else now,
+                   state=ROLLING_OUT, changes=changes(prev, fields), changes_from=prev and prev.number,
+                   **fields, **carry)
+
+
+def begin(state_dir, fields, keep, now=None, **carry):
+    """Record a new release "rolling out" (fields: record_fields(); carry: back_to, deadline_s, carrier);
+    durable when it returns, so call it just before the first change on a node. Drops the oldest beyond
+    `keep` (never the one in service or the last good one). -> the Release."""
     history = load_all(state_dir)
     serving = serving_number(state_dir)
-    prev = next((r for r in history if r.number == serving), history[-1] if history else None)
-    number = history[-1].number + 1 if history else 1
-    fields = _plain(fields)
-    release = Release(number=number, time=time.time() if now is None else now, state=ROLLING_OUT,
-                      changes=changes(prev, fields), changes_from=prev and prev.number, **fields)
+    release = draft(history, serving, fields, now, **carry)
     _write(state_dir, release)
     for n in to_prune([*history, release], keep, serving):
         shutil.rmtree(folder(state_dir, n), ignore_errors=True)
     return release
 
 
-def finish(state_dir, number, state, result, startup_s=None, now=None):
-    """A rollout's end: GOOD (then it is the release in service), FAILED (failed_at: now) or
-    INTERRUPTED. Record a failure before going back (then rolled_back()). -> the updated Release."""
-    if state not in (GOOD, FAILED, INTERRUPTED):
-        raise ValueError(f"a rollout ends {GOOD}, {FAILED} or {INTERRUPTED}, not {state!r}")
+class IllegalMove(ValueError):
+    """A transition MOVES does not allow: a bug, or two processes carrying one release on."""
+
+
+def check_move(old, to):
+    """None when `old` -> `to` is one of MOVES; else IllegalMove naming both."""
+    if to not in MOVES.get(old, ()):
+        raise IllegalMove(f"a release {old} cannot become {to} (the moves: "
+                          + "; ".join(f"{a} -> {' | '.join(b)}" for a, b in MOVES.items()) + ")")
+
+
+def transition(state_dir, number, to, now=None, **fields):
+    """Move release `number` to state `to`, checked against the state it leaves, with `fields`; durable
+    (fsync'd) when it returns. GOOD makes it the release in service, ROLLED_BACK its back_to. FAILED
+    records failed_at, every final state finished_at. -> the updated Release."""
+    old = _load(state_dir, number)
+    if old is None:
+        raise UserError(f"release {number} is not in {root(state_dir)}: `doit releases` lists them")
+    check_move(old.state, to)
     now = time.time() if now is None else now
-    release = _update(state_dir, number, state=state, result=result, finished_at=now,
-                      failed_at=now if state == FAILED else None,
-                      **({} if startup_s is None else {"startup_s": round(startup_s, 1)}))
-    if state == GOOD:
+    stamps = {"failed_at": now} if to == FAILED else {}
+    if to in (GOOD, INTERRUPTED, ROLLED_BACK, DOWN) or (to == FAILED and fields.get("back_to") is None):
+        stamps["finished_at"] = now             # final: nothing is left to carry on
+    release = dataclasses.replace(old, state=to, **stamps, **fields)
+    _write(state_dir, release)
+    if to == GOOD:
         mark_serving(state_dir, number)
+    elif to == ROLLED_BACK:
+        mark_serving(state_dir, release.rolled_back_to)
     return release
 
 
-def rolled_back(state_dir, number, target):
+def finish(state_dir, number, state, result, startup_s=None, now=None, back_to=None):
+    """A rollout's end: GOOD (then it is the release in service), FAILED (back_to: where it goes back
+    next, None when it goes nowhere) or INTERRUPTED. -> the updated Release."""
+    return transition(state_dir, number, state, now, result=result, back_to=back_to,
+                      **({} if startup_s is None else {"startup_s": round(startup_s, 1)}))
+
+
+def rolling_back(state_dir, number, now=None):
+    """Failed release `number` starts going back to its back_to: recorded before any node changes."""
+    return transition(state_dir, number, ROLLING_BACK, now)
+
+
+def rolled_back(state_dir, number, target, now=None):
     """The ranks of failed release `number` went back to release `target` and it serves again: both
     recorded (the failed one says where it went, the target is in service). -> the failed Release."""
-    release = _update(state_dir, number, rolled_back_to=target)
-    mark_serving(state_dir, target)
-    return release
+    return transition(state_dir, number, ROLLED_BACK, now, rolled_back_to=target)
+
+
+def down(state_dir, number, why, now=None):
+    """Going back failed too: the cluster is down, and the record says why."""
+    old = _load(state_dir, number)
+    return transition(state_dir, number, DOWN, now, result=f"{old.result}; going back failed: {why}" if old else why)
+
+
+def carried(state_dir, number, by, now=None, **fields):
+    """Who carries unfinished release `number` on from now (by: "doit launch", "dsv41-watchdog"), and the
+    fields of the step it takes (started_at): recorded before that step."""
+    now = time.time() if now is None else now
+    return _update(state_dir, number, carrier={"by": by, "pid": os.getpid(), "since": now}, **fields)
 
 
 def _update(state_dir, number, **changed):
@@ -389,7 +483,7 @@ def in_service(state_dir):
     history = load_all(state_dir)
     serving = serving_number(state_dir)
     current = next((r for r in history if r.number == serving), None)
-    failed = next((r for r in reversed(history) if r.state == FAILED and r.number > (serving or 0)), None)
+    failed = next((r for r in reversed(history) if r.state in FAILURES and r.number > (serving or 0)), None)
     return current, failed
 
 

@@ -1,23 +1,31 @@
 """A checked rollout: how `doit launch` and `doit rollback` change what runs, and go back when it fails.
 
     ro = prepare(cfg, want, states, image_ids, retry_failed)   # before anything changes: refuses the
-                                        # release that just failed, says what cannot be undone, begins one
-    paused = pause_watchdog(...)
-    run(cl, ro, want, steps, states, ...)   # apply, ready within the deadline, healthy for the hold
+                                        # release that just failed, says what cannot be undone
+    run(cl, ro, want, steps, states, ...)   # begins the release, applies it, ready within the deadline,
+                                            # healthy for the hold
 
 A release fails when a rank unit fails, when it is not ready within its deadline (twice the last good
 release's start-up, within ROLLOUT_MIN_TIMEOUT_MIN..START_TIMEOUT_MIN), or when it does not stay healthy
 for ROLLOUT_HOLD_S. It is recorded failed first; then, unless ROLLBACK=0 or there is nothing to go back
 to, go_back() restarts the ranks on the last good release exactly as recorded (its units, files and
-image id, checked on every node first), with an incident and the failed ranks' evidence, starts the
-watchdog again, and ends RolledBack (exit 10: serving again) or Down (exit 11: the way back failed too;
-it never loops). A rollout that only rewrote files without restarting the ranks is recorded, not held.
-The release record itself is core.releases.
+image id, checked on every node first), with an incident and the failed ranks' evidence, and ends
+RolledBack (exit 10: serving again) or Down (exit 11: the way back failed too; it never loops). A
+rollout that only rewrote files without restarting the ranks is recorded, not held. The release record
+and its states are core.releases.
+
+Every step is recorded before it is taken, so the process doing it may die at any point: carry_on()
+finishes an unfinished release from its record alone (never conf/), under the run lock, with this same
+code. The watchdog does it at its next look once the process that held the lock is gone (it is never
+stopped for a rollout: the lock is the hand-over, and apply() starts it before the ranks restart); with
+WATCHDOG=0 the next `doit launch` or `doit rollback` does.
 
 apply() takes core.decide's steps on the nodes: state files written, units installed, the memory guards
-started or reloaded, the ranks restarted through the one ordered restart (core.recovery.restart), the
-exporters started; the watchdog is paused while the ranks restart and started again after."""
+started or reloaded, the watchdog started or restarted (never by itself), the ranks restarted through the
+one ordered restart (core.recovery.restart), the exporters started."""
+import contextlib
 import dataclasses
+import os
 import time
 
 from dsv41 import names
@@ -28,6 +36,7 @@ from dsv41.head.core.decide import Desired, Kind, Step, decide
 
 
 RESOLVE_SLACK_S = 10                # past two scrapes: Prometheus's evaluation, then Alertmanager's
+BY_WATCHDOG = "dsv41-watchdog"      # who carries a release on when its process died
 
 
 class RolledBack(UserError):
@@ -44,12 +53,15 @@ class Down(UserError):
 
 @dataclasses.dataclass
 class Rollout:
-    release: rel.Release | None     # the release this launch rolls out; None: what runs is the one in service
+    release: rel.Release | None     # the release rolled out (None: what runs is the one in service, or it
+                                    # is begun by run(), from `fields`, just before the first change)
     target: rel.Release | None      # where a failure goes back to (None: nowhere)
     deadline: tuple                 # (seconds, what sets them) for the readiness wait
-    resumed: bool = False           # a killed launch's release, finished now
+    resumed: bool = False           # a release a dead process left unfinished, carried on now
     serving_after: int | None = None    # the release in service once ready (a killed launch's way back)
     lines: tuple = ()               # what to say before anything changes
+    fields: dict | None = None      # the release to begin (core.releases.record_fields())
+    rollback_of: int | None = None  # `doit rollback`: the release whose state it applies again
 
 
 def deadline(history, cfg):
@@ -91,31 +103,51 @@ def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
     if r is None and current is not None and rel.fingerprint(current) == fp:
         return Rollout(None, None, deadline(history, cfg), lines=tuple(lines))
     target = rel.last_good(history, fields["checkpoint"])
-    release = rel.begin(sd, fields, cfg.releases_keep)
-    lines.append(f"release {release.number}: " + "; ".join(release.changes[:6])
-                 + (f" (+{len(release.changes) - 6} more: `doit releases show {release.number}`)"
-                    if len(release.changes) > 6 else ""))
-    return Rollout(release, target, deadline(history, cfg), lines=tuple(lines))
+    draft = rel.draft(rel.load_all(sd), serving, fields)
+    lines.append(f"release {draft.number}: " + "; ".join(draft.changes[:6])
+                 + (f" (+{len(draft.changes) - 6} more: `doit releases show {draft.number}`)"
+                    if len(draft.changes) > 6 else ""))
+    return Rollout(None, target, deadline(history, cfg), lines=tuple(lines), fields=fields)
 
 
-def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, by="doit launch", began=None):
-    """Apply the steps, wait for the API (within the rollout's deadline when the ranks restart for a new
-    release), hold it, and record the result. A failure of a new release goes back (go_back, which
-    raises RolledBack or Down); a repair of the release in service fails as before. The cluster's alerts
-    are silenced for a restart (core.silences) and every silence of ours ends two scrapes after it is
-    over, whatever the outcome (the restart's own alerts resolve first); a release that failed pages once (DSV41ReleaseFailed). -> start-up seconds (None
-    when the ranks did not restart)."""
+def run(cl, ro, want, steps, states, *, force=False, fault=None, by="doit launch", began=None):
+    """Begin the release (ro.fields) just before the first change, apply the steps, wait for the API (within
+    the rollout's deadline when the ranks restart for a new release), hold it, and record the result. A
+    failure of a new release goes back (go_back, which raises RolledBack or Down); a repair of the release in
+    service fails as before. Silences and the page: settled(). -> start-up seconds (None when the ranks did
+    not restart)."""
     cfg = cl.cfg
     began = time.time() if began is None else began
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
+    begin(cfg, ro, by)
+    with settled(cl, ro, restarting):
+        return checked_run(cl, ro, want, steps, states, restarting, force=force, fault=fault, by=by, began=began)
+
+
+def begin(cfg, ro, by="doit launch"):
+    """Record ro's release rolling out (from ro.fields; nothing when there is none), with what whoever
+    carries it on needs: where a failure goes back, the deadline, who carries it on now."""
+    if ro.fields is not None:
+        ro.release = rel.begin(cfg.state_dir, ro.fields, cfg.releases_keep, back_to=ro.target and ro.target.number,
+                               deadline_s=ro.deadline[0], rollback_of=ro.rollback_of,
+                               carrier={"by": by, "pid": os.getpid(), "since": time.time()})
+        ro.fields = None
+    return ro.release
+
+
+@contextlib.contextmanager
+def settled(cl, ro, restarting):
+    """Planned work is over, served or not: every silence of ours ends two scrapes later (the restart's own
+    alerts resolve first; a cluster left down alerts), and a release that failed pages once
+    (DSV41ReleaseFailed)."""
+    cfg = cl.cfg
     outcome = None
     try:
-        return checked_run(cl, ro, want, steps, states, restarting, force=force, fault=fault, paused=paused, by=by,
-                           began=began)
+        yield
     except (RolledBack, Down) as err:
         outcome = err
         raise
-    finally:                                # planned work is over, served or not: a cluster left down alerts
+    finally:
         quiet_s = 0
         if restarting and silences.silences(cfg):     # after the restart's alerts resolved (two scrapes)
             quiet_s = 2 * cfg.scrape_interval_s + RESOLVE_SLACK_S
@@ -127,12 +159,15 @@ def run(cl, ro, want, steps, states, *, force=False, fault=None, paused=False, b
                                        "failed ranks' evidence", {"release": str(n)}, silenced_s=quiet_s))
 
 
-def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, paused, by, began):
+def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, began):
     cfg = cl.cfg
     checked = ro.release is not None and (restarting or ro.resumed)
     t = time.monotonic()
     try:
-        apply(cl, want, steps, states, force, fault, within=ro.deadline if checked else None, by=by)
+        if restarting and ro.release is not None:       # the deadline's clock, for whoever carries it on
+            rel.carried(cfg.state_dir, ro.release.number, by, started_at=time.time())
+        apply(cl, want, steps, states, force, fault, within=ro.deadline if checked else None, by=by,
+              owner=ro.release and ro.release.number)
         ranks.wait_ready(cl, ro.deadline if checked else None)
         startup = time.monotonic() - t if restarting else None
         if checked:
@@ -144,20 +179,7 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, paused
     except UserError as err:
         if ro.release is None:
             raise
-        failed = rel.finish(cfg.state_dir, ro.release.number, rel.FAILED, one_line(err, 300))
-        if not checked:
-            raise
-        if ro.target is None:
-            fault = recovery.fault(f"release {failed.number} failed: {one_line(failed.result, 200)}", failed.failed_at)
-            inc = recovery.evidence_only(cl, fault, "left down: no good release to go back to", by=by,
-                                         log=lambda m: print(f"[head] {m}"))
-            raise UserError(f"release {failed.number} failed ({one_line(err, 300)}); there is no good release to go "
-                            f"back to on this checkpoint (evidence: `doit incidents show {inc['id']}`): fix the cause "
-                            "and launch again") from None
-        if not cfg.rollback:
-            raise UserError(f"release {failed.number} failed ({one_line(err, 300)}); ROLLBACK=0, so it stays as it "
-                            f"is: `doit rollback {ro.target.number}` goes back") from None
-        go_back(cl, failed, ro.target, paused=paused, began=began, by=by)
+        failed(cl, ro, err, checked, began=began, by=by)
     if ro.release is not None:
         rel.finish(cfg.state_dir, ro.release.number, rel.GOOD,
                    "ready" + (f", healthy for {cfg.rollout_hold_s:.0f} s" if checked else ", no rank restarted"),
@@ -168,6 +190,27 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, paused
     return startup
 
 
+def failed(cl, ro, err, checked, *, began, by):
+    """Release ro.release failed (err): recorded failed, with where it goes back when it will; then back to
+    ro.target (raises RolledBack or Down), or UserError saying why it stays as it is."""
+    cfg = cl.cfg
+    back = checked and ro.target is not None and cfg.rollback
+    f = rel.finish(cfg.state_dir, ro.release.number, rel.FAILED, one_line(err, 300),
+                   back_to=ro.target.number if back else None)
+    if not checked:
+        raise err
+    if ro.target is None:
+        fault = recovery.fault(f"release {f.number} failed: {one_line(f.result, 200)}", f.failed_at)
+        inc = recovery.evidence_only(cl, fault, "left down: no good release to go back to", by=by,
+                                     log=lambda m: print(f"[head] {m}"))
+        raise UserError(f"release {f.number} failed ({one_line(err, 300)}); there is no good release to go "
+                        f"back to on this checkpoint (evidence: `doit incidents show {inc['id']}`): fix the cause "
+                        "and launch again") from None
+    if not cfg.rollback:
+        raise UserError(f"release {f.number} failed ({one_line(err, 300)}); ROLLBACK=0, so it stays as it "
+                        f"is: `doit rollback {ro.target.number}` goes back") from None
+    go_back(cl, f, ro.target, began=began, by=by)
+
 
 def hold(cl, seconds):
     """The release stays healthy for `seconds` (ROLLOUT_HOLD_S): at each look the cluster's Health
@@ -176,6 +219,7 @@ def hold(cl, seconds):
     fails it; the last look asks the recipe's readiness for a token (none: WEDGED). UserError naming
     what failed. A state file that cannot be read is read as absent (launch has said it)."""
     end = time.monotonic() + seconds
+    print(f"holding: the release must stay healthy for {seconds:.0f} s (ROLLOUT_HOLD_S)", flush=True)
     with progress.bar(f"holding: the release must stay healthy for {seconds:.0f} s (ROLLOUT_HOLD_S)",
                       seconds, unit="s") as bar:
         while True:
@@ -204,9 +248,10 @@ def check_images(release, states):
                             "there (or pull it) first")
 
 
-def recorded(cl, release):
-    """(Desired, steps) that run `release` exactly as recorded, from the nodes as they are now; the ranks
-    restart whatever else differs."""
+def recorded(cl, release, since=None, clock=time.time):
+    """(Desired, steps, states) that run `release` exactly as recorded, from the nodes as they are now. The
+    ranks restart whatever else differs, unless every engine unit (re)started after `since` (unix time: a
+    carried-on rollout's started_at) and none needs to for another reason: then the wait goes on."""
     want = Desired(*rel.recorded_state(release, read_key(cl.cfg)))
     states = cl.probe_all(versions=True)
     tripped = next((n for n in cl.nodes if states[n.name].tripped), None)
@@ -215,37 +260,140 @@ def recorded(cl, release):
                         f"after lowering {cl.recipe.memory_settings}, then `doit launch`")
     check_images(release, states)
     steps = decide(cl.cfg.nodes, want, states, cl.recipe)
-    if not any(s.kind is Kind.RESTART_RANKS for s in steps):
+    if not any(s.kind is Kind.RESTART_RANKS for s in steps) and not started_since(cl, states, since, clock()):
         steps.append(Step(Kind.RESTART_RANKS, "all", "", f"release {release.number} as recorded"))
     return want, steps, states
 
 
-def go_back(cl, failed, target, *, paused, began, by):
-    """Restart the ranks on `target` as recorded after `failed` failed; raises RolledBack or Down."""
+def started_since(cl, states, since, now):
+    """Every engine unit of every node (re)started after unix time `since` (each unit's age on its own
+    node's clock against the head's `now`; False when `since` is None or a unit is not up)."""
+    if since is None:
+        return False
+    passed = now - since
+    ages = [states[s.name].age(u) for s in cl.cfg.nodes for u in cl.recipe.units(s)]
+    return all(a is not None and a <= passed for a in ages)
+
+
+def go_back(cl, failed, target, *, began, by):
+    """Restart the ranks on `target` as recorded after `failed` failed (recorded rolling back first);
+    raises RolledBack or Down."""
+    sd = cl.cfg.state_dir
     why = one_line(failed.result, 200)
+    if failed.state == rel.FAILED:
+        rel.rolling_back(sd, failed.number)
     print(f"release {failed.number} failed ({why}): going back to release {target.number} as recorded")
     back = Cluster(rel.settings_of(target, cl.cfg))
     fault = recovery.fault(f"release {failed.number} failed: {why}", failed.failed_at)
     try:
         want, steps, states = recorded(back, target)
-        apply(back, want, steps, states, fault=fault, by=by)
+        apply(back, want, steps, states, fault=fault, by=by, owner=failed.number)
         ranks.wait_ready(back)
     except UserError as err:
+        rel.down(sd, failed.number, one_line(err, 200))
         raise Down(f"release {failed.number} failed ({why}) and going back to release {target.number} failed too "
                    f"({one_line(err, 200)}): the cluster is down; `doit incidents show 1` has the evidence, "
                    "`doit releases` the history") from None
-    rel.rolled_back(cl.cfg.state_dir, failed.number, target.number)
-    apply_watchdog(back, steps, paused)
+    rel.rolled_back(sd, failed.number, target.number)
     now = time.time()
     raise RolledBack(f"release {failed.number} failed ({why}); rolled back to release {target.number}, serving "
                      f"again at {rel.when(now)} ({now - began:.0f} s after this {by} began)")
 
 
+def carry_on(cfg, release, by, clock=time.time):
+    """Finish `release`, which a process that died left unfinished, from its record alone (its settings,
+    units, files and image ids; never conf/): a way back is finished; a rollout goes on where it was (the
+    ranks restarted unless they already started for it, then the rest of its recorded deadline when they
+    had, and the hold), then good, or failed and back to its back_to. The caller holds the run lock.
+    Raises RolledBack or Down as a launch would; -> the start-up seconds, or None."""
+    history = rel.load_all(cfg.state_dir)
+    target = next((r for r in history if r.number == release.back_to and r.state == rel.GOOD), None)
+    cl = Cluster(rel.settings_of(release, cfg))
+    release = rel.carried(cfg.state_dir, release.number, by)
+    print(f"release {release.number} ({release.shown_state}) was left unfinished: {by} carries it on")
+    ro = Rollout(release, target, (release.deadline_s or cl.cfg.start_timeout_s, "the recorded rollout deadline"),
+                 resumed=True)
+    if release.state != rel.ROLLING_OUT:
+        with settled(cl, ro, restarting=True):
+            if target is None:
+                if release.state == rel.FAILED:
+                    rel.rolling_back(cfg.state_dir, release.number)
+                rel.down(cfg.state_dir, release.number, f"release {release.back_to} is no longer a good release")
+                raise Down(f"release {release.number} failed and release {release.back_to}, where it went back, "
+                           "is no longer kept: the cluster is down; `doit releases` the history")
+            go_back(cl, release, target, began=release.time, by=by)
+    try:
+        want, steps, states = recorded(cl, release, since=release.started_at, clock=clock)
+    except UserError as err:                # it cannot even be applied as recorded: the release failed
+        with settled(cl, ro, restarting=False):
+            failed(cl, ro, err, True, began=release.time, by=by)
+    if not any(s.kind is Kind.RESTART_RANKS for s in steps):       # they started for it: what is left
+        left = (release.deadline_s or cl.cfg.start_timeout_s) - (clock() - release.started_at)
+        ro.deadline = (max(1.0, left), "what was left of the recorded rollout deadline")
+    return run(cl, ro, want, steps, states, by=by, began=release.time)
+
+
+def unfinished(state_dir):
+    """(the release history, the release it leaves unfinished or None)."""
+    history = rel.load_all(state_dir)
+    return history, rel.unfinished(history)
+
+
+def end_final_silences(cfg, history):
+    """Our silences set for a release that is final end two scrapes from now (core.silences.end_owned):
+    none outlives the work that made it. A line when one did, else None."""
+    final = {r.number for r in history if not r.unfinished}
+    return silences.end_owned(cfg, final, 2 * cfg.scrape_interval_s + RESOLVE_SLACK_S)
+
+
+INCIDENT_ALERT = "DSV41WatchdogRecovering"
+INCIDENT_RESEND_S = 10                  # while a recovery runs its alert is posted again this often
+
+
+def incident_alert_ends(cfg, inc, now, ended=False):
+    """When the incident's alert should end, posted at `now`: while the recovery runs, three resends ahead
+    (a watchdog that died lets it resolve by itself); once it ended, now, but never before a group wait
+    and a scrape past its start: Alertmanager sends nothing for a group resolved before its first
+    notification. Alertmanager never moves a firing alert's end earlier, so the end is only ever pushed."""
+    least = inc["started"] + cfg.alert_group_wait_s + cfg.scrape_interval_s + RESOLVE_SLACK_S
+    return max(least, now if ended else now + 3 * INCIDENT_RESEND_S)
+
+
+def page_incident(cfg, inc, ends):
+    """The watchdog's incident as one alert of its own, posted to Alertmanager from the recovery's start
+    (a page never depends on a scrape landing inside it), labelled with the incident (verdict, node,
+    fault_at, incident); the rank, API, decode and TTFT alerts are inhibited under it. A line."""
+    fault_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(inc["fault_at"])) if inc.get("fault_at") else ""
+    labels = {"verdict": inc.get("verdict") or "", "node": inc.get("node") or "", "fault_at": fault_at,
+              "incident": inc["id"]}
+    return silences.post(cfg, INCIDENT_ALERT,
+                         f"the watchdog is recovering from {labels['verdict']} on {labels['node'] or 'the cluster'} "
+                         f"(fault at {fault_at or '?'})",
+                         "It restarts the ranks; the rank, API, decode and TTFT alerts stay quiet meanwhile, and this "
+                         f"resolves when the recovery ended: `doit incidents show {inc['id']}`, `doit status`.",
+                         labels, inc["started"], ends)
+
+
+def carry_on_way_back(cfg, by):
+    """A way back that a dead process left half-way is finished before anything else (a launch's or a
+    rollback's first step): its outcome is said, not raised. -> the line, or None when there was none."""
+    left = rel.unfinished(rel.load_all(cfg.state_dir))
+    if left is None or left.state == rel.ROLLING_OUT:
+        return None
+    try:
+        carry_on(cfg, left, by)
+    except (RolledBack, Down) as err:
+        return str(err)
+    return None
+
+
 # ---- applying the steps ----------------------------------------------------------------------------
 
-def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch"):
-    """decide()'s steps in order; the ranks restart through recovery.restart (fault: the Health that calls
-    for it; within: the readiness wait's deadline; by: who restarts)."""
+def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch", owner=None):
+    """decide()'s steps in order; the watchdog's before the ranks restart (so that it is there to carry the
+    release on; never by the watchdog itself); the ranks restart through recovery.restart (fault: the
+    Health that calls for it; within: the readiness wait's deadline; by: who restarts; owner: the release
+    whose restart it is, named by its silence)."""
     by_name = {n.name: n for n in cl.nodes}
     for s in steps:
         node = by_name.get(s.node)
@@ -264,9 +412,13 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
         if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
             control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
     for s in steps:
+        if s.kind in WATCHDOG_STEPS and by != BY_WATCHDOG:
+            control(cl, cl.head, s.kind, names.WATCHDOG_UNIT, "watchdog")
+    for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
-            say(cl.head, silences.silence(cl.cfg, by))    # planned: the rank and API alerts stay quiet
+            owned = f"{by}, release {owner}" if owner else by
+            say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
             recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
                              within=within)
     for s in steps:
@@ -275,24 +427,6 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
 
 
 WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
-
-
-def pause_watchdog(cl, states, steps):
-    """A running watchdog stops while launch restarts the ranks (it would take their start-up for a
-    fault); apply_watchdog starts it again once the API is ready, so a failed launch leaves it stopped."""
-    running = states[cl.head.name].unit(names.WATCHDOG_UNIT).active == "active"
-    if running and any(s.kind is Kind.RESTART_RANKS for s in steps):
-        cl.systemctl(cl.head, "stop", names.WATCHDOG_UNIT)
-        say(cl.head, "paused the watchdog while the ranks restart")
-        return True
-    return False
-
-
-def apply_watchdog(cl, steps, paused):
-    """The watchdog steps, after the API is ready (a paused watchdog starts again, unless WATCHDOG=0)."""
-    kinds = [s.kind for s in steps if s.kind in WATCHDOG_STEPS] or ([Kind.START_WATCHDOG] if paused else [])
-    for kind in kinds:                           # restart starts a stopped one
-        control(cl, cl.head, kind, names.WATCHDOG_UNIT, "watchdog")
 
 
 def control(cl, node, kind, unit, what):
@@ -331,12 +465,9 @@ def rollback(cfg, history, target):
     fields = {k: getattr(target, k) for k in ("image", "image_ids", "settings", "units", "files", "secret_files")}
     fields.update(checkpoint=on_disk, node_versions={n: states[n].versions or {} for n in states})
     back = rel.last_good(history, on_disk)
-    release = rel.begin(sd, fields, cfg.releases_keep)
-    print(f"release {release.number}: release {target.number} as recorded; if it fails, back to release "
-          f"{back.number if back else '-'}")
-    paused = pause_watchdog(cl, states, steps)
-    ro = Rollout(release, back, deadline(history, cl.cfg))
-    run(cl, ro, want, steps, states, paused=paused, by="doit rollback", began=began)
-    apply_watchdog(cl, steps, paused)
+    print(f"release {rel.draft(history, rel.serving_number(sd), fields).number}: release {target.number} as "
+          f"recorded; if it fails, back to release {back.number if back else '-'}")
+    ro = Rollout(None, back, deadline(history, cl.cfg), fields=fields, rollback_of=target.number)
+    run(cl, ro, want, steps, states, by="doit rollback", began=began)
     print(f"release {target.number}'s state serves again as release {release.number}; conf/ still says what "
           "`doit plan` shows: the next `doit launch` applies it")

@@ -6,6 +6,7 @@ API lists and a clock; silence(), unsilence(), silences() and silence_line() nev
 command up for long: with Alertmanager absent or down they return a line (or nothing) saying so.
 Planned work that failed still pages once: page() posts the alert of a release that failed (rolled back
 or down), after the silence ended; it resolves by itself after ALERT_RECENT_MIN."""
+import re
 import time
 
 from dsv41.head.core import alertmanager as am
@@ -108,6 +109,29 @@ def end_soon(cfg, seconds, now=time.time):
             "resolve" if mine else f"no silence of cluster {cfg.cluster_name}'s alerts to end")
 
 
+def owner(sil):
+    """The release a silence of ours was set for ("dsv41 doit launch, release 7" -> 7), or None."""
+    m = re.search(r", release (\d+)$", sil.get("createdBy", ""))
+    return int(m.group(1)) if m else None
+
+
+def end_owned(cfg, final, seconds, now=time.time):
+    """Our silences set for a release now final (`final`: their numbers) end `seconds` from now (those
+    ending later): the work that made them is over, so they cannot outlive it (a launch that died before it
+    ended its own). Returns a line when it moved one, else None (nothing to do, or no Alertmanager)."""
+    try:
+        ends = now() + seconds
+        mine = [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name) and owner(s) in final
+                and am.ts(s["endsAt"]) > ends + EXTEND_SLACK_S]
+        for s in mine:
+            am.post_silence(am.url(cfg), {**{k: s[k] for k in ("id", "matchers", "startsAt", "createdBy", "comment")},
+                                          "endsAt": am.iso(ends)})
+    except ODD:
+        return None
+    return (f"ended the silence of {', '.join(sorted({s['createdBy'][len(PREFIX):] for s in mine}))}: its release is "
+            f"final (it ends at {clock(ends)}, once the restart's alerts resolved)") if mine else None
+
+
 def silences(cfg):
     """Our silences of the cluster's alerts that are not expired, as the API gives them ([] when
     Alertmanager does not answer)."""
@@ -131,9 +155,15 @@ def page(cfg, name, summary, description, labels=None, silenced_s=0, now=time.ti
     Returns a line."""
     t = now()
     lasts = max(60 * cfg.alert_recent_min, silenced_s + cfg.alert_group_wait_s + cfg.alert_group_interval_s)
+    return post(cfg, name, summary, description, labels, t, t + lasts)
+
+
+def post(cfg, name, summary, description, labels, starts, ends):
+    """One critical alert of ours, labelled with the cluster, firing from `starts` until `ends` (unix
+    times); posting it again with the same labels moves its end (Alertmanager keeps one alert). A line."""
     alert = {"labels": {"alertname": name, "cluster": cfg.cluster_name, "severity": "critical", **(labels or {})},
              "annotations": {"summary": summary, "description": description},
-             "startsAt": am.iso(t), "endsAt": am.iso(t + lasts)}
+             "startsAt": am.iso(starts), "endsAt": am.iso(ends)}
     try:
         am.post_alerts(am.url(cfg), [alert])
     except ODD as err:

@@ -259,12 +259,14 @@ def one_of(*words):
     return word
 
 
-RELEASE = {"schema": str, "number": int, "time": TIME, "state": one_of("rolling out", "good", "failed", "interrupted"), "image": str, "image_ids": {str: OPT_STR},
+RELEASE = {"schema": str, "number": int, "time": TIME, "image": str, "image_ids": {str: OPT_STR},
+           "state": one_of("rolling out", "good", "failed", "interrupted", "rolling back", "rolled back", "down"),
            "checkpoint": {"repo": OPT_STR, "revision": OPT_STR, "manifest_digest": OPT_STR},
            "settings": dict, "node_versions": {str: {str: ANY}}, "units": {str: {str: str}},
            "files": {str: {str: FILE_ENTRY}}, "secret_files": {str: [str]}, "changes": [str], "changes_from": OPT_INT,
            "startup_s": OPT_NUMBER, "result": str, "failed_at": OPT_TIME, "finished_at": OPT_TIME,
-           "rolled_back_to": OPT_INT}
+           "rolled_back_to": OPT_INT, "back_to": OPT_INT, "deadline_s": OPT_NUMBER, "started_at": OPT_TIME,
+           "carrier": (None, {"by": str, "pid": int, "since": TIME}), "rollback_of": OPT_INT}
 CURRENT = {"number": int}
 DOWNLOAD_RECORDS = {str: {"etag": str, "size": int, "mtime_ns": int}}
 
