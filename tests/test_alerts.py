@@ -302,11 +302,15 @@ def as_prometheus_sends(cfg, name, labels, resolved=False, ago=60):
             "generatorURL": f"http://head:9090/graph?g0.expr={name}"}
 
 
-def incident_alerts(cfg, resolved=False):
-    head = {"job": "dsv41-node", "instance": "127.0.0.1:9100"}
-    return [as_prometheus_sends(cfg, "DSV41WatchdogRecovering", {**head, **INCIDENT}, resolved, ago=0),
-            as_prometheus_sends(cfg, "DSV41RankDown", {"job": "dsv41-node", "instance": "10.10.10.11:9100",
+def rank_down(cfg, resolved=False):
+    return [as_prometheus_sends(cfg, "DSV41RankDown", {"job": "dsv41-node", "instance": "10.10.10.11:9100",
                                                        "node": "worker1"}, resolved)]
+
+
+def incident(started):
+    """The watchdog's incident record (core/record.py) of INCIDENT."""
+    return {"id": INCIDENT["incident"], "verdict": INCIDENT["verdict"], "node": INCIDENT["node"], "started": started,
+            "fault_at": am.ts(INCIDENT["fault_at"])}
 
 
 def wait(running, what, check, timeout=30):
@@ -327,20 +331,25 @@ def names_the_incident(text):
 
 
 def test_a_healed_fault_is_one_firing_and_one_resolved_notification(running):
-    """Prometheus sends the recovery's alert on the evaluation after the watchdog published it; the rank
-    alert, pending since the fault (its startsAt a minute back), is sent with it from then on. (The rules
-    raise no new rank alert during a recovery: Alertmanager's inhibitor learns of the source a moment after
-    it is stored, and an alert whose startsAt is older than group_wait is flushed at once.)"""
+    """The watchdog posts its incident when the recovery begins (no scrape needed); the rank alert, pending
+    since the fault (its startsAt a minute back) and resent by Prometheus, is inhibited under it. The
+    recovery ends 2 s later, well inside a scrape interval: the incident still pages once and resolves once,
+    since its alert lasts a group wait and a scrape past its start."""
+    from dsv41.head.core import rollout
     cfg, hook, box = running["cfg"], running["hook"], running["box"]
     base = am.url(cfg)
-    am.post_alerts(base, incident_alerts(cfg)[:1])
+    inc = incident(time.time())
+    ends = rollout.incident_alert_ends(cfg, inc, time.time())
+    assert rollout.page_incident(cfg, inc, ends).startswith("paged DSV41WatchdogRecovering")
     wait(running, "the recovery's alert stored", lambda: am.alerts(base))
     time.sleep(0.5)
-    am.post_alerts(base, incident_alerts(cfg))
+    am.post_alerts(base, rank_down(cfg))
+    time.sleep(2)                                      # healed 2 s after it began: it ends by itself, at least
+    assert rollout.incident_alert_ends(cfg, inc, time.time(), ended=True) > time.time()     # a group wait on
     wait(running, "the firing notification", lambda: hook.posts and box.messages)
-    for _ in range(3):                                 # Prometheus resends while they fire; nothing new pages
+    for _ in range(3):                                 # Prometheus resends the rank alert; nothing new pages
         time.sleep(2)
-        am.post_alerts(base, incident_alerts(cfg))
+        am.post_alerts(base, rank_down(cfg))
     assert len(hook.posts) == 1 and len(box.messages) == 1, [p["body"]["status"] for p in hook.posts]
     firing = hook.posts[0]
     assert firing["path"] == f"/{HOOK_TOKEN}" and firing["body"]["status"] == "firing"
@@ -354,8 +363,8 @@ def test_a_healed_fault_is_one_firing_and_one_resolved_notification(running):
     assert "DSV41RankDown" not in mail["Subject"]
     assert box.logins and set(box.logins) == {b"alerts"}
 
-    am.post_alerts(base, incident_alerts(cfg, resolved=True))
-    wait(running, "the resolved notification", lambda: len(hook.posts) == 2 and len(box.messages) == 2)
+    am.post_alerts(base, rank_down(cfg, resolved=True))
+    wait(running, "the resolved notification", lambda: len(hook.posts) == 2 and len(box.messages) == 2, timeout=60)
     time.sleep(6)                                      # three group intervals: nothing more
     assert len(hook.posts) == 2 and len(box.messages) == 2
     resolved = hook.posts[1]["body"]
@@ -401,6 +410,22 @@ def test_a_silence_ends_soon_after_planned_work_so_its_alerts_resolve_first(runn
     assert len(silences.silences(cfg)) == 2                        # still there, for the resolving alerts
     wait(running, "the silences to end", lambda: silences.silences(cfg) == [], timeout=15)
     assert silences.end_soon(cfg, 3) == "no silence of cluster sparks's alerts to end"
+
+
+def test_a_release_silence_ends_once_its_release_is_final_and_no_other(running):
+    """Each silence names its owner: the watchdog ends those of releases that are final (a launch that died
+    before it ended its own), two scrapes from now; a release still rolling out and `doit stop` keep theirs."""
+    cfg = running["cfg"]
+    for owner in ("doit launch, release 4", "dsv41-watchdog, release 5", "doit stop"):
+        silences.silence(cfg, owner)
+    assert sorted(silences.owner(s) or 0 for s in silences.silences(cfg)) == [0, 4, 5]
+    line = silences.end_owned(cfg, {3, 4}, 3)
+    assert line.startswith("ended the silence of doit launch, release 4: its release is final"), line
+    ends = {s["createdBy"]: am.ts(s["endsAt"]) for s in silences.silences(cfg)}
+    assert ends["dsv41 doit launch, release 4"] <= time.time() + 3.5
+    assert min(ends["dsv41 dsv41-watchdog, release 5"], ends["dsv41 doit stop"]) > time.time() + 3600
+    assert silences.end_owned(cfg, {3, 4}, 3) is None                  # already ending: nothing more to do
+    wait(running, "release 4's silence to end", lambda: len(silences.silences(cfg)) == 2, timeout=15)
 
 
 def test_a_release_that_failed_pages_once_on_every_receiver(running):

@@ -150,9 +150,6 @@ CASES = [
      [("30s", []), ("1m30s", [HEAD]), ("2m45s", [])]),
     ("DSV41WatchdogRecovered", [series("dsv41_watchdog_recoveries_total", HEAD, "0x8 1x100")],
      [("1m", []), ("3m", [HEAD]), ("20m", [])]),
-    # the watchdog's own series (honor_labels: its node label is the faulty node's)
-    ("DSV41WatchdogRecovering", [series("dsv41_watchdog_recovering", RECOVERING, "_x3 1x3 stale")],
-     [("30s", []), ("1m15s", [RECOVERING]), ("2m30s", [])]),
     ("DSV41WatchdogNeedsReboot", [series("dsv41_watchdog_verdict", {**HEAD, "verdict": "NEEDS_REBOOT"}, "0x4 1x8"),
                                   series("dsv41_watchdog_verdict", {**HEAD, "verdict": "HEALTHY"}, "1x4 0x8")],
      [("30s", []), ("1m30s", [{**HEAD, "verdict": "NEEDS_REBOOT"}])]),
