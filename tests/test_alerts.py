@@ -412,20 +412,27 @@ def test_a_silence_ends_soon_after_planned_work_so_its_alerts_resolve_first(runn
     assert silences.end_soon(cfg, 3) == "no silence of cluster sparks's alerts to end"
 
 
-def test_a_release_silence_ends_once_its_release_is_final_and_no_other(running):
-    """Each silence names its owner: the watchdog ends those of releases that are final (a launch that died
-    before it ended its own), two scrapes from now; a release still rolling out and `doit stop` keep theirs."""
+def test_a_silence_ends_once_its_work_is_over_and_no_other(running):
+    """Each silence names its owner: the watchdog ends those of releases that are final and of a repair whose
+    process is gone (a launch that died before it ended its own), two scrapes from now; a release still
+    rolling out, a living launch and `doit stop` keep theirs."""
     cfg = running["cfg"]
-    for owner in ("doit launch, release 4", "dsv41-watchdog, release 5", "doit stop"):
+    dead = subprocess.Popen(["true"])
+    dead.wait()                                                     # a repair's launch that died: its pid is gone
+    owners = ("doit launch, release 4", "dsv41-watchdog, release 5", "doit stop", f"doit launch, pid {dead.pid}",
+              f"doit launch, pid {os.getpid()}")
+    for owner in owners:
         silences.silence(cfg, owner)
-    assert sorted(silences.owner(s) or 0 for s in silences.silences(cfg)) == [0, 4, 5]
+    assert sorted(str(silences.owner(s)) for s in silences.silences(cfg)) == sorted(
+        ["('release', 4)", "('release', 5)", "None", f"('pid', {dead.pid})", f"('pid', {os.getpid()})"])
     line = silences.end_owned(cfg, {3, 4}, 3)
-    assert line.startswith("ended the silence of doit launch, release 4: its release is final"), line
-    ends = {s["createdBy"]: am.ts(s["endsAt"]) for s in silences.silences(cfg)}
-    assert ends["dsv41 doit launch, release 4"] <= time.time() + 3.5
-    assert min(ends["dsv41 dsv41-watchdog, release 5"], ends["dsv41 doit stop"]) > time.time() + 3600
+    assert line == (f"ended the silence of doit launch, pid {dead.pid}, doit launch, release 4: its work is over "
+                    f"(it ends at {silences.clock(time.time() + 3)}, once the restart's alerts resolved)"), line
+    ends = {s["createdBy"][len("dsv41 "):]: am.ts(s["endsAt"]) for s in silences.silences(cfg)}
+    assert max(ends["doit launch, release 4"], ends[f"doit launch, pid {dead.pid}"]) <= time.time() + 3.5
+    assert min(ends[o] for o in owners if "4" not in o and str(dead.pid) not in o) > time.time() + 3600
     assert silences.end_owned(cfg, {3, 4}, 3) is None                  # already ending: nothing more to do
-    wait(running, "release 4's silence to end", lambda: len(silences.silences(cfg)) == 2, timeout=15)
+    wait(running, "those silences to end", lambda: len(silences.silences(cfg)) == 3, timeout=15)
 
 
 def test_a_release_that_failed_pages_once_on_every_receiver(running):

@@ -417,7 +417,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
-            owned = f"{by}, release {owner}" if owner else by
+            owned = f"{by}, release {owner}" if owner else f"{by}, pid {os.getpid()}"    # whose work it is
             say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
             recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
                              within=within)

@@ -6,6 +6,7 @@ API lists and a clock; silence(), unsilence(), silences() and silence_line() nev
 command up for long: with Alertmanager absent or down they return a line (or nothing) saying so.
 Planned work that failed still pages once: page() posts the alert of a release that failed (rolled back
 or down), after the silence ended; it resolves by itself after ALERT_RECENT_MIN."""
+import os
 import re
 import time
 
@@ -110,26 +111,35 @@ def end_soon(cfg, seconds, now=time.time):
 
 
 def owner(sil):
-    """The release a silence of ours was set for ("dsv41 doit launch, release 7" -> 7), or None."""
-    m = re.search(r", release (\d+)$", sil.get("createdBy", ""))
-    return int(m.group(1)) if m else None
+    """What a silence of ours was set for: ("release", 7) for "dsv41 doit launch, release 7", ("pid", 42) for
+    "dsv41 doit launch, pid 42" (a repair, no release), None for the others (`doit stop`'s)."""
+    m = re.search(r", (release|pid) (\d+)$", sil.get("createdBy", ""))
+    return (m.group(1), int(m.group(2))) if m else None
 
 
-def end_owned(cfg, final, seconds, now=time.time):
-    """Our silences set for a release now final (`final`: their numbers) end `seconds` from now (those
-    ending later): the work that made them is over, so they cannot outlive it (a launch that died before it
-    ended its own). Returns a line when it moved one, else None (nothing to do, or no Alertmanager)."""
+def pid_alive(pid):
+    return os.path.exists(f"/proc/{pid}")
+
+
+def end_owned(cfg, final, seconds, now=time.time, alive=pid_alive):
+    """Our silences whose work is over end `seconds` from now (those ending later): set for a release now
+    final (`final`: their numbers), or by a process on this head that is gone. None outlives the work that
+    made it (a launch that died before it ended its own); `doit stop`'s stays. Returns a line when it moved
+    one, else None (nothing to do, or no Alertmanager)."""
+    def over(sil):
+        o = owner(sil)
+        return o is not None and (o[1] in final if o[0] == "release" else not alive(o[1]))
     try:
         ends = now() + seconds
-        mine = [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name) and owner(s) in final
+        mine = [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name) and over(s)
                 and am.ts(s["endsAt"]) > ends + EXTEND_SLACK_S]
         for s in mine:
             am.post_silence(am.url(cfg), {**{k: s[k] for k in ("id", "matchers", "startsAt", "createdBy", "comment")},
                                           "endsAt": am.iso(ends)})
     except ODD:
         return None
-    return (f"ended the silence of {', '.join(sorted({s['createdBy'][len(PREFIX):] for s in mine}))}: its release is "
-            f"final (it ends at {clock(ends)}, once the restart's alerts resolved)") if mine else None
+    return (f"ended the silence of {', '.join(sorted({s['createdBy'][len(PREFIX):] for s in mine}))}: its work is "
+            f"over (it ends at {clock(ends)}, once the restart's alerts resolved)") if mine else None
 
 
 def silences(cfg):
