@@ -68,6 +68,9 @@ def parse(argv):
     p.add_argument("--seed", type=int, default=None, help="the fault schedule's seed (default: random, printed)")
     p.add_argument("--every", type=every_range, default=(60.0, 180.0), metavar="MIN-MAX",
                    help="seconds between faults, drawn uniformly (default: 60-180)")
+    p.add_argument("--after-heal", action="store_true",
+                   help="each fault waits until every earlier one healed, then --every seconds more: each kind "
+                        "proven on its own, as fast as the cluster heals (the short soak)")
     p.add_argument("--slo-s", type=positive, default=None,
                    help="seconds a fault may take to heal (default: the watchdog's detection bound + one "
                         "measured start-up)")
@@ -198,7 +201,13 @@ class Soak:
             self.stopped = "the API never answered a request at the start"
             self.problems.append(self.stopped)
             return
+        gaps = random.Random(a.seed + 1)
         for at, kind in schedule:
+            if a.after_heal and self.faults:                # from the heal of the fault before, not the clock
+                while not self.stopped and any(f["healed_at"] is None for f in self.faults):
+                    self.poll()
+                    time.sleep(1)
+                at = time.time() - self.started + gaps.uniform(*a.every)
             while time.time() < self.started + at and not self.stopped:
                 self.poll()
                 time.sleep(1)
