@@ -296,8 +296,9 @@ def go_back(cl, failed, target, *, began, by):
                    "`doit releases` the history") from None
     rel.rolled_back(sd, failed.number, target.number)
     now = time.time()
+    since = f"this {by}" if by.startswith("doit") else f"release {failed.number}"     # carried on: the release
     raise RolledBack(f"release {failed.number} failed ({why}); rolled back to release {target.number}, serving "
-                     f"again at {rel.when(now)} ({now - began:.0f} s after this {by} began)")
+                     f"again at {rel.when(now)} ({now - began:.0f} s after {since} began)")
 
 
 def carry_on(cfg, release, by, clock=time.time):
