@@ -236,3 +236,19 @@ def test_doit_rollback_finishes_a_rollback_a_dead_one_left_and_stops_there(tmp_p
     assert rel.load_all(d)[-1].state == rel.GOOD and rel.serving_number(d) == three.number and called == []
     with pytest.raises(UserError, match="the one in service"):
         doit_releases.rollback(cfg, [str(three.number)])
+
+
+def test_doit_rollback_applies_a_release_as_a_new_one_and_says_so(tmp_path, fake_nodes, capsys):
+    cfg = config(tmp_path)
+    d = cfg.state_dir
+    fields = {**FIELDS, "checkpoint": rel.checkpoint_on_disk(cfg), "settings": {}}
+    one = rel.begin(d, fields, 10)
+    rel.finish(d, one.number, rel.GOOD, "ready")
+    two = rel.begin(d, {**fields, "units": {"head": {"dsv41-r0.service": "2\n"}}}, 10, back_to=1)
+    rel.finish(d, two.number, rel.GOOD, "ready")
+    rollout.rollback(cfg, rel.load_all(d), rel.load_all(d)[0])
+    out = capsys.readouterr().out
+    made = rel.load_all(d)[-1]
+    assert made.number == 3 and made.state == rel.GOOD and made.rollback_of == 1 and made.back_to == 2
+    assert made.carrier["by"] == "doit rollback" and rel.serving_number(d) == 3
+    assert "release 1's state serves again as release 3" in out, out

@@ -175,8 +175,7 @@ class Watchdog:
             runlock.release()
             self.mem = Memory(ran=True)      # it ran the ranks: all of them ending by themselves is still DEAD
             if pager is not None:
-                pager.set()
-                self.page(inc, ended=True)
+                pager.set()                 # its thread posts the resolve
             took = self.clock() - t0
             result = (inc or {}).get("result", "?")
             self.log(f"RECOVERED from {h.verdict} in {took:.0f} s: READY" if result == "READY"
@@ -192,6 +191,12 @@ class Watchdog:
         def resend():
             while not done.wait(rollout.INCIDENT_RESEND_S):
                 self.page(inc)
+            # ended: resolved as soon as it may be (a firing alert's end cannot be moved earlier, so its
+            # resolve is posted once a group wait and a scrape have passed since its start)
+            left = rollout.incident_alert_ends(self.cfg, inc, self.clock(), ended=True) - self.clock()
+            if 0 < left < 3600:
+                time.sleep(left)
+            self.page(inc, ended=True)
         threading.Thread(target=resend, name="incident-alert", daemon=True).start()
         return done
 
@@ -200,8 +205,6 @@ class Watchdog:
         first post's line is logged, and any that did not reach Alertmanager."""
         if self.cfg.metrics_dir:
             ends = rollout.incident_alert_ends(self.cfg, inc, self.clock(), ended)
-            if ended and ends > self.clock():
-                return                      # it ends by itself at `ends`, already posted
             line = rollout.page_incident(self.cfg, inc, ends)
             if say or line.startswith("not paged"):
                 self.log(line)

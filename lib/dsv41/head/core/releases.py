@@ -434,7 +434,8 @@ def transition(state_dir, number, to, now=None, **fields):
 def finish(state_dir, number, state, result, startup_s=None, now=None, back_to=None):
     """A rollout's end: GOOD (then it is the release in service), FAILED (back_to: where it goes back
     next, None when it goes nowhere) or INTERRUPTED. -> the updated Release."""
-    return transition(state_dir, number, state, now, result=result, back_to=back_to,
+    return transition(state_dir, number, state, now, result=result,
+                      **({"back_to": back_to} if state == FAILED else {}),
                       **({} if startup_s is None else {"startup_s": round(startup_s, 1)}))
 
 

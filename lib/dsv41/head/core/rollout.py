@@ -352,12 +352,12 @@ INCIDENT_RESEND_S = 10                  # while a recovery runs its alert is pos
 
 
 def incident_alert_ends(cfg, inc, now, ended=False):
-    """When the incident's alert should end, posted at `now`: while the recovery runs, three resends ahead
+    """When the incident's alert should end, posted at `now`: while the recovery runs, two resends ahead
     (a watchdog that died lets it resolve by itself); once it ended, now, but never before a group wait
     and a scrape past its start: Alertmanager sends nothing for a group resolved before its first
     notification. Alertmanager never moves a firing alert's end earlier, so the end is only ever pushed."""
     least = inc["started"] + cfg.alert_group_wait_s + cfg.scrape_interval_s + RESOLVE_SLACK_S
-    return max(least, now if ended else now + 3 * INCIDENT_RESEND_S)
+    return max(least, now if ended else now + 2 * INCIDENT_RESEND_S)
 
 
 def page_incident(cfg, inc, ends):
@@ -470,5 +470,5 @@ def rollback(cfg, history, target):
           f"recorded; if it fails, back to release {back.number if back else '-'}")
     ro = Rollout(None, back, deadline(history, cl.cfg), fields=fields, rollback_of=target.number)
     run(cl, ro, want, steps, states, by="doit rollback", began=began)
-    print(f"release {target.number}'s state serves again as release {release.number}; conf/ still says what "
+    print(f"release {target.number}'s state serves again as release {ro.release.number}; conf/ still says what "
           "`doit plan` shows: the next `doit launch` applies it")
