@@ -103,7 +103,7 @@ def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
     if r is None and current is not None and rel.fingerprint(current) == fp:
         return Rollout(None, None, deadline(history, cfg), lines=tuple(lines))
     target = rel.last_good(history, fields["checkpoint"])
-    draft = rel.draft(rel.load_all(sd), serving, fields)
+    draft = rel.draft(history, serving, fields)         # numbers and fields: an INTERRUPTED above changes neither
     lines.append(f"release {draft.number}: " + "; ".join(draft.changes[:6])
                  + (f" (+{len(draft.changes) - 6} more: `doit releases show {draft.number}`)"
                     if len(draft.changes) > 6 else ""))

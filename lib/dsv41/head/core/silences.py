@@ -100,14 +100,22 @@ def end_soon(cfg, seconds, now=time.time):
     firing when its silence ends would page. Returns a line."""
     try:
         ends = now() + seconds
-        mine = [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name) and am.ts(s["endsAt"]) > ends]
-        for s in mine:                  # an active silence's end may move; it keeps its id
-            am.post_silence(am.url(cfg), {**{k: s[k] for k in ("id", "matchers", "startsAt", "createdBy", "comment")},
-                                          "endsAt": am.iso(ends)})
+        mine = move_ends(cfg, ends, lambda s: True, later_than=ends)
     except ODD as err:
         return "silence not ended: " + am.absent(cfg, err)
     return (f"alerts of cluster {cfg.cluster_name} stay silenced until {clock(ends)}, while the restart's alerts "
             "resolve" if mine else f"no silence of cluster {cfg.cluster_name}'s alerts to end")
+
+
+def move_ends(cfg, ends, which, later_than):
+    """Our silences that which(silence) picks and that end after `later_than` end at `ends` instead (an
+    active silence's end may move; it keeps its id) -> those moved. Raises what the API calls raise."""
+    mine = [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name) and which(s)
+            and am.ts(s["endsAt"]) > later_than]
+    for s in mine:
+        am.post_silence(am.url(cfg), {**{k: s[k] for k in ("id", "matchers", "startsAt", "createdBy", "comment")},
+                                      "endsAt": am.iso(ends)})
+    return mine
 
 
 def owner(sil):
@@ -131,11 +139,7 @@ def end_owned(cfg, final, seconds, now=time.time, alive=pid_alive):
         return o is not None and (o[1] in final if o[0] == "release" else not alive(o[1]))
     try:
         ends = now() + seconds
-        mine = [s for s in am.silences(am.url(cfg)) if ours(s, cfg.cluster_name) and over(s)
-                and am.ts(s["endsAt"]) > ends + EXTEND_SLACK_S]
-        for s in mine:
-            am.post_silence(am.url(cfg), {**{k: s[k] for k in ("id", "matchers", "startsAt", "createdBy", "comment")},
-                                          "endsAt": am.iso(ends)})
+        mine = move_ends(cfg, ends, over, later_than=ends + EXTEND_SLACK_S)
     except ODD:
         return None
     return (f"ended the silence of {', '.join(sorted({s['createdBy'][len(PREFIX):] for s in mine}))}: its work is "
