@@ -93,7 +93,7 @@ OWN = (
     S("SSH_TIMEOUT_S", "int", 10, "a node that does not answer over ssh (down, frozen, link gone) is "
       "reported after this long", lo=1, hi=300),
     S("KEEP_PARTS", "bool", False, "keep the `.partNN` files after their shard verified"),
-    S("START_TIMEOUT_MIN", "int", 45, "how long launch waits for the API", lo=1, hi=24 * 60,
+    S("START_TIMEOUT_MIN", "float", 45, "how long launch waits for the API", lo=0, hi=24 * 60,
       field="start_timeout_s", to=seconds),
     S("METRICS_DIR", "path", "", "node_exporter textfile collector dir for the guard's and the watchdog's "
       "metrics", shown="(none)", to=expanded),
@@ -115,8 +115,8 @@ OWN = (
       "or the last good one)", lo=1, hi=10000),
     S("ROLLOUT_HOLD_S", "int", 60, "a release is good once the API answered and the cluster stayed healthy this long",
       lo=0, hi=24 * 3600),
-    S("ROLLOUT_MIN_TIMEOUT_MIN", "int", 10, "the rollout deadline (twice the last good release's start-up, at most "
-      "`START_TIMEOUT_MIN`) is at least this", lo=1, hi=24 * 60, field="rollout_min_timeout_s", to=seconds),
+    S("ROLLOUT_MIN_TIMEOUT_MIN", "float", 10, "the rollout deadline (twice the last good release's start-up, at most "
+      "`START_TIMEOUT_MIN`) is at least this", lo=0, hi=24 * 60, field="rollout_min_timeout_s", to=seconds),
     S("ROLLBACK", "bool", True, "a failed rollout restarts the ranks on the last good release (0: leaves it as it is)"),
     S("PROMETHEUS_PORT", "int", 9090, "`doit monitoring --install`: dsv41-prometheus's web UI and API on the head",
       lo=1, hi=65535),
