@@ -54,7 +54,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             return self.send(srv.health, "")
         if self.path == "/metrics":
-            return self.send(200, METRICS, "text/plain; version=0.0.4")
+            return self.send(200, getattr(srv, "metrics", METRICS), "text/plain; version=0.0.4")
         if self.path == "/v1/models" and srv.serving:
             return self.send(200, json.dumps({"object": "list", "data": [{"id": "deepseek-v4.1-flash"}]}))
         self.send(503 if srv.health >= 500 else 404, '{"error": "not serving"}')
@@ -239,6 +239,32 @@ def test_a_probe_without_a_token_is_wedged_only_while_health_still_answers(hang,
     seen = [w.look()[1] for _ in want]
     assert [h.verdict for h in seen] == want, [h.evidence for h in seen]
     assert ("does not answer" in seen[-1].evidence) == (want[-1] == Verdict.DEAD)
+
+
+def test_a_sign_of_a_fault_keeps_the_symptom_alerts_waiting_until_the_watchdog_rules(cluster, api):
+    """dsv41_watchdog_judging (Health.judging): work running and no progress since the look before, no probe
+    sent yet, is a sign the watchdog has not ruled on; a token generated, or its probe's token (a long step),
+    ends it and the symptoms may page; a wedged engine it will recover keeps them waiting; an idle one never."""
+    cfg, current = cluster
+    current["states"] = states(SERVING)
+    set_up(cfg, "ready")
+    w = watchdog.Watchdog(dataclasses.replace(cfg, watchdog_probe_s=1, watchdog_stall_s=3600), log=lambda m: None)
+    w.cl.observe = lambda: current["states"]
+    assert not w.look()[1].judging                                    # idle
+    api.metrics = METRICS.replace('running{engine="0"} 0', 'running{engine="0"} 1')
+    flat = w.look()[1]                                               # no signal moved since the idle look
+    assert (flat.verdict, flat.judging) == (Verdict.BUSY, True), flat.evidence
+    api.metrics = api.metrics.replace("generation_tokens_total{engine=\"0\"} 50", "generation_tokens_total{engine=\"0\"} 51")
+    moved = w.look()[1]
+    assert (moved.verdict, moved.judging) == (Verdict.BUSY, False), moved.evidence
+    w = watchdog.Watchdog(dataclasses.replace(cfg, watchdog_probe_s=1, watchdog_stall_s=0), log=lambda m: None)
+    w.cl.observe = lambda: current["states"]
+    w.look()
+    long_step = w.look()[1]                                          # flat, and the probe got a token
+    assert (long_step.verdict, long_step.judging) == (Verdict.BUSY, False), long_step.evidence
+    api.hang = "probe"
+    wedged = w.look()[1]
+    assert (wedged.verdict, wedged.action, wedged.judging) == (Verdict.WEDGED, "restart", True)
 
 
 TRIPPED_WORKER = {"head": node(0), "worker1": {**node(1), "tripped": {"line": "tripped at 1.0 GiB", "time": NOW}}}

@@ -82,11 +82,20 @@ def render_rules(cfg, recipe=None):
                   decode_toks_min=f"{cfg.alert_decode_toks_min:g}", margin_gib=f"{cfg.alert_mem_margin_gib:g}",
                   margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
                   grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s)
+    values.update(quiet=watchdog_quiet(values["grace_s"]), quiet_recent=watchdog_quiet(recent_s),
+                  quiet_symptom=watchdog_quiet(recent_s + values["grace_s"]))
     engine_rules = ""
     if recipe.rules_template:
         path = Path(recipe.rules_template)
         engine_rules = _environment(path.parent).get_template(path.name).render(**values)
     return _template(RULES + ".j2").render(engine_rules=engine_rules, **values)
+
+
+def watchdog_quiet(after_s):
+    """What keeps an alert quiet while the watchdog handles a fault: a sign it has not ruled on yet, its
+    recovery, and after_s seconds after one ended (no series, as with the watchdog off: nothing kept quiet)."""
+    return ("unless on () (max(dsv41_watchdog_judging) == 1 or max(dsv41_watchdog_recovering) == 1 or "
+            f"time() - max(dsv41_watchdog_last_recovery_end_timestamp_seconds) < {after_s})")
 
 
 def render_alertmanager(cfg, templates_path):

@@ -264,6 +264,8 @@ def write_metrics(directory, h, recoveries, gave_up, now, last_end=0):
         i = h.recovering
         fault_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(i["fault_at"])) if i.get("fault_at") else ""
         rec.labels(i.get("verdict") or "", i.get("node") or "", fault_at, i["id"]).set(1)
+    Gauge("dsv41_watchdog_judging", "1 while a sign of a fault awaits the watchdog's verdict, or a fault awaits "
+          "its recovery: the symptom alerts wait.", registry=reg).set(int(h.judging))
     Gauge("dsv41_watchdog_last_recovery_end_timestamp_seconds", "When the last recovery ended (0: none).",
           registry=reg).set(last_end)
     Counter("dsv41_watchdog_recoveries", "Recoveries the watchdog started.", registry=reg).inc(recoveries)

@@ -108,6 +108,7 @@ class Health:
     action: str | None = None        # what the recovery gate allows: "restart", "start", "wait", "give up" or None
     why: str = ""                    # the gate's reason, or why nothing may be done now
     recovering: dict | None = None   # the recovery under way (RECOVERING): its incident, with its phase
+    judging: bool = False            # a sign of a fault the watchdog has not ruled on yet, or one it will act on
 
     @property
     def evidence(self):
@@ -124,7 +125,7 @@ class Health:
     def as_json(self):
         return {"verdict": self.verdict.value, "word": self.word, "exit_code": self.exit_code,
                 "conditions": list(self.conditions), "node": self.node, "fault_at": self.fault_at,
-                "action": self.action, "why": self.why, "recovering": self.recovering}
+                "action": self.action, "why": self.why, "recovering": self.recovering, "judging": self.judging}
 
 
 def tracker(mem, recipe):
@@ -178,7 +179,7 @@ def assess(cfg, obs, mem, recipe):
         if verdict in (STOPPED, DEAD, DEGRADED):
             return Health(verdict, tuple(conditions), node, fault_at, "start", "the memory came back on every node")
     if verdict not in ACT_ON:
-        return Health(verdict, tuple(conditions), node, fault_at)
+        return Health(verdict, tuple(conditions), node, fault_at, judging=unruled(verdict, obs, mem))
     if rec.gave_up:
         return Health(verdict, tuple(conditions), node, fault_at, None,
                       f"it gave up ({rec.gave_up.get('reason', '?')}); `doit launch` resumes it")
@@ -186,7 +187,19 @@ def assess(cfg, obs, mem, recipe):
         return Health(verdict, tuple(conditions), node, fault_at, None, f"a doit run holds the run lock ({rec.lock})")
     gate = recovery_gate(obs.time, rec.recoveries, window_s=cfg.watchdog_window_s,
                          max_recoveries=cfg.watchdog_max_recoveries, backoff_s=cfg.watchdog_backoff_s)
-    return Health(verdict, tuple(conditions), node, fault_at, gate.action, gate.reason)
+    return Health(verdict, tuple(conditions), node, fault_at, gate.action, gate.reason,
+                  judging=unruled(verdict, obs, mem) or gate.action in ("restart", "start", "wait"))
+
+
+def unruled(verdict, obs, mem):
+    """A sign of a fault the watchdog has not ruled on yet: the API missed one look (SUSPECT), or work made
+    no progress since the last look and no probe got a token (a long step, once one did). The symptom
+    alerts (an engine's decode and TTFT, the API and rank alerts) wait while it lasts: the verdict pages."""
+    if verdict == SUSPECT:
+        return True
+    p = mem.progress
+    return (verdict == BUSY and obs.probe != TOKEN and obs.metrics is not None and p is not None
+            and p.last_progress is not None and obs.metrics.time > p.last_progress)
 
 
 def judge(cfg, obs, mem, recipe):
