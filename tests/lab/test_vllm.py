@@ -355,6 +355,20 @@ def stopped_until_recovered(lab, node, process, what):
         lab.on(node, f"kill -CONT {pid}", check=False)
 
 
+def engine_core_stopped_under_load(lab, vllm):
+    """Rank 0's EngineCore stopped (SIGSTOP) while a long request streams (curl on the head), until the
+    watchdog recovered -> (its pid, when it was stopped, the incident)."""
+    stream = lab.popen("head", ["curl", "-sS", "-N", "-m", "300", "http://127.0.0.1:8000/v1/completions",
+                                "-H", f"Authorization: Bearer {vllm.key}", "-H", "Content-Type: application/json",
+                                "-d", json.dumps({"model": "deepseek-v4.1-flash", "prompt": "Count to a thousand:",
+                                                  "max_tokens": 4000, "ignore_eos": True, "stream": True})])
+    time.sleep(5)                                               # tokens flowing
+    try:
+        return stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load")
+    finally:
+        stream.kill()
+
+
 def serves(lab, vllm, env):
     assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
     assert api(lab, "/v1/completions", vllm.key, {"model": "deepseek-v4.1-flash", "prompt": "Hi",
@@ -374,15 +388,7 @@ def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_sta
     counts as running, no progress signal moves and no token comes back. WEDGED within the bound; the
     incident folder is saved before the restart, with the stopped process's stack (a vllm frame) and no
     key; `doit incidents` shows the outage from the fault, not from its detection."""
-    stream = lab.popen("head", ["curl", "-sS", "-N", "-m", "300", "http://127.0.0.1:8000/v1/completions",
-                                "-H", f"Authorization: Bearer {vllm.key}", "-H", "Content-Type: application/json",
-                                "-d", json.dumps({"model": "deepseek-v4.1-flash", "prompt": "Count to a thousand:",
-                                                  "max_tokens": 4000, "ignore_eos": True, "stream": True})])
-    time.sleep(5)                                               # tokens flowing
-    try:
-        pid, t0, inc = stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load")
-    finally:
-        stream.kill()
+    pid, t0, inc = engine_core_stopped_under_load(lab, vllm)
     assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
     assert "no progress signal moved" in inc["evidence"]
     assert abs(inc["fault_at"] - t0) <= 10                      # the last progress seen, not the detection
@@ -393,6 +399,56 @@ def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_sta
     listed = lab.doit("incidents", watched).stdout.splitlines()
     assert "WEDGED" in listed[1] and "READY" in listed[1], listed
     serves(lab, vllm, watched)
+
+
+# E-mail at the alert defaults (scrape 15 s, ALERT_FOR_S 60 s, group wait 30 s, group interval 120 s): an SMTP
+# server (aiosmtpd, a host process in the head's network namespace) on the head's 127.0.0.1:2525 writes a
+# maildir. The decode threshold is the lab CPU engine's pace, not a Spark's.
+SMTP_PORT = 2525
+MAIL = {"METRICS_DIR": "/var/lib/dsv41/metrics", "ALERT_EMAIL_TO": "oncall@example.org",
+        "ALERT_EMAIL_FROM": "dsv41@example.org", "ALERT_SMTP_SMARTHOST": f"127.0.0.1:{SMTP_PORT}",
+        "ALERT_SMTP_REQUIRE_TLS": "0", "ALERT_DECODE_TOKS_MIN": "1"}
+GROUP_INTERVAL_S = 120
+
+
+@pytest.mark.soak           # Alertmanager's default timings take minutes; per landing: test_alerts.py's short incident
+def test_a_stopped_engine_core_mails_one_firing_naming_the_incident_and_one_resolve(lab, vllm, watched, tmp_path):
+    """Rank 0's EngineCore stopped under load, the watchdog at the tests' short settings and e-mail at the
+    defaults: the decode and TTFT alerts wait for the watchdog's verdict and stay quiet after the recovery,
+    so the incident is one firing mail naming it and one resolve, and nothing more a group interval later."""
+    import mailbox
+    from test_lab_monitoring import api as prometheus
+    env = {**watched, **MAIL}
+    maildir = tmp_path / "mail"
+    smtp = subprocess.Popen(["ip", "netns", "exec", "head", sys.executable, "-m", "aiosmtpd", "-n", "-l",
+                             f"127.0.0.1:{SMTP_PORT}", "-c", "aiosmtpd.handlers.Mailbox", str(maildir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lab.doit("launch", env, timeout=1800)
+        lab.doit("monitoring --install", env)
+        labctl.wait_for("every target scraped", lambda: all(
+            t["health"] == "up" for t in prometheus(lab, "/api/v1/targets")["activeTargets"]), 120)
+
+        def mails():
+            return [(m["Subject"], " ".join(p.get_payload(decode=True).decode() for p in m.walk()
+                                            if p.get_content_type() == "text/plain"))
+                    for m in mailbox.Maildir(maildir, create=False)] if (maildir / "new").exists() else []
+        assert mails() == []
+        _, t0, inc = engine_core_stopped_under_load(lab, vllm)
+        resolved = labctl.wait_for("the resolved mail", lambda: [m for m in mails() if m[0].startswith("[RESOLVED]")],
+                                   timeout=GROUP_INTERVAL_S + 300, every=5)
+        resolved_s = time.time() - t0
+        time.sleep(GROUP_INTERVAL_S + 15)                        # nothing more
+        got = sorted(mails(), key=lambda m: not m[0].startswith("[FIRING]"))
+        print(f"real engine: a stopped EngineCore mailed {[m[0] for m in got]}; the resolve {resolved_s:.0f} s "
+              f"after the fault (recovered after {inc['ended'] - t0:.0f} s)")
+        assert [m[0].split("]")[0] + "]" for m in got] == ["[FIRING]", "[RESOLVED]"], got
+        assert "DSV41WatchdogRecovering" in got[0][0] and "DecodeSlow" not in got[0][0] + resolved[0][0]
+        assert all(f"incident={inc['id']}" in body for _, body in got), got
+    finally:
+        smtp.terminate()
+        lab.on("head", "systemctl disable --now dsv41-prometheus dsv41-alertmanager", check=False)
+        lab.doit("launch", watched, timeout=1800)
 
 
 def test_the_watchdog_repairs_a_stopped_worker_process(lab, vllm, watched):
