@@ -19,8 +19,8 @@ test: install
 	@TEST_TIMES="$(TEST_TIMES)" bash tests/test.sh
 
 # What repeats a proof under load or measures a figure, within SOAK_MIN minutes (60) in all: the tests
-# marked soak, the fault table (bench/bench_faults.py, faults 230-250 s apart), then the chaos soak for
-# what is left of the time (at least 5 min). `make test soak` runs everything.
+# marked soak, the fault table (bench/bench_faults.py, each fault 30-45 s after the one before healed),
+# then the chaos soak for what is left of the time (at least 5 min). `make test soak` runs everything.
 SOAK_MIN ?= 60
 soak: install
 	@bash tests/soak.sh $(SOAK_MIN)

@@ -145,8 +145,9 @@ def test_watchdog_textfile_parses_as_prometheus_text(tmp_path):
     assert {n: f.type for n, f in fams.items()} == {
         "dsv41_watchdog_verdict": "gauge", "dsv41_watchdog_recoveries": "counter", "dsv41_watchdog_gave_up": "gauge",
         "dsv41_watchdog_last_check_timestamp_seconds": "gauge", "dsv41_watchdog_recovering": "gauge",
-        "dsv41_watchdog_last_recovery_end_timestamp_seconds": "gauge"}
+        "dsv41_watchdog_last_recovery_end_timestamp_seconds": "gauge", "dsv41_watchdog_judging": "gauge"}
     assert fams["dsv41_watchdog_recovering"].samples == []          # no recovery runs
+    assert fams["dsv41_watchdog_judging"].samples[0].value == 0     # healthy: nothing to judge
     assert fams["dsv41_watchdog_last_recovery_end_timestamp_seconds"].samples[0].value == 14.0
     verdicts = {s.labels["verdict"]: s.value for s in fams["dsv41_watchdog_verdict"].samples}
     assert set(verdicts) == set(VERDICTS) and [v for v, x in verdicts.items() if x == 1] == ["HEALTHY"]
