@@ -32,6 +32,7 @@ from dsv41.client.api import HEALTH_TIMEOUT  # noqa: E402   the watchdog's /heal
 
 # the lab tests' fast watchdog (tests/lab/test_self_healing.py)
 FAST = {"WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12", "SSH_TIMEOUT_S": "5"}
+MAX_RECOVERIES = 100          # WATCHDOG_MAX_RECOVERIES's highest value (docs/settings.md)
 MEM_RETURN_GIB = 8            # issue's default: MemAvailable back within this of the baseline
 MEM_RETURN_S = 120
 VLLM_MODEL = "/root/lab-model-vllm/DeepSeek-V4.1-Flash-Spark"
@@ -113,7 +114,8 @@ def watchdog_env(a):
     exhausted by design (unless --max-recoveries or --budget-test say otherwise), a short backoff."""
     window_min = max(1, math.ceil(2 * a.every[1] / 60))
     per_window = math.ceil(window_min * 60 / a.every[0]) + 1
-    budget = 1 if a.budget_test else (2 * per_window if a.max_recoveries is None else a.max_recoveries)
+    budget = 1 if a.budget_test else (min(2 * per_window, MAX_RECOVERIES) if a.max_recoveries is None
+                                      else a.max_recoveries)
     env = {"WATCHDOG": "1", "WATCHDOG_MAX_RECOVERIES": str(budget), "WATCHDOG_WINDOW_MIN": str(window_min),
            "WATCHDOG_BACKOFF_S": f"{a.backoff_s:g}"}
     if os.environ.get("WATCHDOG") == "0":

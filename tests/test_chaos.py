@@ -225,3 +225,15 @@ def test_watchdog_settings_for_the_soak():
     assert bench_chaos.watchdog_env(budget)["WATCHDOG_MAX_RECOVERIES"] == "1" and budget.kinds == ["kill-rank"]
     assert bench_chaos.parse([]).kinds == KINDS
     assert bench_chaos.detection_bound({}) == 120 + 60 + 2 * 15 + 5        # the schema's defaults
+
+
+@pytest.mark.parametrize("args", [["--every", "1-3", "--watchdog", "fast"], ["--every", "30-45"],
+                                  ["--every", "0.1-0.2"]], ids=["short soak", "fault table", "tightest"])
+def test_the_soaks_watchdog_settings_are_ones_launch_accepts(args):
+    """Faults seconds apart make a budget of hundreds: it stays within WATCHDOG_MAX_RECOVERIES's range, or
+    the soak's first launch is refused as bad input and no fault is ever injected."""
+    import bench_chaos
+    from dsv41.settings.layers import load_config
+    env = bench_chaos.watchdog_env(bench_chaos.parse(args))
+    cfg = load_config({"WORKER": "u@w", **env})
+    assert 1 <= cfg.watchdog_max_recoveries <= bench_chaos.MAX_RECOVERIES
