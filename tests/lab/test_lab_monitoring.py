@@ -112,7 +112,7 @@ def test_a_killed_worker_rank_alerts_down_then_restarted_and_both_resolve(lab, m
 
 
 def test_a_stopped_head_rank_alerts_api_down_and_resolves_after_launch(lab, monitored):
-    quiet(lab, "DSV41ApiDown")
+    resolves(lab, "DSV41ApiDown")               # the test before restarted both ranks: on a busy machine it may still fire
     lab.on("head", "systemctl stop dsv41-r0")
     fires(lab, "DSV41ApiDown")
     assert fires(lab, "DSV41RankDown", "head")
