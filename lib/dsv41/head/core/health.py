@@ -188,7 +188,7 @@ def assess(cfg, obs, mem, recipe):
     gate = recovery_gate(obs.time, rec.recoveries, window_s=cfg.watchdog_window_s,
                          max_recoveries=cfg.watchdog_max_recoveries, backoff_s=cfg.watchdog_backoff_s)
     return Health(verdict, tuple(conditions), node, fault_at, gate.action, gate.reason,
-                  judging=unruled(verdict, obs, mem) or gate.action in ("restart", "start", "wait"))
+                  judging=unruled(verdict, obs, mem) or gate.action in ("restart", "wait"))
 
 
 def unruled(verdict, obs, mem):
