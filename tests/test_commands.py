@@ -34,7 +34,9 @@ SPEC_ARGS = """/model --served-model-name deepseek-v4.1-flash --dtype bfloat16 -
 --attention-backend B12X --linear-backend b12x --moe-backend b12x --speculative-config <SPEC>
 --generation-config vllm --tokenizer-mode deepseek_v41 --limit-mm-per-prompt {"image":1}"""
 
-SPEC_HEAD_ARGS = ("--node-rank 0 --host 0.0.0.0 --port <PORT> --reasoning-parser deepseek_v41 "
+# behind the gateway (GATEWAY=1, the default) rank 0 serves 127.0.0.1:ENGINE_PORT; the spec's `--host 0.0.0.0
+# --port <PORT>` is GATEWAY=0's
+SPEC_HEAD_ARGS = ("--node-rank 0 --host <HOST> --port <ENGINE_PORT> --reasoning-parser deepseek_v41 "
                   "--tool-call-parser deepseek_v41 --enable-auto-tool-choice "
                   "--enable-prompt-tokens-details --enable-force-include-usage")
 
@@ -49,7 +51,8 @@ ENGRAM = ('{"cpu_offload": false, "table_memory": "disk", "disk_resident_scales"
 DEFAULTS = {"<MPORT>": "29655", "<KV_BYTES>": "2700000000", "<GPU_UTIL>": "0.88",
             "<MAX_LEN>": "262144", "<MAX_SEQS>": "2", "<BATCH>": "2048", "<CAP>": "16",
             "<GRAPH_MODE>": "FULL_DECODE_ONLY", "<sizes>": "1, 2, 3, 4, 5, 6, 7, 8, 12, 16",
-            "<NSPEC>": "7", "<PORT>": "8000", "<plan file name>": "J268-ho-v31-K5n.json"}
+            "<NSPEC>": "7", "<HOST>": "127.0.0.1", "<ENGINE_PORT>": "18000",
+            "<plan file name>": "J268-ho-v31-K5n.json"}
 
 HEAD = {"ip": "198.51.100.11", "ifname": "enp1s0f1np1", "hcas": ("rocep1s0f1", "roceP2p1s0f1"),
         "gid_index": 3}
@@ -179,9 +182,10 @@ def test_vllm_args_json_values_are_exact(cfg):
     ({"NSPEC": "3", "MAX_SEQS": "4"},
      {"<NSPEC>": "3", "<MAX_SEQS>": "4", "<CAP>": "16", "<sizes>": "1, 2, 3, 4, 8, 12, 16"}),
     ({"KV_BYTES": "1234567890", "GPU_UTIL": "0.8", "MAX_LEN": "131072", "BATCH": "4096",
-      "MPORT": "29999", "PORT": "8123", "GRAPH_MODE": "PIECEWISE"},
+      "MPORT": "29999", "ENGINE_PORT": "8123", "GRAPH_MODE": "PIECEWISE"},
      {"<KV_BYTES>": "1234567890", "<GPU_UTIL>": "0.8", "<MAX_LEN>": "131072", "<BATCH>": "4096",
-      "<MPORT>": "29999", "<PORT>": "8123", "<GRAPH_MODE>": "PIECEWISE"}),
+      "<MPORT>": "29999", "<ENGINE_PORT>": "8123", "<GRAPH_MODE>": "PIECEWISE"}),
+    ({"GATEWAY": "0", "PORT": "8123"}, {"<HOST>": "0.0.0.0", "<ENGINE_PORT>": "8123"}),
     ({"CAPS": "8,1,4"}, {"<sizes>": "1, 4, 8"}),
 ])
 def test_vllm_args_overrides(tmp_path, env, want):

@@ -129,7 +129,8 @@ def cluster(tmp_path, api, monkeypatch):
     """A Config whose API is the recorded server, and Cluster.probe answering from the fact set in use."""
     port = api.server_address[1]
     (tmp_path / "key").write_text("sk-test-0123456789abcdef\n")
-    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "HEAD_IP": "127.0.0.1", "PORT": str(port),
+    (tmp_path / "engine_key").write_text("sk-test-0123456789abcdef\n")     # rank 0's key, behind the gateway
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "HEAD_IP": "127.0.0.1", "ENGINE_PORT": str(port),
                        "API_KEY_FILE": str(tmp_path / "key"), "WATCHDOG_PROBE_S": "5", "SSH_TIMEOUT_S": "2"})
     current = {}
 
@@ -176,7 +177,7 @@ def status_json(cfg):
         except SystemExit as e:
             code = e.code
     doc = json.loads(out.getvalue())
-    assert doc["exit_code"] == code and doc["schema"] == "dsv41.status/4"
+    assert doc["exit_code"] == code and doc["schema"] == "dsv41.status/5"
     return doc
 
 

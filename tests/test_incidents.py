@@ -46,7 +46,7 @@ def nodes(tmp_path):
     os.kill(sleeper.pid, signal.SIGSTOP)
     env = {k: v for k, v in os.environ.items() if k not in ("WORKER", "WORKERS", "DSV41_PROFILE", "METRICS_DIR")}
     env.update(WORKER=ssh.target, SSH_OPTS=ssh.ssh_opts, STATE_DIR=str(tmp_path / "state"), HF_TOKEN=HF_TOKEN,
-               MODEL_DIR=str(tmp_path / "model"), HEAD_IP="127.0.0.1", PORT=str(engine.port), SSH_TIMEOUT_S="2",
+               MODEL_DIR=str(tmp_path / "model"), HEAD_IP="127.0.0.1", ENGINE_PORT=str(engine.port), SSH_TIMEOUT_S="2",
                PATH=f"{VENV_BIN}:{os.environ['PATH']}")
     old_path = os.environ["PATH"]
     os.environ["PATH"] = env["PATH"]   # py-spy on the head's PATH (the head runs node code locally)

@@ -111,8 +111,10 @@ def test_a_key_file_that_cannot_be_sent_is_one_line_and_status_answers_what_it_s
     (tmp_path / "state" / "api_key").write_text("a\nb\n")
     r, lines = doit(["status"], tmp_path)
     assert r.returncode == 3 and "NOT RUNNING" in r.stdout and len(lines) == 1 and "holds a space, a line break" in lines[0]
+    (tmp_path / "state" / "engine_key").write_text("a\nb\n")     # rank 0's key, which top asks the engine with
     r, lines = doit(["top", "--once"], tmp_path)
     assert r.returncode == 0 and "cluster: NOT RUNNING" in r.stdout and len(lines) == 1, r.stderr
+    assert "engine_key holds a space, a line break" in lines[0]
 
 
 def test_plan_names_the_ssh_failure_of_a_worker_it_cannot_ask(tmp_path):

@@ -31,7 +31,7 @@ def node_facts(ip, gids=None, mtu=9000):
         "disk": {"model_dir": "/home/u/models/M", "checked": "/home/u", "free_bytes": 900 * GIB,
                  "model_bytes": 0},
         "memory": {"total_bytes": 128 * GIB, "available_bytes": 120 * GIB},
-        "ports": {"8000": False, "29655": False},
+        "ports": {"8000": False, "29655": False, "18000": False},
         "kernel": {"release": "6.11.0-1016-nvidia", "cmdline": "ro quiet"},
         "tools": {t: True for t in ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi")},
         "units": {"files": [], "active": {}},
@@ -71,7 +71,7 @@ def test_all_good_is_all_pass(cfg):
     assert [c for c in res if c.status != "PASS"] == []
     names = {c.name for c in res}
     assert names == set(preflight.CHECKS)
-    assert len(get(res, "ping")) == 2 and len(get(res, "ports")) == 2
+    assert len(get(res, "ping")) == 2 and len(get(res, "ports")) == 3
 
 
 def test_unreachable_node_fails_with_its_message(cfg):
@@ -188,9 +188,16 @@ def test_ports(cfg):
     f = good()
     f[0]["ports"]["8000"] = True
     res = run(cfg, f)
-    assert [c.status for c in get(res, "ports")] == ["FAIL", "PASS"]
+    assert [c.status for c in get(res, "ports")] == ["FAIL", "PASS", "PASS"]
     assert "PORT" in get(res, "ports")[0].fix and ":8000" in get(res, "ports")[0].fix
-    f[0]["units"]["active"] = {"dsv41-r0.service": "active"}
+    f[0]["units"]["active"] = {"dsv41-r0.service": "active"}      # rank 0 on PORT (GATEWAY=0, or before it)
+    assert status(run(cfg, f), "ports") == {"PASS"}
+    f[0]["ports"]["18000"] = True                                   # rank 0 behind the gateway
+    f[0]["units"]["active"] = {"dsv41-gateway.service": "active"}
+    res = run(cfg, f)
+    assert [c.status for c in get(res, "ports")] == ["PASS", "PASS", "FAIL"]
+    assert "ENGINE_PORT" in get(res, "ports")[2].fix and "in use by the running dsv41-gateway" in get(res, "ports")[0].detail
+    f[0]["units"]["active"] = {"dsv41-gateway.service": "active", "dsv41-r0.service": "active"}
     assert status(run(cfg, f), "ports") == {"PASS"}
 
 
@@ -324,7 +331,7 @@ def test_gather_facts_head_and_worker_over_ssh(loopback_sshd, tmp_path, capsys):
     facts = preflight.gather(Cluster(cfg)).facts
     assert capsys.readouterr().err.splitlines() == ["facts: head", f"facts: worker1 ({loopback_sshd.target})"]
     assert set(facts) == {0, 1} and "error" not in facts[0] and "error" not in facts[1], facts
-    assert facts[0]["ports"] == {"8000": False, "29655": False} and facts[1]["ports"] == {}
+    assert facts[0]["ports"] == {"8000": False, "29655": False, "18000": False} and facts[1]["ports"] == {}
     assert os.path.isdir(tmp_path / "state" / "lib" / "dsv41")   # code shipped to the worker's state dir
     assert facts[1]["_t0"] <= facts[1]["_t1"]
     # pings folded into the one facts call per node: the peers' addresses were known from overrides

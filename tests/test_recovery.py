@@ -72,8 +72,8 @@ def test_launch_takes_a_silent_engine_for_wedged_only_once_it_generated_since_it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cl = Cluster(load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "HEAD_IP": "127.0.0.1",
-                              "PORT": str(port), "WATCHDOG_PROBE_S": "5"}))
-    (tmp_path / "api_key").write_text("sk-test-0123456789abcdef\n")
+                              "ENGINE_PORT": str(port), "WATCHDOG_PROBE_S": "5"}))
+    (tmp_path / "engine_key").write_text("sk-test-0123456789abcdef\n")
     up = states(head="active", worker="active")                         # rank 0 started at 1000
     assert launch.health_now(cl, up, probe=True).verdict == STARTING    # never ready: the wait covers it
     (tmp_path / "ready.json").write_text('{"time": 900}')

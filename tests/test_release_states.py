@@ -18,6 +18,7 @@ from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
 from dsv41.head.core import releases as rel, rollout, runlock
 from dsv41.head.core.decide import Desired, Kind, Step
+from dsv41.head.core.gateway import Gateway
 from dsv41.head.core.release_status import service_entry, service_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +116,7 @@ class FakeCluster:
     def __init__(self, cfg):
         self.cfg = cfg
         self.head = type("Head", (), {"name": "head"})()
+        self.gateway = Gateway(self)
 
 
 def config(tmp_path):
@@ -136,6 +138,7 @@ def fake_nodes(monkeypatch):
     monkeypatch.setattr(rollout, "apply", lambda *a, **kw: seen.update(applied=seen["applied"] + 1))
     monkeypatch.setattr(rollout.ranks, "wait_ready", lambda cl, within=None: seen.update(deadline=within))
     monkeypatch.setattr(rollout, "hold", lambda cl, s: None)
+    monkeypatch.setattr(Gateway, "drain", lambda self, reason, *a: None)
 
     def go_back(cl, failed, target, **kw):
         seen["went_back"] = (failed.number, target.number)
@@ -191,6 +194,8 @@ def test_a_rollout_killed_mid_step_is_finished_by_another_process(tmp_path, fake
         good = rel.load_all(cfg.state_dir)[0]
         ro = rollout.Rollout(None, good, (600, "test"), fields=json.loads(fields))
         rollout.apply = lambda *a, **kw: None
+        from dsv41.head.core.gateway import Gateway
+        Gateway.drain = lambda *a, **kw: None
         def starting(cl, within=None):
             print("ranks starting", flush=True)
             time.sleep(60)
@@ -198,6 +203,7 @@ def test_a_rollout_killed_mid_step_is_finished_by_another_process(tmp_path, fake
         class C:
             def __init__(self, cfg):
                 self.cfg, self.head = cfg, None
+                self.gateway = Gateway(self)
         rollout.run(C(cfg), ro, Desired({{}}, {{}}), [Step(Kind.RESTART_RANKS, "all", "", "x")], {{}})
         """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,

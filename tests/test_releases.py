@@ -69,6 +69,18 @@ def test_a_record_holds_what_launch_writes_but_never_a_secret(tmp_path):
     assert again.units == want.units and again.files == want.files
 
 
+def test_a_release_recorded_before_the_gateway_runs_without_it_and_one_after_with_it(tmp_path):
+    from dsv41.settings.resolved import resolved
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN})
+    now = resolved(cfg)
+    before = {k: v for k, v in now.items() if k not in ("gateway", "engine_port", "drain_s", "key_rate_per_min",
+                                                        "gateway_timeout_s")}
+    old = rel.settings_of(release(1, rel.GOOD, **before), cfg)
+    assert old.gateway is False and old.engine_url == old.api_url == "http://127.0.0.1:8000/v1"
+    new = rel.settings_of(release(2, rel.GOOD, **now), cfg)
+    assert new.gateway is True and new.engine_url == "http://127.0.0.1:18000/v1"
+
+
 def test_the_checkpoint_on_disk_is_named_by_its_manifest(tmp_path):
     cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "MODEL_DIR": str(tmp_path / "m"),
                        "REVISION": "abc123"})

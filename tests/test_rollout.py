@@ -3,12 +3,15 @@ before anything changes, what a failure leads to (back to the last good release,
 with ROLLBACK=0), and which release `doit rollback` picks. The nodes are replaced by fakes of apply, the
 readiness wait and the hold; the release history is real, in a temporary state dir (the lab's
 tests/lab/test_lab_rollout.py runs the same rollouts on real nodes)."""
+import time
+
 import pytest
 
 from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
 from dsv41.head.core import releases as rel, rollout
 from dsv41.head.core.decide import Desired, Kind, Step
+from dsv41.head.core.gateway import Gateway
 from dsv41.head.core.state import NodeState
 from dsv41.head.releases import rollback_target
 
@@ -51,6 +54,7 @@ class FakeCluster:
     def __init__(self, cfg):
         self.cfg = cfg
         self.head = type("Head", (), {"name": "head"})()
+        self.gateway = Gateway(self)
 
 
 @pytest.fixture
@@ -66,6 +70,12 @@ def nodes(monkeypatch):
     monkeypatch.setattr(rollout, "apply", step("apply"))
     monkeypatch.setattr(rollout.ranks, "wait_ready", step("ready"))
     monkeypatch.setattr(rollout, "hold", step("hold"))
+    calls["drains"] = []
+
+    def drain(gateway, reason, *a):                   # the gateway's drain: the requests in flight take 0.5 s
+        calls["drains"].append(reason)
+        time.sleep(0.5)
+    monkeypatch.setattr(Gateway, "drain", drain)
 
     def go_back(cl, failed, target, **kw):
         calls["went_back"] = (failed.number, target.number)
@@ -152,6 +162,7 @@ def test_a_good_change_is_in_service_with_its_start_up(tmp_path, nodes):
     r = rel.load_all(cfg.state_dir)[-1]
     assert r.state == rel.GOOD and r.startup_s is not None and rel.serving_number(cfg.state_dir) == r.number
     assert nodes["pages"] == []
+    assert nodes["drains"] == [f"release {r.number} rolling out"] and r.startup_s < 0.5   # the drain is not start-up
 
 
 def test_with_rollback_off_or_nothing_to_go_back_to_it_stays_down_with_one_line(tmp_path, nodes):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv41.head.core import units
+from dsv41.head.core import commands, units
 from dsv41.vllm import argv as vllm
 from dsv41.vllm.recipe import Vllm
 from dsv41.settings.layers import load_config
@@ -232,14 +232,24 @@ def two(tmp_path_factory):
     return render_all(TWO, root) + (root,)
 
 
-def test_one_memguard_and_one_rank_unit_per_node_and_the_watchdog_on_the_head(tmp_path):
+def test_one_memguard_and_one_rank_unit_per_node_and_the_watchdog_and_gateway_on_the_head(tmp_path):
     cfg, by_rank = render_all(FOUR, tmp_path)
     assert sorted(by_rank) == [0, 1, 2, 3]
     for rank, files in by_rank.items():
         assert sorted(files) == sorted(["dsv41-memguard.service", f"dsv41-r{rank}.service"]
-                                       + (["dsv41-watchdog.service"] if rank == 0 else []))
-    cfg, by_rank = render_all({**FOUR, "WATCHDOG": "0"}, tmp_path)
-    assert "dsv41-watchdog.service" not in by_rank[0]
+                                       + (["dsv41-watchdog.service", "dsv41-gateway.service"] if rank == 0 else []))
+    cfg, by_rank = render_all({**FOUR, "WATCHDOG": "0", "GATEWAY": "0"}, tmp_path)
+    assert "dsv41-watchdog.service" not in by_rank[0] and "dsv41-gateway.service" not in by_rank[0]
+
+
+def test_the_gateway_reads_rank_0s_key_file_into_its_environment_and_holds_no_key(tmp_path):
+    _, by_rank = render_all(TWO, tmp_path)
+    text = by_rank[0]["dsv41-gateway.service"]
+    [(_, argv)] = execs(text, "ExecStart")
+    state = node_paths(tmp_path, 0)["state_dir"]
+    assert argv == ["/bin/sh", "-c", commands.GATEWAY_WRAPPER, "dsv41-gateway", f"{state}/secrets/api_key",
+                    f"{state}/gateway/haproxy.cfg"]
+    assert "RuntimeDirectory=dsv41-gateway" in text and "Type=notify" in text
 
 
 def test_the_watchdog_runs_the_deploying_python_from_this_checkout(tmp_path):
@@ -302,11 +312,11 @@ def test_four_nodes(tmp_path):
 
 
 def test_overrides(tmp_path):
-    env = dict(TWO, KV_BYTES="1500000000", NSPEC="3", GRAPH_MODE="FULL_AND_PIECEWISE", PORT="8123",
+    env = dict(TWO, KV_BYTES="1500000000", NSPEC="3", GRAPH_MODE="FULL_AND_PIECEWISE", ENGINE_PORT="8123",
                EXTRA="--chat-template '/t/my \"tpl\".jinja' --x=100%")
     cfg, by_rank = render_all(env, tmp_path)
     over = {"<KV_BYTES>": "1500000000", "<NSPEC>": "3", "<CAP>": "8", "<sizes>": "1, 2, 3, 4, 8",
-            "<GRAPH_MODE>": "FULL_AND_PIECEWISE", "<PORT>": "8123"}
+            "<GRAPH_MODE>": "FULL_AND_PIECEWISE", "<ENGINE_PORT>": "8123"}
     extra = ["--chat-template", '/t/my "tpl".jinja', "--x=100%"]
     for rank in (0, 1):
         args = container(by_rank[rank][f"dsv41-r{rank}.service"])[5]
@@ -321,7 +331,7 @@ def test_rank0_and_worker_differ_only_where_the_spec_says(two):
     _, o0, e0, _, i0, a0 = container(r0)
     _, o1, e1, _, i1, a1 = container(r1)
     assert i0 == i1
-    assert a0[a0.index("--node-rank"):] == ["--node-rank", "0", "--host", "0.0.0.0", "--port", "8000",
+    assert a0[a0.index("--node-rank"):] == ["--node-rank", "0", "--host", "127.0.0.1", "--port", "18000",
                                             "--reasoning-parser", "deepseek_v41", "--tool-call-parser",
                                             "deepseek_v41", "--enable-auto-tool-choice",
                                             "--enable-prompt-tokens-details",
@@ -415,13 +425,13 @@ def test_model_dir_with_spaces_quote_percent_reaches_the_argv_exactly(two):
 
 def verify_root(base):
     """A root for `systemd-analyze verify --root`: the host's unit dir plus stand-in executables
-    (docker, rm, mkdir, env, kill, systemctl: only their presence is checked)."""
+    (docker, rm, mkdir, env, kill, systemctl, sh: only their presence is checked)."""
     root = base / "root"
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     (root / "usr/bin").mkdir()
     (root / "bin").symlink_to("usr/bin")  # merged /usr, as on Debian 12 and DGX OS
-    for exe in ("docker", "rm", "mkdir", "env", "kill", "systemctl"):
+    for exe in ("docker", "rm", "mkdir", "env", "kill", "systemctl", "sh"):
         p = root / "usr/bin" / exe
         p.write_text("#!/bin/sh\n")
         p.chmod(0o755)
@@ -536,7 +546,7 @@ def test_write_rendered_writes_changes_only_and_drops_stale_ranks(tmp_path):
     cfg, four = render_all(FOUR, tmp_path)
     out = tmp_path / "units"
     written = units.write_rendered(cfg, four, str(out))
-    assert len(written) == 9                                           # 4 guards, 4 ranks, the watchdog
+    assert len(written) == 10                                  # 4 guards, 4 ranks, the watchdog, the gateway
     assert (out / "r3" / "dsv41-r3.service").read_text() == four[3]["dsv41-r3.service"]
     assert units.write_rendered(cfg, four, str(out)) == []                 # unchanged: nothing written
     cfg2, two = render_all(TWO, tmp_path)

@@ -39,7 +39,8 @@ RECEIPT = "checkpoint-receipt.json"
 PLANS = "plans"
 CACHE = "cache"
 RUN = "run"
-SECRET_KEY = "secrets/api_key"        # rank 0 only: the key, 0600, mounted read-only into its container
+SECRET_KEY = "secrets/api_key"        # rank 0 only: its key, 0600, mounted read-only into its container and
+                                      # read by the gateway (the engine key; the client key with GATEWAY=0)
 KEY_ENV = "api_key.env"               # where earlier versions kept the key for --env-file (removed)
 KEY = "api_key"                       # the head's key file (API_KEY_FILE may move it)
 UNITS = "units"
@@ -69,6 +70,15 @@ DEBIAN_ALERTMANAGER_UNIT = "prometheus-alertmanager.service"   # the package's o
 MONITORING = "monitoring"                          # on the head: its config, rules, dashboard, data/
 EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's, on every node, enabled when METRICS_DIR is set
 EXPORTER_DROPIN = "prometheus-node-exporter.service.d/dsv41.conf"   # its flags, under UNIT_DIR
+# ---- the gateway (head/core/gateway.py, node/gateway.py): HAProxy on PORT in front of rank 0 ----
+GATEWAY_UNIT = "dsv41-gateway.service"
+DEBIAN_HAPROXY_UNIT = "haproxy.service"            # the package's own: masked, never used
+GATEWAY_CONFIG = "gateway/haproxy.cfg"             # rendered; no secret in it (a release records it)
+ENGINE_KEY_SOURCE = "engine_key"                   # rank 0's own key behind the gateway (0600): it and dsv41 only
+GATEWAY_KEYS = "gateway/keys.map"                  # sha256 of each client key -> its name, 0600, never in a release
+GATEWAY_STATE = "gateway/state.map"                # the door: open or closed, why, when the engine is expected
+GATEWAY_SOCKET = "/run/dsv41-gateway/admin.sock"   # HAProxy's runtime API (RuntimeDirectory=dsv41-gateway)
+GATEWAY_METRICS_PATH = "/gateway/metrics"          # HAProxy's own Prometheus exporter, on PORT
 
 
 def rank_name(rank):

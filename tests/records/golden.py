@@ -100,7 +100,8 @@ def lab(tmp, env, facts=None):
     conf.mkdir(exist_ok=True)
     (conf / "golden.toml").write_text(PROFILE)
     model = pathlib.Path(tmp, "model")
-    env = {"STATE_DIR": f"{tmp}/state", "MODEL_DIR": str(model), **env}
+    # GATEWAY=0: the layout e8d141c had, rank 0 on PORT (the gateway's units and steps: test_units, test_decide)
+    env = {"STATE_DIR": f"{tmp}/state", "MODEL_DIR": str(model), "GATEWAY": "0", **env}
     home = lambda node: "/home/op" if node.is_local else "/root"
     facts_call = lambda cl, node, args: copy.deepcopy((facts or FACTS)[node.name])
     with mock.patch.object(layers, "CONF_DIR", conf), mock.patch.object(nodes.Node, "home", home), \

@@ -14,7 +14,7 @@ from dsv41.errors import UserError
 from dsv41.head.core import image, observe, preflight, record, rollout, units
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import Kind, Step, decide
-from dsv41.head.core.desired import desired, read_head_plan, read_or_create_key
+from dsv41.head.core.desired import desired, engine_key, read_head_plan, read_or_create_key
 from dsv41.head.core.health import BACK, DEGRADED, REPAIR, memory_check
 
 
@@ -30,7 +30,10 @@ def launch(cfg, force=False, retry_failed=False):
     refuse_if_tripped(cl, states)
     refuse_if_needs_reboot(cl, states, force)
     image_ids = image.ensure(cl, states)
-    want = desired(cl, fab, read_or_create_key(cfg), read_head_plan(cfg))
+    client_key = read_or_create_key(cfg)
+    want = desired(cl, fab, engine_key(cfg, create=True), read_head_plan(cfg))
+    if cfg.gateway:                                          # haproxy -c on the head before anything changes
+        cl.gateway.prepare(want.files[cl.head.name][names.GATEWAY_CONFIG][0], cl.gateway.key_hash(client_key))
     ro = rollout.prepare(cfg, want, states, image_ids, retry_failed)     # refuses the release that just failed
     for line in ro.lines:
         print(line)

@@ -8,7 +8,7 @@ import time
 from dsv41.head.core import preflight, releases as rel
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.decide import changed_units, decide
-from dsv41.head.core.desired import desired, read_head_plan, read_key
+from dsv41.head.core.desired import desired, engine_key, read_head_plan
 
 
 def plan(cfg):
@@ -29,7 +29,7 @@ def plan(cfg):
               f"{','.join(fb.hcas)}, GID {fb.gid_index}; image {'present' if f.image_id else 'missing'}; "
               f"MemAvailable {f.mem_available_kib / 2**20:.1f} GiB"
               + ("; memory guard TRIPPED" if f.tripped else ""))
-    want = desired(cl, fab, read_key(cfg), read_head_plan(cfg))
+    want = desired(cl, fab, engine_key(cfg), read_head_plan(cfg))
     for node, name, have, text in changed_units(cfg.nodes, want, states):
         print(f"diff {name} on {cl.specs[node].label}:")
         print("".join(difflib.unified_diff((have or "").splitlines(True), text.splitlines(True),

@@ -12,7 +12,7 @@ from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import MEANING, Memory, assess, stale_workers
 from dsv41.head.core.record import watchdog_entry, watchdog_line
 
-SCHEMA = "dsv41.status/4"
+SCHEMA = "dsv41.status/5"
 
 
 def _when(stamp):
@@ -46,6 +46,35 @@ def api_status(cl, problems=None):
     except Exception as err:  # noqa: BLE001 - any failure means "no models listed"
         out["error"] = f"/v1/models: {str(err).splitlines()[0][:200] if str(err) else type(err).__name__}"
     return out
+
+
+def door_status(cl, head_state, problems):
+    """What clients get at PORT: the gateway's unit, its door (open, or closed and why), the requests in
+    flight, and /v1/models asked there with the client key `default`; None with GATEWAY=0."""
+    if not cl.cfg.gateway:
+        return None
+    u = head_state.unit(names.GATEWAY_UNIT) if head_state and not head_state.error else None
+    out = {"url": cl.cfg.api_url, "unit": (u.active or "not installed") if u and u.installed else "not installed",
+           "door": None, "reason": None, "in_flight": None, "health": None, "answer": None}
+    state = cl.gateway.state(problems)
+    if state:
+        out.update(door=state["door"], reason=state["reason"] if state["door"] == "closed" else None,
+                   in_flight=state["in_flight"])
+    client = cl.door(read_timeout=5, problems=problems)
+    out["health"] = client.health()
+    try:
+        out["answer"] = "models " + ", ".join(client.models())
+    except Exception as err:  # noqa: BLE001 - the answer clients get, whatever it is
+        out["answer"] = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    return out
+
+
+def door_line(door):
+    if door["unit"] != "active":
+        return f"gateway {door['url']}: {door['unit']} (`doit launch` starts it)"
+    state = "open" if door["door"] == "open" else f"closed: {door['reason']}"
+    flight = "" if door["in_flight"] is None else f", {door['in_flight']} in flight"
+    return f"gateway {door['url']}: door {state}{flight}; clients get {door['answer']}"
 
 
 class Table:
@@ -83,6 +112,7 @@ def status(cfg, json=False):
         table.row(node.name, entries[node.name])
     problems = []                        # state files that cannot be read: said, and read as absent
     api = api_status(cl, problems)
+    door = door_status(cl, states.get(cl.head.name), problems)
     stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
     obs = observe.observation(cfg, states, api["health"], problems=problems,
                               api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
@@ -94,17 +124,21 @@ def status(cfg, json=False):
     quiet = silences.silence_line(cfg)
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": h.word, "exit_code": h.exit_code, "health": h.as_json(),
-                           "nodes": entries, "api": api, "stale": stale, "watchdog": wd, "release": release,
+                           "nodes": entries, "api": api, "gateway": door, "stale": stale, "watchdog": wd, "release": release,
                            "silenced": quiet}, indent=2))
     else:
         for line in stale:
             print(line)
-        print(f"API {api['url']}: health {api['health'] or 'no answer'}, models {', '.join(api['models'] or []) or '-'}")
+        print(f"{'engine' if door else 'API'} {api['url']}: health {api['health'] or 'no answer'}, "
+              f"models {', '.join(api['models'] or []) or '-'}")
+        if door:
+            print(door_line(door))
         print(watchdog_line(wd))
         print(release_status.service_line(release))
         if quiet:
             print(quiet)
-        if h.word == "NOT RUNNING" and (api["models"] or api["health"]):
+        foreign = door["health"] is not None and door["unit"] != "active" if door else api["models"] or api["health"]
+        if h.word == "NOT RUNNING" and foreign:
             print(f"(something that is not dsv41 answers on port {cfg.port}: stop it, or set PORT, before `doit launch`)")
         print(f"{h.verdict}: {h.evidence}" + (f" ({h.why})" if h.why and h.verdict.value in ("DEGRADED", "DEAD", "WEDGED") else ""))
         print(f"{h.word}: {MEANING[h.word].format(memory=cl.recipe.memory_settings)}")

@@ -1,6 +1,7 @@
 """doit stop (the cluster's alerts silenced first, for ALERT_SILENCE_MAX_H or until `doit launch` is ready;
-the watchdog next, so it never fights the stop; then the engine's units in the recipe's stop order, then
-the memory guards) and doit clear-trip.
+the watchdog next, so it never fights the stop; the gateway's drain (new requests 503, those in flight
+finish); then the engine's units in the recipe's stop order, then the memory guards; the gateway stays,
+answering 503, unless --free-port) and doit clear-trip.
 Stop is what people reach for when things are broken: it stops everything on every node it can reach,
 then fails naming each node it could not reach and what may still run there. It says what it stopped,
 what was installed but not running, and which node has nothing of dsv41 installed."""
@@ -12,7 +13,7 @@ from dsv41.head.core.cluster import Cluster, say
 RUNNING = ("active", "activating", "reloading", "deactivating", "")    # "": systemd did not say
 
 
-def stop(cfg):
+def stop(cfg, free_port=False):
     cl = Cluster(cfg)
     say(cl.head, silences.silence(cfg, "doit stop"))
     cl.connect()
@@ -41,15 +42,34 @@ def stop(cfg):
     # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
     on(cl.head, names.WATCHDOG_UNIT, "the watchdog")
     runlock.take(cfg.state_dir)
+    if not cl.head.unreachable and cfg.gateway:      # new requests 503, those in flight finish (DRAIN_S)
+        line = cl.gateway.drain(cl.gateway.STOPPED)
+        if line:
+            say(cl.head, line)
     for spec, unit in cl.recipe.stop_order(cfg.nodes):
         on(cl.node(spec), unit, unit)
     for node in cl.nodes:
         on(node, names.MEMGUARD_UNIT, "the memory guard")
+    gateway_after_stop(cl, seen, free_port, on)
     if missed:
         raise UserError("not stopped: " + "; ".join(
             f"{n.label} did not answer ({one_line(err, 160)}), so {', '.join(cl.engine_units(n))} and "
             f"{names.MEMGUARD_UNIT} may still run there" for n, err in missed.items())
             + "; run `doit stop` again once it answers")
+
+
+def gateway_after_stop(cl, seen, free_port, on):
+    """The gateway stays and answers 503 "stopped by `doit stop`" (clients wait and are told why); with
+    --free-port it stops too, disabled, and PORT is free."""
+    g = seen.get(cl.head.name) and seen[cl.head.name].unit(names.GATEWAY_UNIT)
+    if not g or not g.installed:
+        return
+    if free_port:
+        on(cl.head, names.GATEWAY_UNIT, f"the gateway: port {cl.cfg.port} is free")
+        cl.systemctl(cl.head, "disable", "--quiet", names.GATEWAY_UNIT, check=False)
+    elif g.active == "active":
+        say(cl.head, f"the gateway stays on port {cl.cfg.port}, answering 503 \"{cl.gateway.STOPPED}\" "
+                     "(`doit stop --free-port` stops it too)")
 
 
 def clear_trip(cfg):

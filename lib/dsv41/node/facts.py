@@ -19,7 +19,7 @@ from dsv41.errors import UserError, cli, one_line
 from dsv41.names import MEMGUARD_UNIT, RANK_NAME_RE, RANK_PREFIX, UNIT_DIR
 from dsv41.node import fabric
 
-TOOLS = ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi", "ib_write_bw", "systemctl")
+TOOLS = ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi", "ib_write_bw", "systemctl", "haproxy")
 
 
 def run_quiet(argv, timeout=20):

@@ -73,8 +73,15 @@ class _Config:
 
     @property
     def api_url(self):
+        """What clients get: the gateway on PORT (rank 0 itself with GATEWAY=0)."""
         host = self.head.ip or "127.0.0.1"
         return f"http://{host}:{self.port}/v1"
+
+    @property
+    def engine_url(self):
+        """Rank 0's own API server, where dsv41 judges the engine: 127.0.0.1:ENGINE_PORT on the head behind
+        the gateway, else the API URL."""
+        return f"http://127.0.0.1:{self.engine_port}/v1" if self.gateway else self.api_url
 
 
 @functools.cache

@@ -56,6 +56,10 @@ def load_config(env=None, engine=schema.ENGINE, own=schema.OWN):
     if values["ALERTMANAGER_PORT"] in (port, values["PROMETHEUS_PORT"], values["EXPORTER_PORT"]):
         raise kinds.bad("ALERTMANAGER_PORT", values["ALERTMANAGER_PORT"],
                          "a port other than PORT, PROMETHEUS_PORT and EXPORTER_PORT")
+    others = {"PORT": port, "MPORT": mport, "PROMETHEUS_PORT": values["PROMETHEUS_PORT"],
+              "EXPORTER_PORT": values["EXPORTER_PORT"], "ALERTMANAGER_PORT": values["ALERTMANAGER_PORT"]}
+    if values["GATEWAY"] and values["ENGINE_PORT"] in others.values():
+        raise kinds.bad("ENGINE_PORT", values["ENGINE_PORT"], "a port other than " + ", ".join(others))
     _email(values)
     _flag_settings(changes["args"], values, engine)
     derived = engine.derive({s.name: values[s.name] for s in engine.SETTINGS})

@@ -79,6 +79,16 @@ OWN = (
     S("API_KEY_FILE", "path", "", "the API key (created once, mode 0600)", shown="`$STATE_DIR/api_key`"),
     S("PORT", "int", 8000, "API port on the head", lo=1, hi=65535),
     S("MPORT", "int", 29655, "rendezvous (master) port", lo=1, hi=65535),
+    S("GATEWAY", "bool", True, "`dsv41-gateway` (HAProxy) on the head holds `PORT` in front of rank 0, which serves "
+      "`127.0.0.1:ENGINE_PORT` (0: rank 0 serves `PORT` itself, with no drain, 503s or named keys)"),
+    S("ENGINE_PORT", "int", 18000, "rank 0's API server on the head's 127.0.0.1 behind the gateway", lo=1,
+      hi=65535),
+    S("DRAIN_S", "int", 120, "a planned restart (`doit stop`, a release, `doit rollback`) first waits this long "
+      "at most for the requests in flight to finish, new ones answered 503", lo=0, hi=3600),
+    S("KEY_RATE_PER_MIN", "int", 0, "requests per minute each key may make before the gateway answers 429 "
+      "(0: no limit)", lo=0, hi=1000000),
+    S("GATEWAY_TIMEOUT_S", "int", 3600, "the gateway cuts a connection silent this long (a long prefill or a "
+      "non-streamed answer of a 262K-token context stays under it)", lo=10, hi=24 * 3600),
     S("MEMGUARD_GIB", "floor", memguard.DEFAULT_FLOOR_GIB,
       "memory guard floor: ranks are stopped below this MemAvailable", lo=memguard.FLOOR_GIB[0],
       hi=memguard.FLOOR_GIB[1]),

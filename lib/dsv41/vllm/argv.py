@@ -153,7 +153,8 @@ def measured_args(cfg, rank, fabric_by_rank):
     ]
     if rank:
         return args + ["--node-rank", str(rank), "--headless"]
-    return args + ["--node-rank", "0", "--host", "0.0.0.0", "--port", str(cfg.port),
+    host, port = ("127.0.0.1", cfg.engine_port) if cfg.gateway else ("0.0.0.0", cfg.port)   # behind the gateway
+    return args + ["--node-rank", "0", "--host", host, "--port", str(port),
                    "--reasoning-parser", "deepseek_v41", "--tool-call-parser", "deepseek_v41",
                    "--enable-auto-tool-choice", "--enable-prompt-tokens-details",
                    "--enable-force-include-usage", *e.extra]

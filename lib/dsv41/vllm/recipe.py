@@ -44,7 +44,7 @@ class Vllm(Recipe):
         return {names.rank_unit(spec.rank): render(RANK_TEMPLATE, rank_vars(self.cfg, spec, fabric, paths, master_addr))}
 
     def metrics_url(self):
-        return metrics.metrics_url(self.cfg.api_url)
+        return metrics.metrics_url(self.cfg.engine_url)
 
     def scrape(self, timeout):
         return metrics.scrape(self.metrics_url(), timeout=timeout)

@@ -9,7 +9,8 @@ from dsv41.client.api import Client
 from dsv41.errors import UserError
 from dsv41.settings.paths import LIB_DIR
 from dsv41.head.core import commands, engine, state
-from dsv41.head.core.apikey import read_key, read_or_create_key
+from dsv41.head.core.apikey import engine_key, engine_key_file, read_key  # noqa: F401 (engine_key_file: the verbs')
+from dsv41.head.core.gateway import Gateway
 from dsv41.head.core.nodes import Node, NodeError, connect, forget_unreachable, say  # noqa: F401 (say: for the verbs)
 
 
@@ -68,8 +69,8 @@ class Cluster:
 
     def unit_names(self, node):
         exporter = [names.EXPORTER_UNIT, names.EXPORTER_DROPIN] if self.cfg.metrics_dir else []  # monitoring
-        return ([names.MEMGUARD_UNIT, *self.engine_units(node)] + ([names.WATCHDOG_UNIT] if node is self.head else [])
-                + exporter)
+        head = [names.WATCHDOG_UNIT, names.GATEWAY_UNIT] if node is self.head else []
+        return [names.MEMGUARD_UNIT, *self.engine_units(node)] + head + exporter
 
     def paths(self, node):
         home = node.home()
@@ -89,7 +90,7 @@ class Cluster:
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
                "image": self.cfg.image, "containers": list(self.recipe.containers(self.spec(node))),
                "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
-                         names.WATCHDOG_SETTINGS], **({"versions": True} if versions else {})}
+                         names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG], **({"versions": True} if versions else {})}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
         self.states[node.name] = state.parse(out, node.label)
         self._uid[node.name] = self.states[node.name].uid
@@ -103,17 +104,31 @@ class Cluster:
         return self.connect()
 
     def api(self, read_timeout, create_key=False, problems=None):
-        """A client of the cluster's API with its key (created first when create_key and missing). With
-        a list for problems, a key file that cannot be read is said there and no key is sent (status and
+        """A client of the engine itself (rank 0's API server, behind the gateway when there is one) with
+        rank 0's key (created first when create_key and missing): where dsv41 judges the engine. With a
+        list for problems, a key file that cannot be read is said there and no key is sent (status and
         top still ask /health)."""
+        return self._client(self.cfg.engine_url, lambda: engine_key(self.cfg, create=create_key), read_timeout,
+                            problems)
+
+    @property
+    def gateway(self):
+        """The head's gateway (core.gateway.Gateway): its door, the drain, the keys."""
+        return Gateway(self)
+
+    def door(self, read_timeout, problems=None):
+        """A client of what clients get (the gateway on PORT) with the client key `default`."""
+        return self._client(self.cfg.api_url, lambda: read_key(self.cfg), read_timeout, problems)
+
+    def _client(self, url, key_of, read_timeout, problems):
         try:
-            key = read_or_create_key(self.cfg) if create_key else read_key(self.cfg)
+            key = key_of()
         except UserError as err:
             if problems is None:
                 raise
             problems += [] if str(err) in problems else [str(err)]
             key = None
-        return Client(self.cfg.api_url, key, read_timeout=read_timeout)
+        return Client(url, key, read_timeout=read_timeout)
 
     def probe_argv(self, node, state_dir):
         """The probe's argv without its containers (top, run from code it shipped itself)."""

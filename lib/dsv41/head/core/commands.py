@@ -45,6 +45,16 @@ def watchdog_argv(state_dir, python, lib_dir):
     return ["/usr/bin/env", f"PYTHONPATH={lib_dir}", python, "-m", "dsv41.head.watchdog", "--state-dir", state_dir]
 
 
+# HAProxy started with the engine key in its environment, read from rank 0's key file ($1); $2 its config
+GATEWAY_WRAPPER = 'DSV41_ENGINE_KEY=$(cat "$1") && export DSV41_ENGINE_KEY && exec haproxy -Ws -f "$2"'
+
+
+def gateway_argv(state_dir):
+    """The head's gateway: HAProxy in master-worker mode (systemd notify), no key in its argv."""
+    return ["/bin/sh", "-c", GATEWAY_WRAPPER, "dsv41-gateway", names.state_path(state_dir, names.SECRET_KEY),
+            names.state_path(state_dir, names.GATEWAY_CONFIG)]
+
+
 def memguard_argv(state_dir):
     return node_python(state_dir) + ["dsv41.node.memguard", "--settings",
                                      names.state_path(state_dir, names.GUARD_SETTINGS), "--state-dir", state_dir]

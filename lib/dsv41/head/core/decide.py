@@ -27,6 +27,10 @@ class Kind(enum.Enum):
     RESTART_WATCHDOG = "restart-watchdog"
     STOP_WATCHDOG = "stop-watchdog"  # WATCHDOG=0: stopped and disabled
     START_EXPORTER = "start-exporter"  # METRICS_DIR set: the node's prometheus-node-exporter (re)started
+    START_GATEWAY = "start-gateway"
+    RESTART_GATEWAY = "restart-gateway"  # its unit or rank 0's key changed (read at start)
+    RELOAD_GATEWAY = "reload-gateway"  # its config changed: reloaded, the ranks untouched
+    STOP_GATEWAY = "stop-gateway"    # GATEWAY=0 (or a release recorded without it): rank 0 takes PORT again
 
 
 class Step(NamedTuple):
@@ -86,7 +90,7 @@ def decide(specs, desired, states, recipe):
             if text is None or f.files.get(rel) != sha(text):
                 steps.append(Step(Kind.WRITE, s.name, rel, f"{rel} differs"))
                 written.add((s.name, rel))
-                if rel not in (names.GUARD_SETTINGS, names.WATCHDOG_SETTINGS):   # read by the ranks at start
+                if rel not in (names.GUARD_SETTINGS, names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG):   # ranks read it
                     rank_reasons.append(f"{rel} changed on {s.name}")
     for node, unit in sorted(changed):
         steps.append(Step(Kind.INSTALL, node, unit, f"{unit} differs from the rendered unit"))
@@ -105,8 +109,10 @@ def decide(specs, desired, states, recipe):
             rank_reasons += unit_reasons(s, f, unit, f.container(name), (s.name, unit) in changed)
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
+    head = specs[0].name
     return (steps + exporter_steps(specs, desired, states, changed)
-            + watchdog_steps(specs[0].name, desired, states[specs[0].name], changed, written))
+            + watchdog_steps(head, desired, states[head], changed, written)
+            + gateway_steps(head, desired, states[head], changed, written))
 
 
 def exporter_steps(specs, desired, states, changed):
@@ -150,4 +156,23 @@ def watchdog_steps(head, desired, f, changed, written):
         return [Step(Kind.START_WATCHDOG, head, w, "the watchdog is not running")]
     if (head, w) in changed or (head, names.WATCHDOG_SETTINGS) in written:
         return [Step(Kind.RESTART_WATCHDOG, head, w, "its unit or settings changed")]
+    return []
+
+
+def gateway_steps(head, desired, f, changed, written):
+    """Start, restart (its unit or rank 0's key changed), reload (its config changed) or, when it is not
+    desired, stop the head's gateway (core.rollout.apply stops it before the ranks start, and starts it
+    after them when it was not running: rank 0 may hold PORT until it stops)."""
+    g = names.GATEWAY_UNIT
+    u = f.unit(g)
+    active = u.active == "active"
+    if g not in desired.units[head]:
+        on = active or u.enabled == "enabled"
+        return [Step(Kind.STOP_GATEWAY, head, g, "GATEWAY=0: rank 0 serves PORT itself")] if on else []
+    if not active:
+        return [Step(Kind.START_GATEWAY, head, g, "the gateway is not running")]
+    if (head, g) in changed or (head, names.SECRET_KEY) in written:
+        return [Step(Kind.RESTART_GATEWAY, head, g, "its unit or rank 0's key changed")]
+    if (head, names.GATEWAY_CONFIG) in written:
+        return [Step(Kind.RELOAD_GATEWAY, head, g, "its config changed (the ranks are left alone)")]
     return []

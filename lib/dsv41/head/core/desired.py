@@ -1,13 +1,13 @@
 """The desired state of every node, computed on the head: rendered units and the state files (the
-guard's settings, the EXL3 plan copy, on the head the API key file rank 0 mounts and the watchdog's
-settings). Also the API key itself."""
+guard's settings, the EXL3 plan copy, on the head the key file rank 0 mounts, the watchdog's settings and
+the gateway's config). Also the keys themselves."""
 import json
 import os
 
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core import exporter, statefiles, units
-from dsv41.head.core.apikey import read_key, read_or_create_key  # noqa: F401 (the verbs' way to the key)
+from dsv41.head.core.apikey import engine_key, read_key, read_or_create_key  # noqa: F401 (the verbs' way to the keys)
 from dsv41.settings.resolved import resolved
 from dsv41.head.core.decide import Desired  # noqa: F401 (what desired() returns)
 
@@ -39,13 +39,15 @@ def watchdog_settings(cfg):
 
 def state_files(cfg, is_head, key, plan_text):
     """{path under the state dir: (text, mode)} one node must hold (text None when the key is not
-    known yet, as in a dry run)."""
+    known yet, as in a dry run). key: rank 0's (core.apikey.engine_key)."""
     files = {names.GUARD_SETTINGS: (guard_settings(cfg), 0o644),
              f"{names.PLANS}/{cfg.plan_name}": (units.rewrite_plan(plan_text), 0o644)}
     if is_head:
         files[names.SECRET_KEY] = (f"{key}\n" if key else None, 0o600)
         if cfg.watchdog:
             files[names.WATCHDOG_SETTINGS] = (watchdog_settings(cfg), 0o600)
+        if cfg.gateway:
+            files[names.GATEWAY_CONFIG] = (units.gateway_config(cfg), 0o644)
     return files
 
 

@@ -3,7 +3,7 @@ the model disk's free space, available memory, the head's ports, leftover rank c
 the clock, the tools, logind's RemoveIPC. Pure: they read each node's facts (and ctx.cfg)."""
 from dsv41.head.core import engine
 from dsv41.head.core.checks import FAIL, PASS, WARN, registry
-from dsv41.names import RANK_PREFIX, rank_name
+from dsv41.names import GATEWAY_UNIT, RANK_PREFIX, rank_name
 
 GIB = 1024 ** 3
 MAX_SKEW_S = 2.0
@@ -97,15 +97,19 @@ def memory(ctx, s, f):
 
 @check("ports", per_node=True)
 def ports(ctx, s, f):
-    """The head's API and rendezvous ports are free, or held by our own running rank 0."""
+    """The head's API, engine and rendezvous ports are free, or held by our own running rank 0 or gateway."""
     if s.rank != 0:
         return
     used = f.get("ports") or {}
-    for port, var in ((ctx.cfg.port, "PORT"), (ctx.cfg.mport, "MPORT")):
+    gateway_on = ((f.get("units") or {}).get("active") or {}).get(GATEWAY_UNIT) in ("active", "reloading")
+    cfg = ctx.cfg
+    for port, var in ((cfg.port, "PORT"), (cfg.mport, "MPORT"), *([(cfg.engine_port, "ENGINE_PORT")] if cfg.gateway else [])):
         if used.get(str(port)) is None:
             yield WARN, f"{var} {port}: not checked", ""
         elif not used[str(port)]:
             yield PASS, f"{var} {port} free"
+        elif var == "PORT" and gateway_on:
+            yield PASS, f"{var} {port} in use by the running dsv41-gateway"
         elif rank_name(0) in _running_ranks(f):
             yield PASS, f"{var} {port} in use by the running {rank_name(0)}"
         else:
@@ -162,11 +166,13 @@ def clock(ctx, s, f):
 @check("tools", per_node=True)
 def tools(ctx, s, f):
     have = f.get("tools") or {}
-    miss = [t for t in ("rsync", "curl") if have.get(t) is False]
+    need = ("rsync", "curl") + (("haproxy",) if s.rank == 0 and ctx.cfg.gateway else ())   # the gateway runs it
+    miss = [t for t in need if have.get(t) is False]
     if miss:
-        yield FAIL, f"missing: {', '.join(miss)}", f"sudo apt-get install {' '.join(miss)}"
+        yield FAIL, f"missing: {', '.join(miss)}", f"sudo apt-get install {' '.join(miss)}" + (
+            " (or GATEWAY=0)" if "haproxy" in miss else "")
     else:
-        yield PASS, "python3, rsync, curl present"
+        yield PASS, f"python3, {', '.join(need)} present"
 
 
 @check("remove-ipc", per_node=True)

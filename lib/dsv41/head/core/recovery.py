@@ -33,7 +33,7 @@ def save_evidence(cl, health, log=print, name=None):
     cfg = cl.cfg
     try:
         folder = incidents.capture(cl, cfg.state_dir, health.verdict.value, health.evidence, fault_at=health.fault_at,
-                                   metrics_url=cl.recipe.metrics_url(), secrets=(apikey.read_key(cfg), cfg.hf_token),
+                                   metrics_url=cl.recipe.metrics_url(), secrets=(apikey.read_key(cfg), apikey.engine_key(cfg), cfg.hf_token),
                                    keep=cfg.incidents_keep, node_deadline_s=EVIDENCE_DEADLINE_S, name=name)
     except Exception as err:  # noqa: BLE001 - evidence is best effort
         log(f"could not save the incident's evidence: {type(err).__name__}: {one_line(err, 200)}")
@@ -99,14 +99,28 @@ def wait_memory(cl, log=print):
 
 # ---- the restart ----------------------------------------------------------------------------------------
 
+def door(cl, log, closed_why=None, expect_s=None):
+    """The gateway's door closed (503 naming closed_why) or, without a reason, open; a gateway that cannot
+    be told is said and never stops a restart (its own health check still answers 503)."""
+    try:
+        if closed_why:
+            cl.gateway.close(closed_why, expect_s)
+        else:
+            cl.gateway.open()
+    except UserError as err:
+        log(f"warning: the gateway's door could not be {'closed' if closed_why else 'opened'}: {one_line(err, 200)}")
+
+
 def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phase=None, clock=time.time,
-            within=None):
+            within=None, why=None, expect_s=None):
     """The ordered restart above. fault: the Health that calls for it (None: a planned restart, no
     incident). by: who restarts ("dsv41-watchdog" for the watchdog, whose restarts its budget counts).
     on_phase(incident) is called each time the incident moves on, and once it closed (the watchdog
     publishes it); clock
     times the incident (the caller's); within: the readiness wait's (seconds, what sets them), default
-    START_TIMEOUT_MIN's (a rollout passes its deadline).
+    START_TIMEOUT_MIN's (a rollout passes its deadline); why: what the gateway's 503s say meanwhile (default
+    "recovering from <verdict>" for a fault: its door closes at once, with no drain); expect_s: the start-up
+    its 503s expect (core.releases.last_startup_s; None: no estimate).
     -> the closed incident (None without a fault). Raises NeedsReboot (nothing started), or UserError
     when a step failed; the incident is closed with that result either way."""
     state_dir = cl.cfg.state_dir
@@ -126,6 +140,8 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
     if inc is not None and on_phase:
         on_phase(inc)
     result = "interrupted: the recovery was stopped"
+    door(cl, log, why or (f"recovering from {fault.verdict.value}" if fault is not None else f"restarting ({by})"),
+         expect_s)
     try:
         if fault is not None and fault.action != "start":
             folder = save_evidence(cl, fault, log, name=inc["id"])
@@ -148,10 +164,13 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
         phase(f"waiting for a token ({within[1] if within else 'START_TIMEOUT_MIN'})")
         ranks.wait_ready(cl, within)
         result = "READY"
+        door(cl, log)
     except NeedsReboot:
+        door(cl, log, result)
         raise
     except UserError as err:
         result = f"failed: {one_line(err, 300)}"
+        door(cl, log, f"not ready: {one_line(err, 150)}")
         raise
     finally:
         if inc is not None:

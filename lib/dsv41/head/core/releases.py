@@ -241,14 +241,19 @@ def checkpoint_warning(releases, checkpoint):
             "a failure cannot be rolled back past the checkpoint")
 
 
+def last_startup_s(releases):
+    """The last good release's measured start-up (None when none measured one)."""
+    return next((r.startup_s for r in reversed(releases) if r.state == GOOD and r.startup_s), None)
+
+
 def rollout_deadline_s(releases, start_timeout_s, min_timeout_s):
     """How long a rollout waits for the API: twice the last good release's start-up, at least
     min_timeout_s (ROLLOUT_MIN_TIMEOUT_MIN), at most start_timeout_s (START_TIMEOUT_MIN); the latter
     when no good release measured one."""
-    good = next((r for r in reversed(releases) if r.state == GOOD and r.startup_s), None)
-    if good is None:
+    startup = last_startup_s(releases)
+    if startup is None:
         return start_timeout_s
-    return min(start_timeout_s, max(min_timeout_s, 2 * good.startup_s))
+    return min(start_timeout_s, max(min_timeout_s, 2 * startup))
 
 
 def when(t):
@@ -490,9 +495,11 @@ def in_service(state_dir):
 
 def settings_of(release, cfg):
     """The Config a recorded release ran on (its API port, model name, key file, readiness), else the
-    current one when the release was recorded by another version of dsv41."""
+    current one when the release was recorded by another version of dsv41. A release recorded before the
+    gateway ran without one: rank 0 on PORT."""
     try:
-        return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token)
+        return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token,
+                                   **({} if "gateway" in release.settings else {"gateway": False}))
     except ConfigError:
         return cfg
 

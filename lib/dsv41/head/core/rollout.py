@@ -31,7 +31,7 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import exporter, observe, progress, ranks, recovery, releases as rel, silences
-from dsv41.head.core.cluster import Cluster, read_key, say
+from dsv41.head.core.cluster import Cluster, engine_key, say
 from dsv41.head.core.decide import Desired, Kind, Step, decide
 
 
@@ -162,6 +162,11 @@ def settled(cl, ro, restarting):
 def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, began):
     cfg = cl.cfg
     checked = ro.release is not None and (restarting or ro.resumed)
+    if restarting and fault is None:        # planned: the requests in flight finish first (not timed)
+        line = cl.gateway.drain(f"release {ro.release.number} rolling out" if ro.release else f"restarting ({by})",
+                                rel.last_startup_s(rel.load_all(cfg.state_dir)))
+        if line:
+            say(cl.head, line)
     t = time.monotonic()
     try:
         if restarting and ro.release is not None:       # the deadline's clock, for whoever carries it on
@@ -252,7 +257,7 @@ def recorded(cl, release, since=None, clock=time.time):
     """(Desired, steps, states) that run `release` exactly as recorded, from the nodes as they are now. The
     ranks restart whatever else differs, unless every engine unit (re)started after `since` (unix time: a
     carried-on rollout's started_at) and none needs to for another reason: then the wait goes on."""
-    want = Desired(*rel.recorded_state(release, read_key(cl.cfg)))
+    want = Desired(*rel.recorded_state(release, engine_key(cl.cfg)))
     states = cl.probe_all(versions=True)
     tripped = next((n for n in cl.nodes if states[n.name].tripped), None)
     if tripped is not None:                 # the rank units do not start while a guard is tripped
@@ -287,7 +292,8 @@ def go_back(cl, failed, target, *, began, by):
     fault = recovery.fault(f"release {failed.number} failed: {why}", failed.failed_at)
     try:
         want, steps, states = recorded(back, target)
-        apply(back, want, steps, states, fault=fault, by=by, owner=failed.number)
+        apply(back, want, steps, states, fault=fault, by=by, owner=failed.number,
+              why=f"release {failed.number} failed: going back to release {target.number}")
         ranks.wait_ready(back)
     except UserError as err:
         rel.down(sd, failed.number, one_line(err, 200))
@@ -390,11 +396,11 @@ def carry_on_way_back(cfg, by):
 
 # ---- applying the steps ----------------------------------------------------------------------------
 
-def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch", owner=None):
+def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch", owner=None, why=None):
     """decide()'s steps in order; the watchdog's before the ranks restart (so that it is there to carry the
     release on; never by the watchdog itself); the ranks restart through recovery.restart (fault: the
     Health that calls for it; within: the readiness wait's deadline; by: who restarts; owner: the release
-    whose restart it is, named by its silence)."""
+    whose restart it is, named by its silence and by the gateway's 503s unless why says otherwise)."""
     by_name = {n.name: n for n in cl.nodes}
     for s in steps:
         node = by_name.get(s.node)
@@ -415,19 +421,36 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
     for s in steps:
         if s.kind in WATCHDOG_STEPS and by != BY_WATCHDOG:
             control(cl, cl.head, s.kind, names.WATCHDOG_UNIT, "watchdog")
+    restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
+    later = [s for s in steps if s.kind is Kind.START_GATEWAY and restarting]    # rank 0 may hold PORT until then
+    for s in steps:
+        if s.kind in GATEWAY_STEPS and s not in later:
+            start_gateway(cl, s.kind)
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
             owned = f"{by}, release {owner}" if owner else f"{by}, pid {os.getpid()}"    # whose work it is
             say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
             recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
-                             within=within)
+                             within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None),
+                             expect_s=rel.last_startup_s(rel.load_all(cl.cfg.state_dir)))
+    for s in later:
+        start_gateway(cl, s.kind)
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
             exporter.start(cl, by_name[s.node])
 
 
 WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
+GATEWAY_STEPS = (Kind.START_GATEWAY, Kind.RESTART_GATEWAY, Kind.RELOAD_GATEWAY, Kind.STOP_GATEWAY)
+
+
+def start_gateway(cl, kind):
+    """A gateway step on the head; Debian's own haproxy.service is masked first (it would take the same
+    config's place and port 80)."""
+    if kind is not Kind.STOP_GATEWAY:
+        cl.systemctl(cl.head, "mask", "--now", "--quiet", names.DEBIAN_HAPROXY_UNIT, check=False)
+    control(cl, cl.head, kind, names.GATEWAY_UNIT, "gateway")
 
 
 def control(cl, node, kind, unit, what):

@@ -22,6 +22,8 @@ from dsv41.settings.paths import LIB_DIR, ROOT
 UNITS_DIR = ROOT / "units"
 MEMGUARD_TEMPLATE = "dsv41-memguard.service.j2"
 WATCHDOG_TEMPLATE = "dsv41-watchdog.service.j2"
+GATEWAY_TEMPLATE = "dsv41-gateway.service.j2"
+GATEWAY_CONFIG_TEMPLATE = "dsv41-gateway.cfg.j2"
 _QUOTE_IF = re.compile(r"""[\s"'\\;#\x00-\x1f\x7f]""")
 
 
@@ -80,10 +82,26 @@ def memguard_vars(cfg, paths):
     return {"memguard": c.memguard_argv(c.fact(paths, "state_dir"))}
 
 
+def deploying_user():
+    """The head's services (watchdog, gateway) run as the user who deploys (whose ssh config reaches the
+    workers, who owns the state dir); None for root."""
+    return None if os.getuid() == 0 else pwd.getpwuid(os.getuid()).pw_name
+
+
 def watchdog_vars(paths):
-    """The watchdog runs on the head as the user who deploys (whose ssh config reaches the workers)."""
-    user = None if os.getuid() == 0 else pwd.getpwuid(os.getuid()).pw_name
-    return {"user": user, "watchdog": c.watchdog_argv(c.fact(paths, "state_dir"), sys.executable, LIB_DIR)}
+    return {"user": deploying_user(), "watchdog": c.watchdog_argv(c.fact(paths, "state_dir"), sys.executable, LIB_DIR)}
+
+
+def gateway_vars(cfg, paths):
+    return {"port": cfg.port, "user": deploying_user(), "haproxy": c.gateway_argv(c.fact(paths, "state_dir"))}
+
+
+def gateway_config_vars(cfg):
+    sd = cfg.state_dir
+    return {"port": cfg.port, "engine_port": cfg.engine_port, "timeout_s": cfg.gateway_timeout_s,
+            "rate_per_min": cfg.key_rate_per_min, "socket": names.GATEWAY_SOCKET,
+            "keys_map": names.state_path(sd, names.GATEWAY_KEYS), "state_map": names.state_path(sd, names.GATEWAY_STATE),
+            "metrics_path": names.GATEWAY_METRICS_PATH}
 
 
 def _render(env, name, values):
@@ -97,7 +115,7 @@ def _render(env, name, values):
 
 def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_dir=None):
     """{filename: text} for one node: its memory guard, the recipe's engine units (core.recipe) and on
-    the head the watchdog, unless WATCHDOG=0.
+    the head the watchdog, unless WATCHDOG=0, and the gateway, unless GATEWAY=0.
 
     fabric: this node's resolved fabric facts (ip, ifname, hcas, gid_index), or {rank: facts} with
     the head's; the rendezvous address is the head's ip (master_addr, else cfg's R0_IP for a worker).
@@ -107,7 +125,14 @@ def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_d
     out.update(recipe.render(lambda name, values: _render(env, name, values), spec, fabric, paths, master_addr))
     if spec.rank == 0 and cfg.watchdog:
         out[names.WATCHDOG_UNIT] = _render(env, WATCHDOG_TEMPLATE, watchdog_vars(paths))
+    if spec.rank == 0 and cfg.gateway:
+        out[names.GATEWAY_UNIT] = _render(env, GATEWAY_TEMPLATE, gateway_vars(cfg, paths))
     return out
+
+
+def gateway_config(cfg, templates_dir=None):
+    """dsv41-gateway's HAProxy config (a state file of the head: $STATE_DIR/gateway/haproxy.cfg)."""
+    return _render(environment(templates_dir), GATEWAY_CONFIG_TEMPLATE, gateway_config_vars(cfg))
 
 
 def rendered_dir(cfg):
