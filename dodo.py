@@ -13,8 +13,8 @@ from doit.tools import config_changed  # noqa: E402
 
 from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (alerts, completion, config, copy_checkpoint, download, fabric_bench,  # noqa: E402
-                        incident_log, launch, logs, monitoring, pi, plan, releases, render, smoke_bench, status,
-                        stop)
+                        incident_log, keys, launch, logs, monitoring, pi, plan, releases, render, smoke_bench,
+                        status, stop)
 from dsv41.head.core import image, preflight, verify  # noqa: E402
 from dsv41.head.core.doit_setup import (Reporter, SizeMtimeChecker, action, bad_options_exit_2,  # noqa: E402
                                         dep_file, quiet_on_closed_pipe)
@@ -152,14 +152,21 @@ def task_releases():
     return {"actions": [call(releases.releases)], "pos_arg": "words", "uptodate": [False]}
 
 
+def task_keys():
+    """The gateway's client keys: doit keys [list | add NAME | revoke NAME] (add prints the key once)."""
+    return {"actions": [call(keys.keys)], "pos_arg": "words", "uptodate": [False]}
+
+
 def task_rollback():
     """Go back to release N (default: the last good one before the one in service), checked as a launch is."""
     return {"actions": [call(releases.rollback, mutates=True)], "pos_arg": "words", "uptodate": [False]}
 
 
 def task_stop():
-    """Stop the watchdog, the head's rank, then the workers', then the memory guards (idempotent)."""
-    return {"actions": [call(stop.stop)], "uptodate": [False]}        # takes the run lock itself
+    """Stop the watchdog, drain, the head's rank, then the workers', then the memory guards (idempotent)."""
+    return {"actions": [call(stop.stop)], "uptodate": [False],        # takes the run lock itself
+            "params": [{"name": "free_port", "long": "free-port", "type": bool, "default": False,
+                        "help": "stop the gateway too: PORT is free (without it clients get 503 \"stopped\")"}]}
 
 
 def task_plan():
