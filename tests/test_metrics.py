@@ -1,21 +1,28 @@
 """vLLM's /metrics as top reads it (dsv41.client.metrics): real recorded vLLM 0.32 text, known counter and
 bucket deltas, the stand-in engine run as local processes; and the watchdog's textfile metrics, parsed
-with prometheus_client's parser as node_exporter's textfile collector would read them."""
+with prometheus_client's parser as node_exporter's textfile collector would read them (each client key's use
+from a real gateway among them)."""
+import functools
 import http.server
 import re
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from dsv41 import names
 from dsv41.client import metrics
 from dsv41.vllm.recipe import SERIES
 from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
 from dsv41.head.core import record
 from dsv41.head.core.health import Health, Verdict
-from dsv41.head.watchdog import VERDICTS, Watchdog
+from dsv41.head.watchdog import VERDICTS, Watchdog, remove_metrics
+from dsv41.node import gateway as node_gateway
+from test_monitoring import gateway_running
 from test_standin_engine import REAL_METRICS, Ranks, events, free_port
 
 TTFT_B, ITL_B = SERIES.ttft + "_bucket", SERIES.itl + "_bucket"
@@ -155,7 +162,8 @@ def test_watchdog_textfile_parses_as_prometheus_text(tmp_path):
     assert (recoveries.name, recoveries.value) == ("dsv41_watchdog_recoveries_total", 1)
     assert fams["dsv41_watchdog_gave_up"].samples[0].value == 0
     assert all(f.documentation for f in fams.values())
-    assert not [p.name for p in Path(tmp_path / "textfile").iterdir() if p.name != "dsv41_watchdog.prom"]
+    assert sorted(p.name for p in Path(tmp_path / "textfile").iterdir()) == [
+        "dsv41_gateway.prom", "dsv41_watchdog.prom"]          # GATEWAY=1, the default: the keys' file too
     running = record.open_incident(state, verdict="DEAD", evidence="/health does not answer", fault_at=1_900_000_000,
                                    node="worker1", now=1_900_000_010)
     w.publish(Health(Verdict.RECOVERING, ("recovering",), "worker1", recovering=running))
@@ -163,3 +171,56 @@ def test_watchdog_textfile_parses_as_prometheus_text(tmp_path):
     [rec] = fams["dsv41_watchdog_recovering"].samples
     assert rec.value == 1 and rec.labels == {"verdict": "DEAD", "node": "worker1", "fault_at": "2030-03-17T17:46:40Z",
                                              "incident": running["id"]}
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (tests/setup/monitoring.sh "
+                                                             "installs it)")
+def test_the_watchdog_writes_each_keys_use_at_the_gateway_by_name_never_the_key(tmp_path, monkeypatch):
+    """A real HAProxy on the rendered gateway config, its door closed: alice past her rate (2 a minute), the
+    default key refused; the watchdog's dsv41_gateway.prom counts both by the key's name. A gateway that
+    cannot be read is said once and its file goes, the watchdog's own file still written; a stopped watchdog
+    leaves neither."""
+    sock = str(tmp_path / "admin.sock")
+    monkeypatch.setattr(names, "GATEWAY_SOCKET", sock)
+    keys = {"default": "client-key-default", "alice": "client-key-alice"}
+    gw = load_config({"STATE_DIR": str(tmp_path / "gw"), "PORT": str(free_port()), "ENGINE_PORT": str(free_port()),
+                      "KEY_RATE_PER_MIN": "2"})
+    cfg = load_config({"STATE_DIR": str(tmp_path / "wd"), "METRICS_DIR": str(tmp_path / "textfile")})
+    (tmp_path / "wd").mkdir()
+    said = []
+    w = Watchdog(cfg, log=said.append)
+    read = functools.partial(node_gateway.usage, sock)                 # the test gateway's admin socket
+    with gateway_running(gw, keys) as url:
+        monkeypatch.setattr(node_gateway, "usage", read)
+        node_gateway.set_door(gw.state_dir, "closed", "recovering from DEAD", 0, sock)
+        codes = [requests.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {keys[k]}"},
+                              timeout=5).status_code for k in ("alice", "alice", "alice", "default")]
+        assert codes == [503, 503, 429, 503]
+        w.publish(Health(Verdict.HEALTHY, ("every rank is up and a token came back",)))
+    prom = tmp_path / "textfile" / "dsv41_gateway.prom"
+    text = prom.read_text()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {n: f.type for n, f in fams.items()} == {
+        "dsv41_gateway_key_requests": "counter", "dsv41_gateway_key_errors": "counter",
+        "dsv41_gateway_key_unavailable": "counter", "dsv41_gateway_key_limited": "counter",
+        "dsv41_gateway_key_idle_seconds": "gauge"}
+    value = {(s.name.removeprefix("dsv41_gateway_key_"), s.labels["key"]): s.value
+             for f in fams.values() for s in f.samples}
+    fields = ("requests", "unavailable", "limited", "errors")
+    assert [value[f"{field}_total", "alice"] for field in fields] == [3, 2, 1, 0]
+    assert [value[f"{field}_total", "default"] for field in fields] == [1, 1, 0, 0]
+    assert 0 <= value["idle_seconds", "alice"] < 5 and said == []
+    assert not any(key in text for key in keys.values())
+
+    def unreadable(*_):
+        raise node_gateway.GatewayError("the admin socket answered nothing")
+    monkeypatch.setattr(node_gateway, "usage", unreadable)
+    for _ in range(2):
+        w.publish(Health(Verdict.HEALTHY, ("every rank is up and a token came back",)))
+    assert said == ["the gateway's per-key use cannot be read: GatewayError: the admin socket answered nothing"]
+    assert not prom.exists() and (tmp_path / "textfile" / "dsv41_watchdog.prom").exists()
+    monkeypatch.setattr(node_gateway, "usage", read)
+    w.publish(Health(Verdict.HEALTHY, ("every rank is up and a token came back",)))
+    assert said[1:] == ["the gateway's per-key use is read again"] and prom.exists()
+    remove_metrics(cfg.metrics_dir)                       # what the service does when it stops
+    assert list((tmp_path / "textfile").iterdir()) == []

@@ -2,27 +2,39 @@
 fires on its fault and stays quiet otherwise (`promtool test rules`, Debian's promtool: installed by
 tests/setup/monitoring.sh; under CI a missing promtool fails these tests), and every dashboard query
 names a series that exists: vLLM's from its recorded /metrics, dsv41's from the code that writes them,
-node_exporter's from the list below (the lab test proves each returns data)."""
+node_exporter's from the list below (the lab test proves each returns data), the gateway's from a real
+HAProxy's exporter on the rendered gateway config."""
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from dsv41 import names as dsv41_names
 from dsv41.head import config, monitoring
 from dsv41.vllm.recipe import Vllm
 from dsv41.settings import kinds, layers, resolved
-from dsv41.head.core import exporter
+from dsv41.head.core import exporter, gateway, units
+from dsv41.node import gateway as node_gateway
 from dsv41.node.memguard import textfile
 
 RECORDED = Path("/work/shared/data/vllm-0.32-cpu-metrics.txt")
 # node_exporter 1.5's series the dashboard and rules read (meminfo, systemd and textfile collectors)
 NODE_SERIES = {"node_memory_MemAvailable_bytes", "node_systemd_unit_state", "node_systemd_service_restart_total",
                "node_textfile_scrape_error"}
+# HAProxy 2.6's exporter series the dashboard and rules read (test_the_gateway_series_are_haproxys_own checks each
+# against a real HAProxy on the rendered gateway config)
+HAPROXY_SERIES = {"haproxy_frontend_http_responses_total", "haproxy_backend_http_responses_total",
+                  "haproxy_server_status", "haproxy_backend_current_sessions", "haproxy_backend_current_queue"}
 GIB = 2**30
 
 
@@ -44,7 +56,7 @@ def cfg_for(tmp_path, **env):
 
 def test_config_passes_promtool_and_keeps_the_key_in_its_file(tmp_path, promtool):
     (tmp_path / "state").mkdir()
-    key = tmp_path / "state" / "api_key"
+    key = tmp_path / "state" / "engine_key"          # rank 0's own key behind the gateway
     key.write_text("sekrit-key-value\n")
     cfg = cfg_for(tmp_path, METRICS_WITH_KEY="1", R0_IP="10.10.10.10")
     paths = monitoring.render(cfg)
@@ -52,10 +64,12 @@ def test_config_passes_promtool_and_keeps_the_key_in_its_file(tmp_path, promtool
     assert r.returncode == 0, r.stdout + r.stderr
     text = Path(paths["prometheus.yml"]).read_text()
     conf = yaml.safe_load(text)
-    engine, node = conf["scrape_configs"]
+    engine, gw, node = conf["scrape_configs"]
     assert engine["authorization"] == {"type": "Bearer", "credentials_file": str(key)}
     assert "sekrit" not in "".join(Path(p).read_text() for p in paths.values())
-    assert engine["static_configs"][0]["targets"] == ["10.10.10.10:8000"]
+    assert engine["static_configs"][0]["targets"] == ["127.0.0.1:18000"]
+    assert (gw["job_name"], gw["metrics_path"], gw["static_configs"]) == (
+        "dsv41-gateway", "/gateway/metrics", [{"targets": ["127.0.0.1:8000"], "labels": {"node": "head"}}])
     assert [(s["labels"]["node"], s["targets"]) for s in node["static_configs"]] == [
         ("head", ["10.10.10.10:9100"]), ("worker1", ["10.10.10.11:9100"]), ("worker2", ["10.10.10.12:9100"])]
     r = subprocess.run([promtool, "check", "rules", paths["rules.yml"]], capture_output=True, text=True)
@@ -65,6 +79,15 @@ def test_config_passes_promtool_and_keeps_the_key_in_its_file(tmp_path, promtool
 def test_without_the_key_setting_no_authorization(tmp_path):
     conf = yaml.safe_load(Path(monitoring.render(cfg_for(tmp_path))["prometheus.yml"]).read_text())
     assert "authorization" not in conf["scrape_configs"][0]
+
+
+def test_without_the_gateway_neither_its_scrape_job_nor_its_alerts(tmp_path):
+    paths = monitoring.render(cfg_for(tmp_path, GATEWAY="0", R0_IP="10.10.10.10"))
+    conf = yaml.safe_load(Path(paths["prometheus.yml"]).read_text())
+    assert [c["job_name"] for c in conf["scrape_configs"]] == ["dsv41-engine", "dsv41-node"]
+    assert conf["scrape_configs"][0]["static_configs"][0]["targets"] == ["10.10.10.10:8000"]   # rank 0 on PORT
+    rules = {r["alert"] for g in yaml.safe_load(Path(paths["rules.yml"]).read_text())["groups"] for r in g["rules"]}
+    assert "DSV41ApiDown" in rules and not {"DSV41GatewayErrors", "DSV41GatewayDown"} & rules
 
 
 def test_the_unit_runs_debians_binary_on_our_own_files(tmp_path):
@@ -99,6 +122,7 @@ def test_bad_monitoring_settings_are_one_line(tmp_path, env, word):
 ENGINE = {"job": "dsv41-engine", "instance": "127.0.0.1:8000", "node": "head"}
 W1 = {"job": "dsv41-node", "instance": "10.10.10.11:9100", "node": "worker1"}
 HEAD = {"job": "dsv41-node", "instance": "127.0.0.1:9100", "node": "head"}
+GW = {"job": "dsv41-gateway", "instance": "127.0.0.1:8000", "node": "head"}
 
 
 def series(name, labels, values):
@@ -119,6 +143,15 @@ R0 = {**HEAD, "name": "dsv41-r0.service", "type": "exec"}
 RECOVERING = {**HEAD, "node": "worker1", "verdict": "DEAD", "fault_at": "2026-12-01T20:01:02Z",
               "incident": "20261201T200102Z-DEAD"}
 ENDED_180S = series("dsv41_watchdog_last_recovery_end_timestamp_seconds", HEAD, "0x11 180x100")
+
+
+def gateway_5xx(frontend, engine):
+    """The gateway's 5xx counters: every 5xx it answered (frontend api, the door's 503s among them) and
+    those of the engine backend (the engine's own answers, or HAProxy's when it could not reach it)."""
+    return [series("haproxy_frontend_http_responses_total", {**GW, "proxy": "api", "code": "5xx"}, frontend),
+            series("haproxy_backend_http_responses_total", {**GW, "proxy": "engine", "code": "5xx"}, engine)]
+
+
 CASES = [
     ("DSV41ApiDown", [series("up", ENGINE, "1x8 0x12 1x8")],
      [("1m", []), ("4m", [ENGINE]), ("6m", [])]),
@@ -209,6 +242,19 @@ CASES = [
     ("DSV41MetricsFileUnreadable", [series("node_textfile_scrape_error", W1, "0x8 1x12 0x8"),
                                     series("node_textfile_scrape_error", HEAD, "0x28")],
      [("1m", []), ("4m", [W1]), ("6m", [])]),
+    # the engine answers a 5xx every 15 s for 5 min: it fires, and is quiet once they are out of the window
+    ("DSV41GatewayErrors", gateway_5xx("0x8 1+1x20 21x100", "0x8 1+1x20 21x100"),
+     [("1m", []), ("4m", [{}]), ("25m", [])]),
+    # the door answers 503 for 5 min (closed while a command restarts the ranks): only the frontend counts them
+    ("DSV41GatewayErrors", gateway_5xx("0x8 1+1x20 21x40", "0x70"), [("4m", []), ("9m", [])]),
+    # the engine's own 5xx while the watchdog judges a fault, and after the recovery that ended at 180 s: quiet
+    # for the window plus ALERT_FOR_S and two scrapes (the incident pages on its own)
+    ("DSV41GatewayErrors", gateway_5xx("0x8 1+1x20 21x100", "0x8 1+1x20 21x100")
+     + [series("dsv41_watchdog_judging", HEAD, "1x120")], [("4m", []), ("10m", [])]),
+    ("DSV41GatewayErrors", gateway_5xx("0x8 1+1x4 5x100", "0x8 1+1x4 5x100") + [ENDED_180S],
+     [("3m", []), ("10m", [])]),
+    ("DSV41GatewayDown", [series("up", GW, "1x8 0x12 1x8"), series("up", ENGINE, "1x28")],
+     [("1m", []), ("4m", [GW]), ("6m", [])]),
 ]
 
 
@@ -272,7 +318,8 @@ def selectors(expr):
     """Every series an expression selects: the names before `{` (each query spells its selectors so)."""
     bare = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"', " ", expr)
     words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare))
-    promql = {"sum", "max", "by", "rate", "increase", "changes", "histogram_quantile", "le", "verdict"}
+    promql = {"sum", "max", "by", "rate", "increase", "changes", "histogram_quantile", "le", "verdict", "code",
+              "state", "key"}
     assert words - promql <= set(re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr)), \
         f"{expr}: a series without a selector, or a function the test does not know"
     return re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr)
@@ -288,6 +335,9 @@ def project_series(tmp_path):
     watchdog.Watchdog(cfg, log=lambda m: None).publish(Health(Verdict.RECOVERING, ("test",), recovering={
         "id": "20300317T174650Z-DEAD", "verdict": "DEAD", "node": "worker1", "fault_at": 1_900_000_000}))
     lines += (tmp_path / "metrics" / "dsv41_watchdog.prom").read_text().splitlines()
+    watchdog.write_gateway_metrics(str(tmp_path / "metrics"), {"alice": {
+        "requests": 3, "errors": 0, "unavailable": 1, "limited": 1, "idle_s": 5}})     # usage()'s shape
+    lines += (tmp_path / "metrics" / "dsv41_gateway.prom").read_text().splitlines()
     return {re.split(r"[{ ]", line)[0] for line in lines if line and not line.startswith("#")}
 
 
@@ -305,16 +355,75 @@ def test_every_dashboard_query_names_a_series_that_exists(tmp_path):
         names = selectors(expr)
         assert names, f"{title}: {expr} names no series"
         for name in names:
-            assert name.startswith(("vllm:", "dsv41_", "node_")), f"{title}: {name}"
-            known = vllm if name.startswith("vllm:") else ours if name.startswith("dsv41_") else NODE_SERIES
+            assert name.startswith(("vllm:", "dsv41_", "node_", "haproxy_")), f"{title}: {name}"
+            known = (vllm if name.startswith("vllm:") else ours if name.startswith("dsv41_")
+                     else HAPROXY_SERIES if name.startswith("haproxy_") else NODE_SERIES)
             assert name in known, f"{title}: {name} is not a series that exists"
             seen.add(name)
     for want in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
                  "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:kv_cache_usage_perc", "node_memory_MemAvailable_bytes", "dsv41_memguard_floor_bytes",
-                 "dsv41_memguard_tripped", "dsv41_watchdog_verdict", "dsv41_watchdog_recoveries_total"):
+                 "dsv41_memguard_tripped", "dsv41_watchdog_verdict", "dsv41_watchdog_recoveries_total",
+                 "haproxy_frontend_http_responses_total", "haproxy_server_status", "haproxy_backend_current_sessions",
+                 "dsv41_gateway_key_requests_total", "dsv41_gateway_key_unavailable_total",
+                 "dsv41_gateway_key_limited_total"):
         assert want in seen, f"the dashboard shows no {want}"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gateway_running(cfg, keys):
+    """A real HAProxy on cfg's rendered gateway config (its admin socket: names.GATEWAY_SOCKET), with the
+    client keys {name: key} in its map and no engine behind it; yields its URL once it answers."""
+    sd = cfg.state_dir
+    node_gateway.ensure(sd, {"name": "default", "hash": gateway.key_hash(keys["default"])})
+    for name, key in keys.items():
+        if name != "default":
+            node_gateway.keys(sd, {"add": {"name": name, "hash": gateway.key_hash(key)}}, dsv41_names.GATEWAY_SOCKET)
+    conf = Path(sd) / "haproxy.cfg"
+    conf.write_text(units.gateway_config(cfg))
+    proc = subprocess.Popen(["haproxy", "-db", "-f", str(conf)], env={**os.environ, "DSV41_ENGINE_KEY": "k"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{cfg.port}"
+    try:
+        for _ in range(100):
+            try:
+                requests.get(url + dsv41_names.GATEWAY_METRICS_PATH, timeout=2)
+                break
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError(f"HAProxy did not answer on {url}")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (tests/setup/monitoring.sh "
+                                                             "installs it)")
+def test_the_gateway_series_are_haproxys_own(tmp_path, monkeypatch):
+    """Every haproxy_ selector of the rules and the dashboard (its name and its proxy, server and code) matches
+    a series of a real HAProxy's exporter, run on the rendered gateway config."""
+    monkeypatch.setattr(dsv41_names, "GATEWAY_SOCKET", str(tmp_path / "admin.sock"))
+    cfg = cfg_for(tmp_path, PORT=str(free_port()), ENGINE_PORT=str(free_port()))
+    with gateway_running(cfg, {"default": "a-client-key"}) as url:
+        text = requests.get(url + dsv41_names.GATEWAY_METRICS_PATH, timeout=5).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    rules = yaml.safe_load(monitoring.render_rules(cfg))["groups"][0]["rules"]
+    exprs = [e for _, e in dashboard_queries()] + [r["expr"] for r in rules]
+    wanted = [(m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))))
+              for e in exprs for m in re.finditer(r"(haproxy_\w+)\{([^}]*)\}", e)]
+    assert {name for name, _ in wanted} == HAPROXY_SERIES
+    for name, labels in wanted:
+        labels.pop("job")                                  # Prometheus's, from the scrape
+        assert any(s.name == name and labels.items() <= s.labels.items() for s in samples), (name, labels)
 
 
 def test_a_misspelt_series_is_caught(tmp_path):

@@ -1,6 +1,7 @@
 """doit top: the figures it derives from a node's probe, and the real command: `doit top --once --json`
 and the live screen (through a pseudo-terminal, rendered by pyte) against a worker behind a real
-loopback sshd and the stand-in engine run as local processes. A frozen node is a SIGSTOPped sshd."""
+loopback sshd and the stand-in engine run as local processes (rank 0's own API server, behind a gateway that
+is not running here). A frozen node is a SIGSTOPped sshd."""
 import fcntl
 import json
 import os
@@ -29,7 +30,8 @@ from dsv41.head.core.state import parse
 from dsv41.head.core.health import Health, Verdict
 from dsv41.head.watchdog import Watchdog
 from sshd import need_sshd, start_sshd, stop_sshd
-from test_standin_engine import Ranks, events, token_text
+from dsv41.node import gateway as node_gateway
+from test_standin_engine import Ranks, events, free_port, token_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DOIT = [sys.executable, "-m", "doit", "-f", str(ROOT / "dodo.py")]
@@ -147,6 +149,28 @@ def test_at_80_columns_every_name_state_and_figure_is_whole(tmp_path):
     assert [r[:3] for r in rows[3:]] == [["head", "3.5", "/"], ["worker1", "3.5", "/"], ["worker2", "-", "-"]], text
 
 
+def gateway_line(view):
+    console = Console(width=COLS, record=True)
+    console.print(top.render(view))
+    return [ln.rstrip() for ln in console.export_text().splitlines() if ln.startswith("gateway")]
+
+
+def test_the_gateway_is_one_line_its_door_and_the_requests_in_flight(tmp_path):
+    view = sample_view(tmp_path)
+    assert gateway_line(view) == []                                   # GATEWAY=0: no line
+    door = {"door": "open", "reason": "-", "ready_at": 0, "in_flight": 2, "seen_s_ago": 1.0, "error": None}
+    view["gateway"] = door
+    assert gateway_line(view) == ["gateway: door open, 2 requests in flight"]
+    view["gateway"] = {**door, "door": "closed", "reason": "recovering from DEAD", "ready_at": view["time"] + 40.2,
+                       "in_flight": 1}
+    assert gateway_line(view) == [
+        "gateway: door closed (recovering from DEAD; ready in about 40 s), 1 request in flight"]
+    view["gateway"] = {**door, "door": "closed", "reason": "stopped by `doit stop`", "in_flight": None}
+    assert gateway_line(view) == ["gateway: not running: clients get no answer; door closed (stopped by `doit stop`)"]
+    view["gateway"] = {**door, "door": None, "in_flight": None, "error": "gateway: the helper failed"}
+    assert gateway_line(view) == ["gateway: cannot be asked: gateway: the helper failed"]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--interval", "0.1"], "--interval 0.1 is not valid: expected seconds between refreshes, at least 0.5"),
     (["--json"], "--json prints one snapshot: use it with --once"),
@@ -166,7 +190,8 @@ def test_bad_input_is_one_line(tmp_path, args, needle):
 
 class Cluster:
     """The head here, worker1 behind its own loopback sshd (frozen with SIGSTOP), the stand-in engine as
-    rank 0 on the head's API port, the guard's settings and the watchdog's status file in place."""
+    rank 0 on ENGINE_PORT (no gateway runs on PORT), the guard's settings and the watchdog's status file in
+    place."""
 
     def __init__(self, tmp):
         self.tmp = tmp
@@ -177,7 +202,8 @@ class Cluster:
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("WORKER", "WORKERS", "DSV41_PROFILE", "COLUMNS", "LINES", "METRICS_DIR")}
         self.env.update(WORKER=ssh.target, SSH_OPTS=ssh.ssh_opts, STATE_DIR=str(tmp / "state"),
-                        MODEL_DIR=str(tmp / "model"), HEAD_IP="127.0.0.1", PORT=str(self.engine.port),
+                        MODEL_DIR=str(tmp / "model"), HEAD_IP="127.0.0.1", PORT=str(free_port()),
+                        ENGINE_PORT=str(self.engine.port),
                         SSH_TIMEOUT_S="2", MEMGUARD_GIB="1.5")
         cfg = load_config(self.env)
         (tmp / "state").mkdir()
@@ -259,6 +285,8 @@ def test_once_json_shows_nodes_engine_watchdog_and_a_frozen_worker_as_stale(clus
     assert e["preemptions_in_interval"] == 0
     assert v["watchdog"]["verdict"] == "HEALTHY" and v["watchdog"]["evidence"].startswith("every rank is up")
     assert v["health"]["verdict"] == "STOPPED" and v["health"]["word"] == "NOT RUNNING"      # no units here
+    g = v["gateway"]
+    assert (g["door"], g["in_flight"], g["error"]) == ("open", None, None) and g["seen_s_ago"] < 60   # none runs
 
     cluster.freeze()
     try:
@@ -271,6 +299,21 @@ def test_once_json_shows_nodes_engine_watchdog_and_a_frozen_worker_as_stale(clus
     assert v["nodes"]["head"]["state"] == "ok"                      # the rest of the screen is fresh
     assert v["health"]["verdict"] == "UNKNOWN" and v["health"]["node"] == "worker1"    # judged as status judges it
     assert v["engine"]["state"] == "ok" and v["engine"]["generation_tokens_per_s"] is None   # one scrape: no rates
+
+
+def test_once_shows_the_door_as_the_gateways_state_file_says(cluster):
+    state = str(cluster.tmp / "state")
+    node_gateway.set_door(state, "closed", "release 7 rolling out", time.time() + 30, str(cluster.tmp / "none.sock"))
+    try:
+        r = subprocess.run(DOIT + ["top", "--once", "--interval", "0"], env=cluster.env, capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        node_gateway.set_door(state, "open", "", 0, str(cluster.tmp / "none.sock"))
+    assert r.returncode == 0, r.stderr
+    [line] = [ln.strip() for ln in r.stdout.splitlines() if ln.startswith("gateway")]
+    m = re.fullmatch(r"gateway: not running: clients get no answer; door closed \(release 7 rolling out; "
+                     r"ready in about (\d+) s\)", line)
+    assert m and 10 <= int(m.group(1)) <= 30, line
 
 
 class Terminal:
@@ -369,6 +412,7 @@ def test_live_screen_shows_every_field_keeps_going_while_a_node_is_frozen_and_q_
     assert re.search(r"tokens/s +prompt \d+\.\d, generation \d+\.\d +preemptions +0", text)
     assert re.search(r"TTFT +p50 (-|\d+ ms), p95 (-|\d+ ms) +inter-token +p50 \d+ ms, p95 \d+ ms", text)
     assert "watchdog: not installed" in text and "saw HEALTHY" not in text    # no stale verdict from a stopped one
+    assert "gateway: not running: clients get no answer; door open" in text
 
     cluster.freeze()
     try:

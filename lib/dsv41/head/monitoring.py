@@ -21,7 +21,7 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import alertmanager as am
 from dsv41.head.core import commands, engine, statefiles, units
-from dsv41.head.core.cluster import Cluster, say
+from dsv41.head.core.cluster import Cluster, engine_key_file, say
 from dsv41.settings.paths import ROOT
 
 TEMPLATES = ROOT / "conf" / "monitoring"
@@ -46,7 +46,7 @@ def _host(spec):
 
 
 def engine_target(cfg):
-    return urlsplit(cfg.api_url).netloc
+    return urlsplit(cfg.engine_url).netloc
 
 
 def node_targets(cfg):
@@ -68,8 +68,9 @@ def _template(name):
 def render_config(cfg, rules_path):
     return _template(CONFIG + ".j2").render(
         interval=f"{cfg.scrape_interval_s}s", rules=rules_path, engine=engine_target(cfg),
-        key_file=cfg.api_key_file if cfg.metrics_with_key else "", nodes=node_targets(cfg),
-        cluster=cfg.cluster_name, alertmanager=f"127.0.0.1:{cfg.alertmanager_port}")
+        key_file=engine_key_file(cfg) if cfg.metrics_with_key else "", nodes=node_targets(cfg),
+        cluster=cfg.cluster_name, alertmanager=f"127.0.0.1:{cfg.alertmanager_port}",
+        gateway=f"127.0.0.1:{cfg.port}" if cfg.gateway else "", gateway_path=names.GATEWAY_METRICS_PATH)
 
 
 def render_rules(cfg, recipe=None):
@@ -81,7 +82,7 @@ def render_rules(cfg, recipe=None):
                   ttft_p95_s=f"{cfg.alert_ttft_p95_s:g}",
                   decode_toks_min=f"{cfg.alert_decode_toks_min:g}", margin_gib=f"{cfg.alert_mem_margin_gib:g}",
                   margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
-                  grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s)
+                  grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s, gateway=cfg.gateway)
     values.update(quiet=watchdog_quiet(values["grace_s"]), quiet_recent=watchdog_quiet(recent_s),
                   quiet_symptom=watchdog_quiet(recent_s + values["grace_s"]))
     engine_rules = ""

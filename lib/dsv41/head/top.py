@@ -1,7 +1,8 @@
 """doit top: the cluster on one live screen, refreshed every --interval seconds (2): each node's
 MemAvailable against its memory guard's floor, swap, the guard, the rank unit and its uptime, GPU
 memory; the engine from its /metrics, by the recipe's series (requests, KV cache, token rates and latency
-percentiles over the last interval); the cluster's Health (core.health, as status and the watchdog judge it: a recovery
+percentiles over the last interval); with the gateway, its door (open, or closed and why) and the
+requests in flight at the engine; the cluster's Health (core.health, as status and the watchdog judge it: a recovery
 under way shows as RECOVERING with its step); the watchdog's verdict and last incident. `q` or Ctrl-C quits and gives the
 terminal back as it was. `--once` prints one snapshot as text, `--once --json` as JSON (SCHEMA) for
 scripts; it scrapes /metrics twice, --interval apart, for the rates (`--interval 0`: once, rates null).
@@ -18,7 +19,9 @@ marker or null), "rank_unit", "rank_state", "rank_uptime_s", "gpu_memory" (nvidi
 "state": "ok" | "no answer" | "waiting",
 "error", "seen_s_ago", "running", "waiting", "kv_cache_usage_pct", "prompt_tokens_per_s",
 "generation_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preemptions_total",
-"preemptions_in_interval", "interval_s"}, "watchdog": what `doit status --json` shows, "release":
+"preemptions_in_interval", "interval_s"}, "gateway": null (GATEWAY=0) | {"door": "open" | "closed" | null
+(not answered yet), "reason", "ready_at" (when the engine is expected, 0: no estimate), "in_flight" (null: no
+gateway runs), "seen_s_ago", "error"}, "watchdog": what `doit status --json` shows, "release":
 core.release_status.service_entry()}. Sizes are
 bytes, times seconds; a figure that is not known is null.
 """
@@ -56,7 +59,7 @@ def snapshot(o):
     now = time.time()
     wd = watchdog_entry(o.cfg, o.head(), o.problems)
     return {"schema": SCHEMA, "time": now, "interval_s": o.interval, "health": o.judge(now).as_json(),
-            "nodes": o.nodes(now), "engine": engine_view(o, now), "watchdog": wd,
+            "nodes": o.nodes(now), "engine": engine_view(o, now), "gateway": o.gateway(now), "watchdog": wd,
             "release": release_status.service_entry(o.cfg.state_dir, wd)}
 
 
@@ -207,6 +210,27 @@ def engine_lines(view):
     return [head, g]
 
 
+def gateway_text(view):
+    """One line: the gateway's door (open, or closed, why and when the engine is expected) and the requests
+    in flight at the engine; None without a gateway."""
+    g = view.get("gateway")
+    if g is None:
+        return None
+    if g["error"]:
+        return Text(f"gateway: cannot be asked: {g['error']}", style="red")
+    if g["door"] is None:
+        return Text("gateway: waiting for the first answer", style="yellow")
+    door = "open"
+    if g["door"] != "open":
+        left = (g["ready_at"] or 0) - view["time"]
+        door = f"closed ({g['reason']}" + (f"; ready in about {left:.0f} s" if left > 0 else "") + ")"
+    if g["in_flight"] is None:
+        return Text(f"gateway: not running: clients get no answer; door {door}", style="bold red")
+    n = g["in_flight"]
+    return Text(f"gateway: door {door}, {n} request{'' if n == 1 else 's'} in flight",
+                style="green" if g["door"] == "open" else "yellow")
+
+
 # ---- the rest of the screen ---------------------------------------------------------------------------
 
 def health_text(view):
@@ -237,8 +261,10 @@ def render(view, live=False):
     title = Text.assemble(("dsv41 top", "bold"), f"   {n} node{'s' if n != 1 else ''}   {every}   {clock}")
     if live:
         title.append("   q quits", style="dim")
-    return Group(title, Text(""), NodesTable(view), *node_notes(view), Text(""), *engine_lines(view), Text(""),
-                 health_text(view), watchdog_text(view), release_text(view))
+    gw = gateway_text(view)
+    return Group(title, Text(""), NodesTable(view), *node_notes(view), Text(""), *engine_lines(view),
+                 *([gw] if gw is not None else []), Text(""), health_text(view), watchdog_text(view),
+                 release_text(view))
 
 
 # ---- running -----------------------------------------------------------------------------------------

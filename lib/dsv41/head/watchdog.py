@@ -17,7 +17,7 @@ the ordered start and the wait for a token. A restart whose nodes' memory did no
 (NEEDS_REBOOT) until it does. An incident a killed watchdog left open is closed as interrupted when the
 next one starts, and counts in the budget. $STATE_DIR/watchdog.json holds the settings launch gave it;
 what it last judged goes to the record (core.record) for status and top, and to dsv41_watchdog.prom in
-METRICS_DIR, removed when it stops.
+METRICS_DIR (with the gateway, each client key's use to dsv41_gateway.prom), removed when it stops.
 
     python -m dsv41.head.watchdog --state-dir DIR
 """
@@ -33,9 +33,11 @@ from dsv41.settings.resolved import from_resolved
 from dsv41.head.core import observe, record, recovery, rollout, runlock, statefiles
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import RECOVERING, VERDICTS, Health, Memory
+from dsv41.node import gateway as node_gateway
 
 SCHEMA = "dsv41.watchdog/2"
 METRICS_FILE = "dsv41_watchdog.prom"
+GATEWAY_FILE = "dsv41_gateway.prom"     # each client key's use at the gateway (GATEWAY=1), by the key's name
 BY = rollout.BY_WATCHDOG
 
 
@@ -48,6 +50,7 @@ class Watchdog:
         self.mem = Memory()
         self.state = cfg.state_dir
         self.last = None            # (verdict, evidence) last logged
+        self.gateway_problem = None  # why the gateway's per-key use could not be read, as last logged
         self.stop = threading.Event()
 
     def say(self, verdict, evidence):
@@ -84,7 +87,22 @@ class Watchdog:
             self.say(h.verdict, h.evidence + (f"; not acting: {h.why}" if h.why and not h.action
                                                else f"; backing off: {h.why}" if h.action == "wait" else ""))
             self.publish(h)
+            if h.word == "READY":
+                self.open_door_left_closed()
         return h.verdict
+
+    def open_door_left_closed(self):
+        """The gateway's door left closed while the cluster is ready (a command that died after its drain,
+        a door that could not be opened) opens, unless a command runs or `doit stop` closed it."""
+        if not self.cfg.gateway or runlock.holder(self.state):
+            return
+        try:
+            st = self.cl.gateway.state()
+            if st["door"] == "closed" and st["reason"] != self.cl.gateway.STOPPED:
+                self.cl.gateway.open()
+                self.log(f"the gateway's door was left closed ({st['reason']}) with the engine ready: opened")
+        except UserError as err:
+            self.say("UNKNOWN", f"the gateway cannot be asked: {one_line(err, 200)}")
 
     def give_up(self, h, now):
         reason = f"{h.verdict} again after {h.why}: {h.evidence}"
@@ -168,7 +186,8 @@ class Watchdog:
                 self.publish(Health(RECOVERING, (f"recovering from {h.verdict}: {i['phase']}",), h.node, h.fault_at,
                                     recovering=i))
         try:
-            recovery.restart(self.cl, fault=h, by=BY, log=self.log, on_phase=on_phase, clock=self.clock)
+            recovery.restart(self.cl, fault=h, by=BY, log=self.log, on_phase=on_phase, clock=self.clock,
+                             expect_s=rollout.rel.last_startup_s(rollout.rel.load_all(self.state)))
         except UserError:
             pass                    # the incident has the result
         finally:
@@ -229,6 +248,21 @@ class Watchdog:
             ends = [i["ended"] for i in restarts if i.get("ended")]
             write_metrics(self.cfg.metrics_dir, h, len(restarts), bool(status["gave_up"]), now,
                           max(ends, default=0))
+            if self.cfg.gateway:
+                self.publish_gateway()
+
+    def publish_gateway(self):
+        """dsv41_gateway.prom from the gateway's stick table; a table that cannot be read removes it (no stale
+        figures), is logged when that changes, and never stops the watchdog."""
+        try:
+            write_gateway_metrics(self.cfg.metrics_dir, node_gateway.usage())
+            problem = None
+        except Exception as err:  # noqa: BLE001 - the next interval tries again
+            problem = f"the gateway's per-key use cannot be read: {type(err).__name__}: {one_line(err, 200)}"
+            remove_metrics(self.cfg.metrics_dir, (GATEWAY_FILE,))
+        if problem != self.gateway_problem:
+            self.log(problem or "the gateway's per-key use is read again")
+            self.gateway_problem = problem
 
     def run(self):
         c = self.cfg
@@ -276,11 +310,31 @@ def write_metrics(directory, h, recoveries, gave_up, now, last_end=0):
     write_to_textfile(os.path.join(directory, METRICS_FILE), reg)
 
 
-def remove_metrics(directory):
-    """A stopped watchdog's last state must not be shown as current: its textfile goes."""
-    if directory:
+def write_gateway_metrics(directory, use):
+    """dsv41_gateway.prom: each client key's use at the gateway, labelled with the key's name (the stick
+    table holds names, never a key); use is dsv41.node.gateway.usage()'s {name: {...}}."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, write_to_textfile
+    disable_created_metrics()
+    reg = CollectorRegistry()
+    counters = {field: Counter(f"dsv41_gateway_key_{field}", text, ["key"], registry=reg) for field, text in (
+        ("requests", "Requests the gateway received with this key."),
+        ("errors", "Requests with this key that ended in an HTTP error or an engine failure."),
+        ("unavailable", "Requests with this key the gateway answered 503 (door closed or engine down)."),
+        ("limited", "Requests with this key the gateway answered 429 (past KEY_RATE_PER_MIN)."))}
+    idle = Gauge("dsv41_gateway_key_idle_seconds", "Seconds since this key was last used.", ["key"], registry=reg)
+    for name, u in sorted(use.items()):
+        for field, counter in counters.items():
+            counter.labels(name).inc(u[field])
+        idle.labels(name).set(u["idle_s"])
+    os.makedirs(directory, exist_ok=True)
+    write_to_textfile(os.path.join(directory, GATEWAY_FILE), reg)
+
+
+def remove_metrics(directory, files=(METRICS_FILE, GATEWAY_FILE)):
+    """A stopped watchdog's last state must not be shown as current: its textfiles go."""
+    for name in files if directory else ():
         try:
-            os.unlink(os.path.join(directory, METRICS_FILE))
+            os.unlink(os.path.join(directory, name))
         except FileNotFoundError:
             pass
 

@@ -8,7 +8,8 @@ connection) as a child process that is polled, never waited for (core.jobs); a n
 (its home, the node code shipped to it) also runs in a child, because the Node layer is synchronous.
 A node that has not answered within SSH_TIMEOUT_S shows as STALE with the age of its last answer, and
 is asked again at the next refresh, so it reappears when it answers again. The engine is scraped on a
-daemon thread through the recipe (Recipe.scrape)."""
+daemon thread through the recipe (Recipe.scrape), and with the gateway its door is asked on another, once
+a refresh (core.gateway.Gateway.state: a helper run on the head)."""
 import copy
 import json as _json
 import os
@@ -155,9 +156,25 @@ class Scrape(threading.Thread):
             self.error = one_line(f"{type(err).__name__}: {err}", 300)
 
 
+class Door(threading.Thread):
+    """The gateway's door and its requests in flight (core.gateway.Gateway.state), on a daemon thread."""
+
+    def __init__(self, cl):
+        super().__init__(daemon=True, name="door")
+        self.cl, self.state, self.error = cl, None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.state = self.cl.gateway.state()
+        except Exception as err:  # noqa: BLE001 - shown on the screen, never a traceback over it
+            self.error = one_line(err if isinstance(err, UserError) else f"{type(err).__name__}: {err}", 300)
+
+
 class Observer:
     """What top has seen of the cluster: each node's Watch, the engine's last two snapshots (prev, snap)
-    or why the last scrape failed (engine_error), the API's /health; started and polled by the screen."""
+    or why the last scrape failed (engine_error), the API's /health, the gateway's door (door: its last
+    answer, with when it came and why the last ask failed); started and polled by the screen."""
 
     def __init__(self, cfg, interval, recipe=None):
         self.cfg, self.interval = cfg, interval
@@ -171,6 +188,7 @@ class Observer:
         self.mem = Memory()              # what core.health remembers between scrapes
         self.scrapes = self.judged = 0   # scrapes that came back; the last one the memory has taken in
         self.problems = []               # state files that cannot be read (record.view), each said once
+        self.asking = self.door = self.door_at = self.door_error = None     # the gateway's door (GATEWAY=1)
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -180,6 +198,8 @@ class Observer:
             if w.job is None:
                 self.start_node(w)
         self.start_scrape()
+        if self.cfg.gateway and self.asking is None and self.watches[self.cl.head.name].ready:
+            self.asking = Door(self.cl)          # once the node code is on the head (never two copies at once)
 
     def start_scrape(self):
         if self.scrape is None:
@@ -221,6 +241,11 @@ class Observer:
                 self.prev, self.snap, self.engine_error = self.snap, s.snap, None
             else:
                 self.engine_error = s.error
+        if self.asking is not None and not self.asking.is_alive():
+            d, self.asking, changed = self.asking, None, True
+            self.door_error = d.error
+            if d.state is not None:
+                self.door, self.door_at = d.state, time.time()
         return changed
 
     def prepared(self, w, code, out, err):
@@ -254,7 +279,7 @@ class Observer:
             w.error = f"the probe failed on {node.label} (exit {code}): {_tail(err) or 'no output'}"
 
     def busy(self):
-        return self.scrape is not None or any(w.job for w in self.watches.values())
+        return self.scrape is not None or self.asking is not None or any(w.job for w in self.watches.values())
 
     def close(self):
         for w in self.watches.values():
@@ -283,6 +308,14 @@ class Observer:
     def nodes(self, now):
         """{node name: its figures, state, age and error} (top's "nodes")."""
         return {name: w.view(now) for name, w in self.watches.items()}
+
+    def gateway(self, now):
+        """top's "gateway": the door's last answer (door, reason, ready_at, in_flight: None when no gateway
+        runs), its age and why the last ask failed; None with GATEWAY=0."""
+        if not self.cfg.gateway:
+            return None
+        return {**(self.door or dict.fromkeys(("door", "reason", "ready_at", "in_flight"))),
+                "seen_s_ago": round(now - self.door_at, 1) if self.door_at else None, "error": self.door_error}
 
     def head(self):
         """The head's last NodeState, or None (record.watchdog_entry reads the watchdog's unit from it)."""
