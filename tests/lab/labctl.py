@@ -15,6 +15,8 @@
     lab.doit_killed(args, env, line) -> `doit ARGS` started on the head, killed with SIGKILL once its
         output shows `line`; its output
     lab.units(node, units, props) -> {unit: {prop: value}} from `systemctl show` on the node
+    DoorClient(lab, key) -> the official openai SDK asking the head's port 8000 (tests/lab/door_client.py):
+        .stream(n) starts a streamed answer, .end() -> {"answers": {kind: count}, "streams": [...]}
     lab.link(node, up) / lab.freeze(node, frozen)  faults from the host: the node's fabric link down,
         or every process of the node frozen (its cgroup), as a hung or cut-off Spark would be
     missing() -> why the lab cannot run here, or None
@@ -155,6 +157,33 @@ def missing():
     if missing:
         return f"the lab needs {' '.join(missing)}: run 'bash tests/setup/lab.sh' as root"
     return None
+
+
+class DoorClient:
+    """What a user's tool sees at the head's port 8000: tests/lab/door_client.py (the openai SDK, from this
+    checkout's venv, in the head's network namespace), the key in its environment."""
+
+    def __init__(self, lab, key):
+        self.proc = subprocess.Popen(["ip", "netns", "exec", "head", f"{lab.repo}/.venv/bin/python",
+                                      f"{lab.repo}/tests/lab/door_client.py"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, "DSV41_KEY": key})
+
+    def stream(self, n):
+        """A streamed "count to n" begun, its first tokens out."""
+        self.proc.stdin.write(f"stream {n}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "started"
+        time.sleep(1)
+
+    def end(self):
+        import json
+        out, _ = self.proc.communicate("end\n", timeout=300)
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def only_503s(answers):
+    """Every answer that is not a 200 is a 503 with Retry-After from 5 to 60 s: nothing refused."""
+    return all(k == "200" or (k.startswith("503 retry-after ") and 5 <= int(k.split()[-1]) <= 60) for k in answers)
 
 
 def wait_for(what, check, timeout=120, every=1.0):

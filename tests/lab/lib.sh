@@ -16,10 +16,10 @@ for ((i = 1; i < LAB_NODES; i++)); do NODES+=("worker$i"); IP[worker$i]=198.51.1
 FABRIC_IF=fab0
 REGISTRY=198.51.100.11:5000
 SUITE=bookworm
-NODE_PKGS=systemd,systemd-sysv,dbus,openssh-server,rsync,python3,python3-venv,iproute2,iputils-ping,docker.io,iptables,curl,ca-certificates,procps,prometheus,prometheus-node-exporter,prometheus-alertmanager
-# Debian ships these services enabled. The lab masks Debian's Prometheus and Alertmanager (dsv41 runs its own
+NODE_PKGS=systemd,systemd-sysv,dbus,openssh-server,rsync,python3,python3-venv,iproute2,iputils-ping,docker.io,iptables,curl,ca-certificates,procps,prometheus,prometheus-node-exporter,prometheus-alertmanager,haproxy
+# Debian ships these services enabled. The lab masks Debian's Prometheus, Alertmanager and HAProxy (dsv41 runs its own
 # units) and only disables the exporter: `doit launch` enables it, with a drop-in, where METRICS_DIR is set.
-NODE_MASKED=(prometheus.service prometheus-alertmanager.service)
+NODE_MASKED=(prometheus.service prometheus-alertmanager.service haproxy.service)
 NODE_DISABLED=(prometheus-node-exporter.service)
 ENGINE_PKGS=python3
 VLLM_PKGS=python3,python3-venv,python3-dev,libnuma1,g++   # g++ and the headers: torch compiles its CPU kernels
@@ -27,7 +27,7 @@ VLLM_PKGS=python3,python3-venv,python3-dev,libnuma1,g++   # g++ and the headers:
 mapfile -t VENV_REQS < <(python3 -c 'import sys, tomllib; print(*tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"], sep="\n")' "$REPO/pyproject.toml")
 NODE_TOOLS=(py-spy==0.4.3)            # every node's /usr/local/bin: incident evidence (stacks of stuck ranks)
 # The cached template is rebuilt when its recipe (bump TEMPLATE_VERSION) or the dependencies change.
-TEMPLATE_VERSION="6 ${VENV_REQS[*]} ${NODE_TOOLS[*]}"
+TEMPLATE_VERSION="7 ${VENV_REQS[*]} ${NODE_TOOLS[*]}"
 LAB_ENGINE=${LAB_ENGINE:-standin}     # the lab's engine: standin (tests/lab/engine) or vllm (tests/lab/vllm)
 case $LAB_ENGINE in standin|vllm) ;; *) printf 'lab: LAB_ENGINE=%s: expected standin or vllm\n' "$LAB_ENGINE" >&2; exit 2;; esac
 VLLM=$CACHE/vllm                     # the real engine's rootfs tar and the tiny model's Hub repo

@@ -57,17 +57,20 @@ def test_second_launch_changes_nothing(lab, launched):
 
 
 def test_key_never_in_units_argv_or_systemctl_show(lab, launched):
-    k = key(lab)
-    for node, units in (("head", UNITS), ("worker1", WUNITS)):
-        assert k not in lab.on(node, "cat /etc/systemd/system/dsv41-*.service").stdout
-        assert k not in lab.on(node, ["systemctl", "show", *units]).stdout
-        assert k not in lab.on(node, "ps -eo args").stdout
-        assert k not in lab.on(node, "journalctl --no-pager -u 'dsv41-*'").stdout
-    assert k not in lab.on("head", "find /root/.dsv41-two-sparks/units -type f -exec cat {} +").stdout
-    db = lab.on("head", "cat /root/.dsv41-two-sparks/doit.db | strings", check=False).stdout
-    assert k not in db
-    inspect = lab.on("head", "docker inspect dsv41-r0").stdout          # Config.Env, Cmd, Entrypoint
-    assert k not in inspect and '"Source": "/root/.dsv41-two-sparks/secrets/api_key"' in inspect
+    engine = lab.on("head", "cat /root/.dsv41-two-sparks/engine_key").stdout.strip()     # rank 0's, behind the gateway
+    for k in (key(lab), engine):
+        for node, units in (("head", UNITS + ["dsv41-gateway.service"]), ("worker1", WUNITS)):
+            assert k not in lab.on(node, "cat /etc/systemd/system/dsv41-*.service").stdout
+            assert k not in lab.on(node, ["systemctl", "show", *units]).stdout
+            assert k not in lab.on(node, "ps -eo args").stdout
+            assert k not in lab.on(node, "journalctl --no-pager -u 'dsv41-*'").stdout
+        assert k not in lab.on("head", "find /root/.dsv41-two-sparks/units /root/.dsv41-two-sparks/releases "
+                                       "/root/.dsv41-two-sparks/gateway -type f -exec cat {} +").stdout
+        db = lab.on("head", "cat /root/.dsv41-two-sparks/doit.db | strings", check=False).stdout
+        assert k not in db
+        inspect = lab.on("head", "docker inspect dsv41-r0").stdout          # Config.Env, Cmd, Entrypoint
+        assert k not in inspect and '"Source": "/root/.dsv41-two-sparks/secrets/api_key"' in inspect
+    assert engine != key(lab) and engine == lab.on("head", "cat /root/.dsv41-two-sparks/secrets/api_key").stdout.strip()
     mode = lab.on("head", "stat -c %a /root/.dsv41-two-sparks/secrets/api_key /root/.dsv41-two-sparks/api_key")
     assert mode.stdout.split() == ["600", "600"]
 
@@ -83,7 +86,7 @@ def test_smoke_passes_against_the_stand_in_engine(lab, launched):
 def test_status_shows_every_node(lab, launched):
     r = lab.doit("status --json")
     report = json.loads(r.stdout)
-    assert (report["schema"], report["state"], report["exit_code"]) == ("dsv41.status/4", "READY", 0)
+    assert (report["schema"], report["state"], report["exit_code"]) == ("dsv41.status/5", "READY", 0)
     for name in ("head", "worker1"):
         e = report["nodes"][name]
         assert e["memguard"] == "active" and e["container"] == "running"

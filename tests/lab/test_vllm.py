@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import lab_up
 import labctl
-from labctl import CACHE, LAB_DIR
+from labctl import CACHE, LAB_DIR, DoorClient, only_503s
 
 from dsv41.client import metrics
 from dsv41.head.core import hang
@@ -51,7 +51,7 @@ def vllm(lab):
     env = {"DSV41_PROFILE": "lab-vllm-eager", "HF_ENDPOINT": endpoint}
     lab.doit("stop", check=False)
     for node, rank in (("head", 0), ("worker1", 1)):
-        lab.on(node, f"systemctl stop dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf {STATE} {Path(MODEL).parent} "
+        lab.on(node, f"systemctl stop dsv41-gateway dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf {STATE} {Path(MODEL).parent} "
                "/etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
     t0 = time.monotonic()
     lab.doit("download", env)
@@ -376,10 +376,18 @@ def serves(lab, vllm, env):
 
 
 def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm, watched):
-    t0 = time.time()
-    lab.on("worker1", "docker kill dsv41-r1")
-    inc = recovered(lab, t0, "worker rank killed")
+    """...and a client at the door (the openai SDK, no retries) is answered all along: 200, or 503 with
+    Retry-After while the engine restarts; never a refused connection."""
+    client = DoorClient(lab, vllm.key)
+    try:
+        t0 = time.time()
+        lab.on("worker1", "docker kill dsv41-r1")
+        inc = recovered(lab, t0, "worker rank killed")
+    finally:
+        answers = client.end()["answers"]
+    print(f"real engine, worker rank killed: the door's answers {answers}")
     assert inc["verdict"] in ("DEGRADED", "DEAD") and inc["started"] - t0 <= DOWN_BOUND_S + SLACK_S
+    assert only_503s(answers) and answers.get("200") and len(answers) > 1, answers
     serves(lab, vllm, watched)
 
 

@@ -1,0 +1,137 @@
+"""The door (dsv41-gateway: Debian's HAProxy on the head's PORT) in the two-node lab with the stand-in engine,
+and the official `openai` SDK as the client (tests/lab/door_client.py, run in the head's network namespace).
+
+What a user's tool notices: through a watchdog recovery, a release's restart and `doit stop` then `doit launch`
+no connection is refused, every refusal is a 503 with Retry-After, and a stream begun before a planned
+restart or stop ends whole; a named key is added, works, and is refused as soon as it is revoked while the
+others work and nothing restarts; a key past KEY_RATE_PER_MIN gets 429, and that setting reloads the gateway
+only."""
+import json
+import time
+
+import pytest
+
+from labctl import DoorClient, only_503s, wait_for
+
+pytestmark = pytest.mark.lab
+
+STATE = "/root/.dsv41-two-sparks"
+FAST = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "WATCHDOG_STALL_S": "12",
+        "WATCHDOG_MAX_RECOVERIES": "2", "WATCHDOG_WINDOW_MIN": "60", "WATCHDOG_BACKOFF_S": "2", "SSH_TIMEOUT_S": "5",
+        "MEM_RETURN_S": "6"}
+STREAM_N = 1000                      # "count to 1000": about 10 s of tokens from the stand-in
+
+
+def key(lab, path=f"{STATE}/api_key"):
+    return lab.on("head", f"cat {path}").stdout.strip()
+
+
+def curl(lab, k, path="/v1/models"):
+    """(HTTP status, Retry-After) of one request through the door with key k."""
+    r = lab.on("head", ["curl", "-s", "-o", "/dev/null", "-D", "-", "-w", "%{http_code}", "-H",
+                        f"Authorization: Bearer {k}", f"http://127.0.0.1:8000{path}"])
+    retry = next((line.split(":", 1)[1].strip() for line in r.stdout.splitlines()
+                  if line.lower().startswith("retry-after:")), None)
+    return r.stdout.strip().splitlines()[-1], retry
+
+
+def started_at(lab, node, unit):
+    return lab.units(node, [unit])[unit]["ActiveEnterTimestamp"]
+
+
+@pytest.fixture
+def put_back(lab, launched):
+    yield
+    lab.doit("launch")                                    # the defaults, the watchdog off
+
+
+def test_no_client_is_refused_through_a_recovery_a_release_and_a_stop(lab, put_back):
+    lab.doit("launch", FAST)
+    lab.on("head", f"rm -rf {STATE}/incidents.jsonl {STATE}/incidents")
+    c = DoorClient(lab, key(lab))
+    try:
+        t0 = time.time()
+        lab.on("worker1", "docker kill dsv41-r1")            # a fault: the watchdog's recovery
+        wait_for("the watchdog's recovery", lambda: [i for i in lab.incidents(STATE)
+                                                     if i["result"] == "READY" and i["started"] >= t0], 180)
+        c.stream(STREAM_N)                                   # a release's restart, drained
+        r = lab.doit("launch", {**FAST, "KV_BYTES": "2600000000"})
+        assert "drained" in r.stdout and "ranks (re)started" in r.stdout, r.stdout
+        c.stream(STREAM_N)                                   # a stop, drained
+        r = lab.doit("stop")
+        assert "stays on port 8000" in r.stdout
+        assert curl(lab, key(lab)) == ("503", "60")
+        lab.doit("launch", {**FAST, "KV_BYTES": "2600000000"})
+    finally:
+        out = c.end()
+    answers, streams = out["answers"], out["streams"]
+    print(f"answers through a recovery, a release and a stop/launch: {answers}; streams: "
+          f"{[(s['whole'], round(s['ended'] - s['started'], 1)) for s in streams]}")
+    assert only_503s(answers), answers
+    assert sum(n for k, n in answers.items() if k != "200") >= 10 and answers.get("200", 0) >= 10
+    assert [s["whole"] for s in streams] == [True, True], streams
+
+
+def test_a_named_key_is_added_works_and_is_refused_once_revoked_with_no_restart(lab, launched):
+    lab.doit("launch")
+    r0 = started_at(lab, "head", "dsv41-r0.service")
+    gw = lab.on("head", "systemctl show -p MainPID --value dsv41-gateway").stdout.strip()
+    bob = new_key(lab, "bob")
+    assert curl(lab, bob) == ("200", None)
+    assert bob not in lab.on("head", f"cat {STATE}/gateway/keys.map; journalctl --no-pager -u 'dsv41-*'").stdout
+    assert lab.on("head", f"stat -c %a {STATE}/gateway/keys.map {STATE}/engine_key").stdout.split() == ["600", "600"]
+    listed = lab.doit("keys").stdout
+    assert any(line.split()[:1] == ["bob"] and line.split()[-4] == "1" for line in listed.splitlines()), listed
+    lab.doit("keys revoke bob")
+    assert curl(lab, bob)[0] == "401" and curl(lab, key(lab)) == ("200", None)
+    assert "bob" not in lab.doit("keys").stdout
+    assert started_at(lab, "head", "dsv41-r0.service") == r0
+    assert lab.on("head", "systemctl show -p MainPID --value dsv41-gateway").stdout.strip() == gw
+
+
+def new_key(lab, name):
+    out = lab.doit(f"keys add {name}").stdout.splitlines()
+    return out[out.index(next(line for line in out if line.startswith(f"key {name} "))) + 1].strip()
+
+
+def test_a_key_past_its_rate_gets_429_and_the_setting_reloads_only_the_gateway(lab, launched):
+    lab.doit("launch")
+    r0 = started_at(lab, "head", "dsv41-r0.service")
+    try:
+        r = lab.doit("launch", {"KEY_RATE_PER_MIN": "3"})
+        assert "reloaded the gateway" in r.stdout and "ranks (re)started" not in r.stdout, r.stdout
+        carol = new_key(lab, "carol")
+        codes = [curl(lab, carol) for _ in range(5)]
+        assert codes[:3] == [("200", None)] * 3 and codes[3:] == [("429", "60")] * 2, codes
+        assert curl(lab, key(lab)) == ("200", None)       # another key is not limited by carol's rate
+    finally:
+        lab.doit("keys revoke carol", check=False)
+        lab.doit("launch")
+    assert started_at(lab, "head", "dsv41-r0.service") == r0
+
+
+def test_without_the_gateway_and_back_rank_0_takes_port_8000_and_a_rollback_restores_it(lab, launched):
+    """GATEWAY=0 is the layout before the gateway: rank 0 serves PORT itself; launching with the gateway
+    again puts the door in front, and `doit rollback` to the release without it runs it as recorded."""
+    lab.doit("launch")
+    try:
+        r = lab.doit("launch", {"GATEWAY": "0"})
+        assert "stopped the gateway" in r.stdout and "ranks (re)started" in r.stdout, r.stdout
+        without = json.loads(lab.doit("status --json", {"GATEWAY": "0"}).stdout)["release"]["serving"]["number"]
+        assert "0.0.0.0:8000" in listening(lab, "python3") and not listening(lab, "haproxy")
+        assert curl(lab, key(lab)) == ("200", None)
+        r = lab.doit("launch")
+        assert "started the gateway" in r.stdout and "0.0.0.0:8000" in listening(lab, "haproxy")
+        assert "127.0.0.1:18000" in listening(lab, "python3") and curl(lab, key(lab)) == ("200", None)
+        r = lab.doit(f"rollback {without}")
+        assert "stopped the gateway" in r.stdout and "0.0.0.0:8000" in listening(lab, "python3")
+        assert curl(lab, key(lab)) == ("200", None)
+    finally:
+        lab.doit("launch")
+    assert curl(lab, key(lab)) == ("200", None) and "127.0.0.1:18000" in listening(lab, "python3")
+
+
+def listening(lab, process):
+    """The head's listening TCP addresses of `process` (ss -ltnp), one string."""
+    return " ".join(line.split()[3] for line in lab.on("head", "ss -ltnpH").stdout.splitlines()
+                    if f'(("{process}"' in line)
