@@ -139,6 +139,7 @@ def fake_nodes(monkeypatch):
     monkeypatch.setattr(rollout.ranks, "wait_ready", lambda cl, within=None: seen.update(deadline=within))
     monkeypatch.setattr(rollout, "hold", lambda cl, s: None)
     monkeypatch.setattr(Gateway, "drain", lambda self, reason, *a: None)
+    monkeypatch.setattr(Gateway, "open", lambda self: seen.update(opened=True))
 
     def go_back(cl, failed, target, **kw):
         seen["went_back"] = (failed.number, target.number)
@@ -159,6 +160,7 @@ def test_a_rollout_whose_ranks_had_started_gets_what_was_left_of_its_deadline(tm
     assert fake_nodes["deadline"] == (150, "what was left of the recorded rollout deadline")
     done = rel.load_all(d)[-1]
     assert done.state == rel.GOOD and rel.serving_number(d) == r.number and done.carrier["by"] == "dsv41-watchdog"
+    assert fake_nodes.get("opened")                                # its restart is over: the door opens
 
     r2 = rel.begin(d, {**FIELDS, "units": {"head": {"dsv41-r0.service": "w\n"}}}, 10, back_to=r.number, deadline_s=600)
     fake_nodes["restart"] = True                                    # killed before the ranks restarted

@@ -76,6 +76,8 @@ def nodes(monkeypatch):
         calls["drains"].append(reason)
         time.sleep(0.5)
     monkeypatch.setattr(Gateway, "drain", drain)
+    calls["opened"] = 0
+    monkeypatch.setattr(Gateway, "open", lambda gateway: calls.update(opened=calls["opened"] + 1))
 
     def go_back(cl, failed, target, **kw):
         calls["went_back"] = (failed.number, target.number)
@@ -163,6 +165,7 @@ def test_a_good_change_is_in_service_with_its_start_up(tmp_path, nodes):
     assert r.state == rel.GOOD and r.startup_s is not None and rel.serving_number(cfg.state_dir) == r.number
     assert nodes["pages"] == []
     assert nodes["drains"] == [f"release {r.number} rolling out"] and r.startup_s < 0.5   # the drain is not start-up
+    assert nodes["opened"] == 1                                     # served: the door opens
 
 
 def test_with_rollback_off_or_nothing_to_go_back_to_it_stays_down_with_one_line(tmp_path, nodes):

