@@ -112,6 +112,7 @@ def test_a_key_past_its_rate_gets_429_and_the_setting_reloads_only_the_gateway(l
     assert started_at(lab, "head", "dsv41-r0.service") == r0
 
 
+@pytest.mark.soak           # per landing: the same transitions as steps (test_decide) and a release's settings
 def test_without_the_gateway_and_back_rank_0_takes_port_8000_and_a_rollback_restores_it(lab, launched):
     """GATEWAY=0 is the layout before the gateway: rank 0 serves PORT itself; launching with the gateway
     again puts the door in front, and `doit rollback` to the release without it runs it as recorded."""
