@@ -19,9 +19,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 
 def keys(cfg, words=()):
     words = list(words)
-    verb = words[0] if words else "list"
-    if verb not in ("list", "add", "revoke") or len(words) != (1 if verb == "list" and words else 2 if words else 0):
+    if words not in ([], ["list"]) and not (len(words) == 2 and words[0] in ("add", "revoke")):
         raise BadInput(f"`doit keys {' '.join(words)}`: {USAGE}")
+    verb = words[0] if words else "list"
     if len(words) == 2 and not NAME_RE.match(words[1]):
         raise BadInput(f"key name {words[1]!r}: expected 1 to 40 letters, digits, `.`, `_` or `-`")
     if not cfg.gateway:

@@ -427,7 +427,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
     later = [s for s in steps if s.kind is Kind.START_GATEWAY and restarting]    # rank 0 may hold PORT until then
     for s in steps:
         if s.kind in GATEWAY_STEPS and s not in later:
-            start_gateway(cl, s.kind)
+            gateway_step(cl, s.kind)
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
@@ -437,7 +437,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
                              within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None),
                              expect_s=rel.last_startup_s(rel.load_all(cl.cfg.state_dir)))
     for s in later:
-        start_gateway(cl, s.kind)
+        gateway_step(cl, s.kind)
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
             exporter.start(cl, by_name[s.node])
@@ -447,7 +447,7 @@ WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG
 GATEWAY_STEPS = (Kind.START_GATEWAY, Kind.RESTART_GATEWAY, Kind.RELOAD_GATEWAY, Kind.STOP_GATEWAY)
 
 
-def start_gateway(cl, kind):
+def gateway_step(cl, kind):
     """A gateway step on the head; Debian's own haproxy.service is masked first (it would take the same
     config's place and port 80)."""
     if kind is not Kind.STOP_GATEWAY:
