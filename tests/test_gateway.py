@@ -39,6 +39,7 @@ class Engine(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen = []
     CHUNKS, STREAM_S = 5, 0.3
+    drop = 0                                        # requests to close unanswered, as a kept-alive close race does
 
     def log_message(self, *args):
         pass
@@ -63,6 +64,10 @@ class Engine(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         Engine.seen.append(self.headers.get("Authorization"))
+        if Engine.drop:
+            Engine.drop -= 1
+            self.close_connection = True
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -111,12 +116,13 @@ def door(tmp_path, monkeypatch):
     procs = []
     engine = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), Engine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
-    Engine.seen = []
+    Engine.seen, Engine.drop = [], 0
     yield type("Door", (), {"start": start, "port": port, "sock": sock, "engine": engine,
                             "url": f"http://127.0.0.1:{port}/v1"})
     for p in procs:
         p.terminate()
         p.wait(10)
+        print(p.stdout.read().decode())
     engine.shutdown()
     engine.server_close()
 
@@ -208,6 +214,14 @@ def test_an_engine_gone_is_503_with_retry_after_never_a_refused_connection(door)
         answers.append(status_of(lambda: client(door).models.list())[:2])
         time.sleep(0.2)
     assert set(answers) == {(503, "5")}, answers
+
+
+def test_a_request_the_engine_closes_unanswered_is_sent_again_not_answered_502(door):
+    door.start()
+    Engine.drop = 1
+    text = "".join(c.choices[0].text for c in client(door).completions.create(
+        model="deepseek-v4.1-flash", prompt="hi", stream=True))
+    assert text == "0 1 2 3 4 " and len(Engine.seen) == 2          # the engine saw it twice, the client once
 
 
 def test_a_revoked_key_is_refused_within_a_second_while_another_works(door):
