@@ -109,7 +109,7 @@ def test_bench_llama_cpp(llama, tmp_path):
     out = tmp_path / "llama.json"
     r = run_cli("bench", "--url", llama["url"] + "/v1", "--out", str(out), "--label", "llama-cpp smollm2",
                 "--prefill", "256", "512", "--reps", "2", "--conc", "1", "2", "--kinds", "short", "--ctx", "1024",
-                "--chart", env={"DSV41_API_KEY": llama["key"]})
+                "--chart", "--request-timeout-s", "30", env={"DSV41_API_KEY": llama["key"]})
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     print(out.with_suffix(".md").read_text())
@@ -120,7 +120,8 @@ def test_bench_llama_cpp(llama, tmp_path):
     assert all(near(run["prompt_tokens"], p["tokens"], 0.03) for p in data["prefill"] for run in p["runs"])
     assert near(data["ctx"][0]["prompt_tokens"], 1024, 0.05)
     # why each answer ended is recorded, and shown in the table and the log
-    assert data["ctx"][0]["finish_reason"] in ("stop", "length")
+    # (a 135M model now and then repeats itself without end: such an answer is cut at --request-timeout-s)
+    assert data["ctx"][0]["finish_reason"] in ("stop", "length", "timeout")
     assert all(sum(d["finish"].values()) == d["concurrency"] for d in data["decode"])
     assert "| decode short c2 per stream |" in out.with_suffix(".md").read_text()
     assert "decode short c2: round 1/1:" in r.stderr and "; finish " in r.stderr
