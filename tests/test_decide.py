@@ -220,7 +220,8 @@ def test_log_arguments_after_the_unit_name_are_options():
         _log_args(["r1", "-n", "x"], False, 100, "")
 
 
-def test_nodes_holding_different_images_stop_the_launch(tmp_path):
+def test_nodes_holding_different_images_stop_the_launch(tmp_path, monkeypatch):
+    docker_stand_in(tmp_path, monkeypatch, False)
     cl = cluster(tmp_path)
     facts = {"head": NodeState(image_id="sha256:" + "a" * 64), "worker1": NodeState(image_id="sha256:" + "b" * 64)}
     with pytest.raises(UserError, match="nodes hold different images") as e:
@@ -231,6 +232,41 @@ def test_nodes_holding_different_images_stop_the_launch(tmp_path):
     assert image.ensure(cl, facts) == {"head": "sha256:" + "a" * 64, "worker1": "sha256:" + "a" * 64}
     stamp = json.loads((tmp_path / "state" / "image.stamp").read_text())
     assert stamp["image"] == cl.cfg.image and set(stamp["ids"]) == {"head", "worker1"}
+
+
+def docker_stand_in(tmp_path, monkeypatch, lists_flag):
+    """STAND-IN for docker holding the serving image (which cannot exist here): `run` answers vLLM's
+    `serve --help=shutdown-timeout` as a vLLM that has the flag does, or as an older one; each call is logged."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    answer = ("Arguments matching 'shutdown-timeout':\n  --shutdown-timeout SHUTDOWN_TIMEOUT" if lists_flag
+              else "No group or arguments matching 'shutdown-timeout'.")
+    (bindir / "docker").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/docker.log\n'
+                                   f'case "$*" in *--help=shutdown-timeout*) echo "{answer}";; *) exit 1;; esac\n')
+    (bindir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return tmp_path / "docker.log"
+
+
+@pytest.mark.parametrize("lists_flag", [True, False])
+def test_rank_0_drains_itself_only_when_the_images_server_takes_shutdown_timeout(tmp_path, monkeypatch, lists_flag):
+    log = docker_stand_in(tmp_path, monkeypatch, lists_flag)
+    cl = cluster(tmp_path, DRAIN_S="90")
+    same = NodeState(image_id="sha256:" + "a" * 64)
+    image.ensure(cl, {"head": same, "worker1": same})
+    asked = log.read_text().splitlines()
+    assert len(asked) == 1 and "--network none" in asked[0] and asked[0].endswith("serve --help=shutdown-timeout")
+    image.ensure(cl, {"head": same, "worker1": same})             # the same image is not asked again
+    assert len(log.read_text().splitlines()) == 1
+    units = want(cl).units
+    r0, r1 = units["head"]["dsv41-r0.service"], units["worker1"]["dsv41-r1.service"]
+    assert ("--shutdown-timeout 90" in r0) == lists_flag and "--shutdown-timeout" not in r1
+    # its stop waits for the drain: docker stop's grace and the unit's stop timeout grow by DRAIN_S
+    assert ("-t 120 dsv41-r0" in r0 and "TimeoutStopSec=150" in r0) == lists_flag
+    assert "-t 30 dsv41-r1" in r1 and "TimeoutStopSec=60" in r1
+    other = NodeState(image_id="sha256:" + "b" * 64)
+    image.ensure(cl, {"head": other, "worker1": other})           # a new build of the image: asked again
+    assert len(log.read_text().splitlines()) == 2
 
 
 def test_privileged_commands_use_sudo_only_for_a_non_root_user(tmp_path):

@@ -67,7 +67,7 @@ class FakeRecipe(Recipe):
     def stop_order(self, specs):
         return [(s, u) for s in reversed(specs) for u in reversed(self.units(s))]
 
-    def render(self, render, spec, fabric, paths, master_addr=None):
+    def render(self, render, spec, fabric, paths, master_addr=None, server_flags=()):
         return {u: f"[Service]\nExecStart=/usr/bin/fake --rank {spec.rank} --part {u}\n" for u in self.units(spec)}
 
     metrics_at = "http://127.0.0.1:1/fake-metrics"

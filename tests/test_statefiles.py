@@ -31,6 +31,7 @@ OPEN = {"event": "open", "id": INCIDENT, "started": T, "verdict": "DEAD", "evide
         "node": None, "action": "restart", "by": "dsv41-watchdog", "pid": 1, "phase": "saving the evidence"}
 SUMMARY = {"schema": incidents.SCHEMA, "time": T, "verdict": "DEAD", "evidence": "no token", "fault_at": T - 5,
            "ended": None, "outage_s": None, "result": "pending", "nodes": {"head": {"files": [], "notes": []}}}
+STAMP = {"image": "img@sha256:" + "ab" * 32, "ids": {"head": "sha256:" + "aa" * 32}, "server_flags": ["--shutdown-timeout"]}
 
 # file (under the state dir) -> (its good text, its wrong types: the issue's cases among them)
 FILES = {
@@ -48,6 +49,7 @@ FILES = {
                                                              {**RELEASE, "files": {"head": {"a": ["x"]}}}]),
     f"{names.INCIDENT_DIRS}/{INCIDENT}/{names.INCIDENT_SUMMARY}": (SUMMARY, [[SUMMARY], {**SUMMARY, "time": "x"},
                                                                           {**SUMMARY, "nodes": {"head": []}}]),
+    names.IMAGE_STAMP: (STAMP, [{**STAMP, "image": 5}, {**STAMP, "server_flags": "--shutdown-timeout"}, [STAMP]]),
 }
 
 
@@ -100,6 +102,7 @@ def readers(cfg, name):
                                                           lambda: releases.rollback(cfg, ["1"])],
         f"{names.INCIDENT_DIRS}/{INCIDENT}/{names.INCIDENT_SUMMARY}": [lambda: incident_log.incidents(cfg),
                                                                       lambda: incident_log.incidents(cfg, ["show"])],
+        names.IMAGE_STAMP: [lambda: statefiles.server_flags(sd, STAMP["image"])],           # render, plan, launch
     }
     return out[name]
 
@@ -138,7 +141,8 @@ def test_a_broken_state_file_is_one_line_for_every_command_that_reads_it(tmp_pat
     assert code == 3 and "NOT RUNNING" in out.out, out        # what it can see: nothing deployed here
     said = [line for line in out.err.splitlines() if path in line] + [
         line for line in out.out.splitlines() if line.startswith("release:") and path in line]
-    reads = name not in (names.WATCHDOG_SETTINGS, f"{names.INCIDENT_DIRS}/{INCIDENT}/{names.INCIDENT_SUMMARY}")
+    reads = name not in (names.WATCHDOG_SETTINGS, f"{names.INCIDENT_DIRS}/{INCIDENT}/{names.INCIDENT_SUMMARY}",
+                         names.IMAGE_STAMP)
     assert len(said) == (1 if reads and not torn else 0), out
     if said:
         assert "move it aside" in said[0]
@@ -156,6 +160,8 @@ def test_the_good_files_read_as_their_values(tmp_path, monkeypatch, capsys):
     assert inc["id"] == INCIDENT and inc["open"] and inc["started"] == T
     assert [r.number for r in rel.load_all(sd)] == [1] and rel.serving_number(sd) == 1
     assert release_status.service_entry(sd)["serving"]["number"] == 1
+    assert statefiles.server_flags(sd, STAMP["image"]) == ("--shutdown-timeout",)
+    assert statefiles.server_flags(sd, "another image") == ()           # not asked yet: the units go without
     assert [e["result"] for e in incidents.entries(sd)] == ["open: saving the evidence", "pending"]
     code, out = run_status(cfg, capsys)
     assert code == 3 and "dsv41:" not in out.err and "release 1 in service" in out.out
@@ -284,7 +290,7 @@ def test_a_generated_file_that_cannot_be_written_is_one_line(tmp_path):
     from dsv41.head.core import image
     (tmp_path / names.IMAGE_STAMP).mkdir()
     with pytest.raises(statefiles.BadStateFile, match=r"image.stamp is a folder, not a file: move it aside"):
-        statefiles.stamp_image(str(tmp_path), "img", {"head": "sha256:1"})
+        statefiles.stamp_image(str(tmp_path), "img", {"head": "sha256:1"}, [])
     (tmp_path / names.UNITS).write_text("x")
     with pytest.raises(statefiles.BadStateFile, match=rf"{tmp_path}/units is a file, not a folder: move it aside"):
         statefiles.write_if_changed(str(tmp_path / names.UNITS / "r0" / "dsv41-r0.service"), b"x")

@@ -72,7 +72,11 @@ def test_launch_from_nothing_serves_through_two_real_vllm_ranks(lab, vllm):
         assert "/lab/vllm@sha256:" in image
         args = lab.on(node, f"docker inspect --format '{{{{json .Args}}}}' dsv41-r{rank}").stdout
         assert "--swa-block-size" not in args and '"--master-addr","198.51.100.11"' in args.replace(", ", ",")
-    assert "--headless" in lab.on("worker1", "docker inspect --format '{{json .Args}}' dsv41-r1").stdout
+    r1_args = lab.on("worker1", "docker inspect --format '{{json .Args}}' dsv41-r1").stdout
+    assert "--headless" in r1_args and "--shutdown-timeout" not in r1_args
+    # vLLM 0.32 lists --shutdown-timeout: `doit image` found it and rank 0 drains itself for DRAIN_S when stopped
+    assert "--shutdown-timeout: taken" in out
+    assert '"--shutdown-timeout","120"' in lab.on("head", "docker inspect --format '{{json .Args}}' dsv41-r0").stdout
     # the checkpoint went the whole way: parts reassembled and verified on the head, shards copied
     for node in ("head", "worker1"):
         listing = lab.on(node, f"ls {MODEL}").stdout.split()

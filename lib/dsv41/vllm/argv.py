@@ -22,18 +22,21 @@ ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": 
           "disk_prefetch_max_tokens": 0, "projection_tp": False}
 
 
-def rank_vars(cfg, spec, fabric, paths, master_addr=None):
-    """The rank unit template's values."""
+def rank_vars(cfg, spec, fabric, paths, master_addr=None, server_flags=()):
+    """The rank unit template's values. server_flags: those of the recipe's optional flags the image's
+    server lists; with --shutdown-timeout rank 0 drains for DRAIN_S when stopped, and its stop waits for that."""
     state, rank = fact(paths, "state_dir"), spec.rank
     name = names.rank_name(rank)
+    drain_s = cfg.drain_s if rank == 0 and "--shutdown-timeout" in server_flags else 0
     return {
         "rank": rank, "role": "head" if rank == 0 else "worker", "nnodes": cfg.nnodes, "name": name,
         "memguard": names.MEMGUARD_UNIT, "tripped": tripped_marker(state),
         "guard_active": systemctl("is-active", "--quiet", names.MEMGUARD_UNIT),
         "docker_rm": docker_rm(name), "rm_cidfile": rm_f(cidfile(state, rank)),
         "mkdir_state": mkdir(*(names.state_path(state, d) for d in RANK_DIRS)),
-        "docker_run": docker_run_groups(cfg, spec, fabric, paths, master_addr),
-        "docker_stop": docker_stop(name), "stop_timeout_s": STOP_GRACE_S + 30,
+        "docker_run": docker_run_groups(cfg, spec, fabric, paths, master_addr)
+        + ([["--shutdown-timeout", str(drain_s)]] if drain_s else []),
+        "docker_stop": docker_stop(name, STOP_GRACE_S + drain_s), "stop_timeout_s": STOP_GRACE_S + drain_s + 30,
     }
 
 

@@ -40,8 +40,16 @@ class Vllm(Recipe):
     def parts(self, spec):
         return (Part(names.rank_unit(spec.rank), names.rank_name(spec.rank)),)
 
-    def render(self, render, spec, fabric, paths, master_addr=None):
-        return {names.rank_unit(spec.rank): render(RANK_TEMPLATE, rank_vars(self.cfg, spec, fabric, paths, master_addr))}
+    optional_flags = {"--shutdown-timeout": "a stopped rank 0 first finishes the requests in flight, for up to DRAIN_S"}
+
+    def render(self, render, spec, fabric, paths, master_addr=None, server_flags=()):
+        return {names.rank_unit(spec.rank): render(RANK_TEMPLATE, rank_vars(self.cfg, spec, fabric, paths, master_addr,
+                                                                          server_flags))}
+
+    def flag_probe(self, flag):
+        """vLLM's help for one argument (`vllm serve --help=shutdown-timeout` lists it when it has it)."""
+        command = self.cfg.engine_settings().engine_cmd
+        return command[0], [*command[1:], f"--help={flag.lstrip('-')}"]
 
     def metrics_url(self):
         return metrics.metrics_url(self.cfg.engine_url)

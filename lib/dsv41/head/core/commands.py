@@ -93,6 +93,12 @@ def docker_pull(image):
     return [DOCKER, "pull", image]
 
 
+def docker_ask(image, entrypoint, args, timeout_s=300):
+    """A throw-away container of the image, no network, running entrypoint with args (a server's help)."""
+    return ["timeout", str(timeout_s), DOCKER, "run", "--rm", "--pull", "never", "--network", "none",
+            "--entrypoint", entrypoint, image, *args]
+
+
 def docker_image_id(image):
     """Prints the local image ID (sha256:...); non-zero exit when the image is not there."""
     return [DOCKER, "image", "inspect", "--format", "{{.Id}}", image]

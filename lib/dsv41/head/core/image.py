@@ -1,5 +1,7 @@
 """The serving image: pulled by digest on every node when missing, never re-pulled when present;
-every node must hold the same image ID (a node that pulled another build is caught here)."""
+every node must hold the same image ID (a node that pulled another build is caught here). Its server is
+asked once per image which of the recipe's optional flags it takes (vLLM's --shutdown-timeout: 0.18 and
+later); the units pass only those."""
 import dataclasses
 
 from dsv41.errors import UserError
@@ -31,5 +33,25 @@ def ensure(cl, states):
         detail = ", ".join(f"{k} {v[:19]}" for k, v in ids.items())
         raise UserError(f"nodes hold different images for {cfg.image} ({detail}): remove the odd one "
                         "(docker rmi) and run `doit image` again")
-    statefiles.stamp_image(cfg.state_dir, cfg.image, ids)
+    statefiles.stamp_image(cfg.state_dir, cfg.image, ids, server_flags(cl, ids))
     return ids
+
+
+def server_flags(cl, ids):
+    """Which of the recipe's optional flags the image's server lists: from image.stamp when it is this
+    image, else asked on the head, in a container of the image with no network (a server that cannot
+    say takes none)."""
+    cfg = cl.cfg
+    stamp = statefiles.image_stamp(cfg.state_dir)
+    if stamp and stamp["image"] == cfg.image and stamp["ids"] == ids and stamp["server_flags"] is not None:
+        return stamp["server_flags"]
+    found = []
+    for flag in cl.recipe.optional_flags:
+        print(f"[{cl.head.name}] asking the image's server whether it takes {flag} (once per image)", flush=True)
+        entrypoint, args = cl.recipe.flag_probe(flag)
+        r = cl.head.run(cl.priv(cl.head, commands.docker_ask(cfg.image, entrypoint, args)), check=False)
+        if r.code == 0 and flag in r.stdout:
+            found.append(flag)
+        print(f"  {flag}: {'taken' if flag in found else 'not listed'}: {cl.recipe.optional_flags[flag]}"
+              f"{'' if flag in found else ' (not passed)'}", flush=True)
+    return found

@@ -32,6 +32,8 @@ class Recipe:
     progress_metrics: tuple = ()
     # a worker whose units started after the head's cannot rejoin: every rank restarts together
     restart_together = True
+    # {flag: what it gives} the units pass only when the image's server lists it (core.image asks)
+    optional_flags: dict = {}
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -62,9 +64,14 @@ class Recipe:
 
     # ---- unit files ---------------------------------------------------------------------------
 
-    def render(self, render, spec, fabric, paths, master_addr=None):
+    def render(self, render, spec, fabric, paths, master_addr=None, server_flags=()):
         """{unit file name: text} of one node's engine units. render(template, values) renders one of
-        units/*.j2 (core.units gives it); fabric and paths as core.units.render_units takes them."""
+        units/*.j2 (core.units gives it); fabric and paths as core.units.render_units takes them;
+        server_flags: those of optional_flags the image's server lists."""
+        raise NotImplementedError
+
+    def flag_probe(self, flag):
+        """(entrypoint, args) of a container of the image whose output names `flag` when its server takes it."""
         raise NotImplementedError
 
     # ---- probes -------------------------------------------------------------------------------

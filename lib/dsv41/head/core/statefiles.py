@@ -397,10 +397,27 @@ def write_if_changed(file, data, mode=0o644):
     return True
 
 
-def stamp_image(state_dir, image, ids):
-    """image.stamp: the image and the id every node held (a file task dependencies can watch)."""
-    data = json.dumps({"image": image, "ids": ids}, indent=1, sort_keys=True).encode()
+IMAGE_STAMP = {"image": str, "ids": {str: OPT_STR}, "server_flags": ([str], None)}
+
+
+def stamp_image(state_dir, image, ids, server_flags):
+    """image.stamp: the image, the id every node held and which of the recipe's optional flags its server
+    lists (core.image asks it once per image)."""
+    data = json.dumps({"image": image, "ids": ids, "server_flags": list(server_flags)}, indent=1,
+                      sort_keys=True).encode()
     write_if_changed(names.state_path(state_dir, names.IMAGE_STAMP), data)
+
+
+def image_stamp(state_dir):
+    """image.stamp's record, None before the first `doit image`."""
+    return read_json(names.state_path(state_dir, names.IMAGE_STAMP), IMAGE_STAMP, "run `doit image` again")
+
+
+def server_flags(state_dir, image):
+    """The optional flags `image`'s server lists, as `doit image` found them: () for another image or
+    before it looked (the units then go without them)."""
+    stamp = image_stamp(state_dir)
+    return tuple(stamp["server_flags"] or ()) if stamp and stamp["image"] == image else ()
 
 
 # ---- what `doit download` fetched ---------------------------------------------------------------------

@@ -122,7 +122,8 @@ def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_d
     paths: this node's model_dir and state_dir."""
     env = environment(templates_dir)
     out = {names.MEMGUARD_UNIT: _render(env, MEMGUARD_TEMPLATE, memguard_vars(cfg, paths))}
-    out.update(recipe.render(lambda name, values: _render(env, name, values), spec, fabric, paths, master_addr))
+    out.update(recipe.render(lambda name, values: _render(env, name, values), spec, fabric, paths, master_addr,
+                             statefiles.server_flags(cfg.state_dir, cfg.image)))
     if spec.rank == 0 and cfg.watchdog:
         out[names.WATCHDOG_UNIT] = _render(env, WATCHDOG_TEMPLATE, watchdog_vars(paths))
     if spec.rank == 0 and cfg.gateway:
