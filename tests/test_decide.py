@@ -267,6 +267,11 @@ def test_rank_0_drains_itself_only_when_the_images_server_takes_shutdown_timeout
     other = NodeState(image_id="sha256:" + "b" * 64)
     image.ensure(cl, {"head": other, "worker1": other})           # a new build of the image: asked again
     assert len(log.read_text().splitlines()) == 2
+    newer = cluster(tmp_path, IMG="registry.example/serving@sha256:" + "c" * 64)
+    image.ensure(newer, {"head": same, "worker1": same})          # another image is asked once, and a
+    image.ensure(cl, {"head": other, "worker1": other})           # way back to the first asks nothing
+    assert len(log.read_text().splitlines()) == 3 and ("--shutdown-timeout 90" in want(cl).units["head"][
+        "dsv41-r0.service"]) == lists_flag
 
 
 def test_privileged_commands_use_sudo_only_for_a_non_root_user(tmp_path):

@@ -31,7 +31,8 @@ OPEN = {"event": "open", "id": INCIDENT, "started": T, "verdict": "DEAD", "evide
         "node": None, "action": "restart", "by": "dsv41-watchdog", "pid": 1, "phase": "saving the evidence"}
 SUMMARY = {"schema": incidents.SCHEMA, "time": T, "verdict": "DEAD", "evidence": "no token", "fault_at": T - 5,
            "ended": None, "outage_s": None, "result": "pending", "nodes": {"head": {"files": [], "notes": []}}}
-STAMP = {"image": "img@sha256:" + "ab" * 32, "ids": {"head": "sha256:" + "aa" * 32}, "server_flags": ["--shutdown-timeout"]}
+STAMP = {"image": "img@sha256:" + "ab" * 32, "ids": {"head": "sha256:" + "aa" * 32},
+         "server_flags": {"img@sha256:" + "ab" * 32: {"id": "sha256:" + "aa" * 32, "flags": ["--shutdown-timeout"]}}}
 
 # file (under the state dir) -> (its good text, its wrong types: the issue's cases among them)
 FILES = {
@@ -49,7 +50,7 @@ FILES = {
                                                              {**RELEASE, "files": {"head": {"a": ["x"]}}}]),
     f"{names.INCIDENT_DIRS}/{INCIDENT}/{names.INCIDENT_SUMMARY}": (SUMMARY, [[SUMMARY], {**SUMMARY, "time": "x"},
                                                                           {**SUMMARY, "nodes": {"head": []}}]),
-    names.IMAGE_STAMP: (STAMP, [{**STAMP, "image": 5}, {**STAMP, "server_flags": "--shutdown-timeout"}, [STAMP]]),
+    names.IMAGE_STAMP: (STAMP, [{**STAMP, "image": 5}, {**STAMP, "server_flags": {"img": ["--shutdown-timeout"]}}, [STAMP]]),
 }
 
 

@@ -33,25 +33,25 @@ def ensure(cl, states):
         detail = ", ".join(f"{k} {v[:19]}" for k, v in ids.items())
         raise UserError(f"nodes hold different images for {cfg.image} ({detail}): remove the odd one "
                         "(docker rmi) and run `doit image` again")
-    statefiles.stamp_image(cfg.state_dir, cfg.image, ids, server_flags(cl, ids))
+    asked = statefiles.asked_images(cfg.state_dir)
+    image_id = next(iter(ids.values()))
+    if asked.get(cfg.image, {}).get("id") != image_id:          # not asked yet, or the tag moved to another build
+        asked = {**asked, cfg.image: {"id": image_id, "flags": server_flags(cl)}}
+    statefiles.stamp_image(cfg.state_dir, cfg.image, ids, asked)
     return ids
 
 
-def server_flags(cl, ids):
-    """Which of the recipe's optional flags the image's server lists: from image.stamp when it is this
-    image, else asked on the head, in a container of the image with no network (a server that cannot
-    say takes none)."""
-    cfg = cl.cfg
-    stamp = statefiles.image_stamp(cfg.state_dir)
-    if stamp and stamp["image"] == cfg.image and stamp["ids"] == ids and stamp["server_flags"] is not None:
-        return stamp["server_flags"]
+def server_flags(cl):
+    """Which of the recipe's optional flags the image's server lists, asked on the head in a container of
+    the image with no network (a server that cannot say takes none)."""
     found = []
-    for flag in cl.recipe.optional_flags:
+    for flag, gives in cl.recipe.optional_flags.items():
         print(f"[{cl.head.name}] asking the image's server whether it takes {flag} (once per image)", flush=True)
         entrypoint, args = cl.recipe.flag_probe(flag)
-        r = cl.head.run(cl.priv(cl.head, commands.docker_ask(cfg.image, entrypoint, args)), check=False)
+        r = cl.head.run(cl.priv(cl.head, commands.docker_ask(cl.cfg.image, entrypoint, args)), check=False)
         if r.code == 0 and flag in r.stdout:
             found.append(flag)
-        print(f"  {flag}: {'taken' if flag in found else 'not listed'}: {cl.recipe.optional_flags[flag]}"
-              f"{'' if flag in found else ' (not passed)'}", flush=True)
+            print(f"  {flag}: taken: {gives}", flush=True)
+        else:
+            print(f"  {flag}: not listed, not passed", flush=True)
     return found

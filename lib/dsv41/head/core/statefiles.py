@@ -397,14 +397,13 @@ def write_if_changed(file, data, mode=0o644):
     return True
 
 
-IMAGE_STAMP = {"image": str, "ids": {str: OPT_STR}, "server_flags": ([str], None)}
+IMAGE_STAMP = {"image": str, "ids": {str: OPT_STR}, "server_flags": ({str: {"id": str, "flags": [str]}}, None)}
 
 
 def stamp_image(state_dir, image, ids, server_flags):
-    """image.stamp: the image, the id every node held and which of the recipe's optional flags its server
-    lists (core.image asks it once per image)."""
-    data = json.dumps({"image": image, "ids": ids, "server_flags": list(server_flags)}, indent=1,
-                      sort_keys=True).encode()
+    """image.stamp: the image and the id every node held, and for each image asked so far (by reference)
+    its id and the recipe's optional flags its server lists (core.image asks)."""
+    data = json.dumps({"image": image, "ids": ids, "server_flags": server_flags}, indent=1, sort_keys=True).encode()
     write_if_changed(names.state_path(state_dir, names.IMAGE_STAMP), data)
 
 
@@ -413,11 +412,15 @@ def image_stamp(state_dir):
     return read_json(names.state_path(state_dir, names.IMAGE_STAMP), IMAGE_STAMP, "run `doit image` again")
 
 
+def asked_images(state_dir):
+    """{image: {"id", "flags"}} of the images whose server `doit image` asked."""
+    return (image_stamp(state_dir) or {}).get("server_flags") or {}
+
+
 def server_flags(state_dir, image):
-    """The optional flags `image`'s server lists, as `doit image` found them: () for another image or
-    before it looked (the units then go without them)."""
-    stamp = image_stamp(state_dir)
-    return tuple(stamp["server_flags"] or ()) if stamp and stamp["image"] == image else ()
+    """The optional flags `image`'s server lists as `doit image` found them, () when it has not asked
+    (the units then go without them)."""
+    return tuple(asked_images(state_dir).get(image, {}).get("flags", ()))
 
 
 # ---- what `doit download` fetched ---------------------------------------------------------------------
