@@ -2,7 +2,8 @@
 checkout's venv (`ip netns exec head .venv/bin/python tests/lab/door_client.py`): what a user's tool sees.
 
 Until a line arrives on stdin it asks /v1/models every 0.2 s (max_retries=0: every answer counted), and
-each `stream` line on stdin starts a streamed completion ("count to N"). At EOF (or `end`) it prints one
+each `stream N` line on stdin starts a streamed completion ("count to N"; `stream N exact`: exactly N tokens,
+the end token ignored, as vLLM allows). At EOF (or `end`) it prints one
 JSON line: the answers by kind ("200", "503 retry-after 5", "refused", ...), and each stream's start time
 and whether it ended whole. The key comes from the environment (DSV41_KEY), never argv."""
 import json
@@ -43,13 +44,15 @@ def main():
                 answers[k] = answers.get(k, 0) + 1
             time.sleep(0.2)
 
-    def stream(n):
-        rec = {"started": time.time(), "whole": False, "text_len": 0}
+    def stream(n, exact):
+        rec = {"started": time.time(), "whole": False, "text_len": 0, "chunks": 0}
         streams.append(rec)
+        size = {"max_tokens": n, "extra_body": {"ignore_eos": True}} if exact else {"max_tokens": 4 * n}
         try:
-            out = client().completions.create(model=MODEL, prompt=f"count to {n}", max_tokens=4 * n, stream=True)
+            out = client().completions.create(model=MODEL, prompt=f"count to {n}", stream=True, **size)
             for chunk in out:
                 rec["text_len"] += len(chunk.choices[0].text or "") if chunk.choices else 0
+                rec["chunks"] += 1
                 if chunk.choices and chunk.choices[0].finish_reason:
                     rec["whole"] = chunk.choices[0].finish_reason in ("stop", "length")
         except Exception as err:  # noqa: BLE001 - a cut stream, whatever cut it
@@ -62,7 +65,7 @@ def main():
     for line in sys.stdin:
         words = line.split()
         if words[:1] == ["stream"]:
-            threads.append(threading.Thread(target=stream, args=(int(words[1]),)))
+            threads.append(threading.Thread(target=stream, args=(int(words[1]), words[2:] == ["exact"])))
             threads[-1].start()
             print("started", flush=True)
         elif words[:1] == ["end"]:

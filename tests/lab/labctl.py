@@ -168,9 +168,9 @@ class DoorClient:
                                       f"{lab.repo}/tests/lab/door_client.py"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**os.environ, "DSV41_KEY": key})
 
-    def stream(self, n):
-        """A streamed "count to n" begun, its first tokens out."""
-        self.proc.stdin.write(f"stream {n}\n")
+    def stream(self, n, exact=False):
+        """A streamed "count to n" begun (exact: n tokens, the end token ignored), its first tokens out."""
+        self.proc.stdin.write(f"stream {n}{' exact' if exact else ''}\n")
         self.proc.stdin.flush()
         assert self.proc.stdout.readline().strip() == "started"
         time.sleep(1)

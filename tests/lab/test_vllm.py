@@ -540,6 +540,31 @@ def guard(lab):
     return p["MainPID"], p["ActiveState"]
 
 
+@pytest.mark.soak
+def test_a_stream_still_running_when_the_doors_drain_ends_finishes_inside_vllm(lab, vllm):
+    """vLLM's own drain after the door's: with DRAIN_S=8, rank 0 runs with --shutdown-timeout 8 (this vLLM takes
+    it), and a stream of about 12 s begun before `doit stop` outlasts the door's 8 s wait and still ends whole
+    inside vLLM's; without it the stream would be cut when the door's wait ends."""
+    env = {**vllm.env, "DRAIN_S": "8"}
+    lab.doit("launch", env, timeout=1800)
+    assert '"--shutdown-timeout","8"' in lab.on("head", "docker inspect --format '{{json .Args}}' dsv41-r0").stdout
+    probe = DoorClient(lab, vllm.key)
+    probe.stream(64, exact=True)
+    [timed] = probe.end()["streams"]
+    per_token = (timed["ended"] - timed["started"]) / 64
+    client = DoorClient(lab, vllm.key)
+    client.stream(int(12 / per_token), exact=True)
+    t0 = time.monotonic()
+    lab.doit("stop", env)
+    stop_s = time.monotonic() - t0
+    [s] = client.end()["streams"]
+    took = s["ended"] - s["started"]
+    print(f"real engine: a {took:.1f} s stream ({s['chunks']} chunks, {per_token * 1000:.0f} ms a token) across "
+          f"`doit stop` with DRAIN_S=8: whole {s['whole']}; the stop took {stop_s:.0f} s")
+    assert s["whole"] and took > 9, s                    # past the door's wait (begun 1 s before the stop)
+    lab.doit("launch", vllm.env, timeout=1800)          # the other tests' settings again
+
+
 def test_stop_leaves_nothing_running(lab, vllm, watched):
     """Last, with the watchdog on: `doit stop` stops it first, and nothing comes back."""
     lab.doit("stop", watched)
