@@ -36,12 +36,12 @@ def ensure(cl, states):
     asked = statefiles.asked_images(cfg.state_dir)
     image_id = next(iter(ids.values()))
     if asked.get(cfg.image, {}).get("id") != image_id:          # not asked yet, or the tag moved to another build
-        asked = {**asked, cfg.image: {"id": image_id, "flags": server_flags(cl)}}
+        asked = {**asked, cfg.image: {"id": image_id, "flags": ask_server(cl)}}
     statefiles.stamp_image(cfg.state_dir, cfg.image, ids, asked)
     return ids
 
 
-def server_flags(cl):
+def ask_server(cl):
     """Which of the recipe's optional flags the image's server lists, asked on the head in a container of
     the image with no network (a server that cannot say takes none)."""
     found = []

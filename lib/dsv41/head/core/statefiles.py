@@ -407,14 +407,10 @@ def stamp_image(state_dir, image, ids, server_flags):
     write_if_changed(names.state_path(state_dir, names.IMAGE_STAMP), data)
 
 
-def image_stamp(state_dir):
-    """image.stamp's record, None before the first `doit image`."""
-    return read_json(names.state_path(state_dir, names.IMAGE_STAMP), IMAGE_STAMP, "run `doit image` again")
-
-
 def asked_images(state_dir):
-    """{image: {"id", "flags"}} of the images whose server `doit image` asked."""
-    return (image_stamp(state_dir) or {}).get("server_flags") or {}
+    """{image: {"id", "flags"}} of the images whose server `doit image` asked ({} before it did)."""
+    stamp = read_json(names.state_path(state_dir, names.IMAGE_STAMP), IMAGE_STAMP, "run `doit image` again")
+    return (stamp or {}).get("server_flags") or {}
 
 
 def server_flags(state_dir, image):
