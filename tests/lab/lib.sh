@@ -72,7 +72,7 @@ OWNER=$STATE/owner
 LAB_FOR=${LAB_FOR:-lab-up}
 
 claim_lab() {  # one line and exit 2 when a lab (up or partial) is another checkout's, or made for another use
-    [ -e "$STATE" ] || ip netns list | grep -qwE '^(head|worker[0-9]*|fabric)' || return 0
+    [ -e "$STATE" ] || ip netns list | grep -wE '^(head|worker[0-9]*|fabric)' >/dev/null || return 0
     local repo="" for=""
     { read -r repo; read -r for; } < "$OWNER" 2>/dev/null || true
     [ "$repo" = "$REPO" ] && { [ "$for" = "$LAB_FOR" ] || [ "$for" = lab-up ]; } && return 0

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/lib.sh"
 need_root
 n=${1:-}
-lab_nodes | grep -qx -- "$n" || die "usage: tests/lab/reboot.sh NODE (NODE: $(lab_nodes | tr '\n' ' ')the lab must be up)"
+lab_nodes | grep -x -- "$n" >/dev/null || die "usage: tests/lab/reboot.sh NODE (NODE: $(lab_nodes | tr '\n' ' ')the lab must be up)"
 exec 9>/run/dsv41-lab.lock
 flock 9
 start=$SECONDS

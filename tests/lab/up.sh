@@ -21,7 +21,7 @@ lab_is_up() {
 already_up=
 if lab_is_up; then
     already_up=1
-elif [ -e "$STATE" ] || ip netns list | grep -qwE '^(head|worker[0-9]*|fabric)'; then
+elif [ -e "$STATE" ] || ip netns list | grep -wE '^(head|worker[0-9]*|fabric)' >/dev/null; then
     say "clearing a partial lab first"
     bash "$LAB_DIR/down.sh" 9>&-
 fi

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 if [ "$(id -u)" != 0 ]; then echo "tests/setup/lab.sh: needs root; the lab tests will skip" >&2; exit 0; fi
 pkgs=(systemd-container debootstrap openssh-client rsync iproute2 docker-registry curl ca-certificates python3-venv)
 missing=()
-for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
+for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'ok installed' >/dev/null || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]} (apt-get update first; about 30 s)"
     apt-get update -q >/dev/null

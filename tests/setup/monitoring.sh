@@ -8,7 +8,7 @@
 set -euo pipefail
 have() { command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v amtool >/dev/null \
     && [ -x /usr/bin/prometheus-alertmanager ] && command -v haproxy >/dev/null; }
-if have; then promtool --version 2>&1 | head -1; amtool --version 2>&1 | head -1; haproxy -v | head -1; exit 0; fi
+if have; then promtool --version 2>&1 | sed -n 1p; amtool --version 2>&1 | sed -n 1p; haproxy -v | sed -n 1p; exit 0; fi
 if [ "$(id -u)" != 0 ]; then echo "tests/setup/monitoring.sh: needs root; the promtool and amtool tests will skip" >&2; exit 0; fi
 running() { pgrep -x prometheus || true; pgrep -f '^/usr/bin/prometheus-alertmanager' || true; pgrep -x haproxy || true; }
 before=$(running)
@@ -30,6 +30,6 @@ if [ "$(cat /proc/1/comm 2>/dev/null)" != systemd ] && [ "$after" != "$before" ]
     echo "tests/setup/monitoring.sh: installing the packages started a prometheus, alertmanager or haproxy process ($after): stop it" >&2
     exit 1
 fi
-promtool --version 2>&1 | head -1
-amtool --version 2>&1 | head -1
-haproxy -v | head -1
+promtool --version 2>&1 | sed -n 1p
+amtool --version 2>&1 | sed -n 1p
+haproxy -v | sed -n 1p
