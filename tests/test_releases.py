@@ -81,6 +81,24 @@ def test_a_release_recorded_before_the_gateway_runs_without_it_and_one_after_wit
     assert new.gateway is True and new.engine_url == "http://127.0.0.1:18000/v1"
 
 
+def test_status_judges_the_door_the_release_in_service_runs_not_the_one_the_settings_say(tmp_path):
+    """After `doit rollback` to a release run with GATEWAY=0 the settings still say GATEWAY=1: the engine is
+    rank 0 on PORT, and status says so in a line, rather than finding nothing at ENGINE_PORT."""
+    from dsv41.head.core.release_status import as_served
+    from dsv41.settings.resolved import resolved
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN})
+    assert as_served(cfg) == (cfg, None)                                   # nothing recorded yet
+    without = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN, "GATEWAY": "0"})
+    launch(str(tmp_path), {**fields(), "settings": resolved(without)}, rel.GOOD)
+    judged, line = as_served(cfg)
+    assert judged.gateway is False and judged.engine_url == judged.api_url == "http://127.0.0.1:8000/v1"
+    assert line == ("release 1 in service runs with GATEWAY=0 (the settings say GATEWAY=1): judged as it runs; "
+                    "`doit launch` applies the settings")
+    assert as_served(without) == (without, None)                           # the settings and the release agree
+    launch(str(tmp_path), {**fields(), "settings": resolved(cfg)}, rel.GOOD)
+    assert as_served(cfg) == (cfg, None)
+
+
 def test_the_checkpoint_on_disk_is_named_by_its_manifest(tmp_path):
     cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "MODEL_DIR": str(tmp_path / "m"),
                        "REVISION": "abc123"})

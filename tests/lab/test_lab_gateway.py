@@ -129,6 +129,9 @@ def test_without_the_gateway_and_back_rank_0_takes_port_8000_and_a_rollback_rest
         r = lab.doit(f"rollback {without}")
         assert "stopped the gateway" in r.stdout and "0.0.0.0:8000" in listening(lab, "python3")
         assert curl(lab, key(lab)) == ("200", None)
+        r = lab.doit("status")          # the settings still say GATEWAY=1: judged as the release runs, READY
+        assert "runs with GATEWAY=0 (the settings say GATEWAY=1): judged as it runs" in r.stdout, r.stdout
+        assert "READY" in r.stdout and "engine http://" not in r.stdout, r.stdout
     finally:
         lab.doit("launch")
     assert curl(lab, key(lab)) == ("200", None) and "127.0.0.1:18000" in listening(lab, "python3")

@@ -101,6 +101,7 @@ class Table:
 
 
 def status(cfg, json=False):
+    cfg, served = release_status.as_served(cfg)
     cl = Cluster(cfg)
     table = Table(not json)
     entries, states = {}, {}
@@ -119,6 +120,8 @@ def status(cfg, json=False):
     h = assess(cfg, obs, Memory(), cl.recipe)
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name), problems)
     release = release_status.service_entry(cfg.state_dir, wd)
+    if served:
+        release["layout"] = served
     for line in problems:
         print(f"dsv41: {line}", file=sys.stderr, flush=True)
     quiet = silences.silence_line(cfg)
@@ -127,7 +130,7 @@ def status(cfg, json=False):
                            "nodes": entries, "api": api, "gateway": door, "stale": stale, "watchdog": wd, "release": release,
                            "silenced": quiet}, indent=2))
     else:
-        for line in stale:
+        for line in stale + ([served] if served else []):
             print(line)
         print(f"{'engine' if door else 'API'} {api['url']}: health {api['health'] or 'no answer'}, "
               f"models {', '.join(api['models'] or []) or '-'}")

@@ -320,7 +320,7 @@ def top(cfg, json=False, once=False, interval=2.0):
         raise BadInput(f"--interval {interval!r} is not valid: expected seconds between refreshes, at least {least}")
     if json and not once:
         raise BadInput("--json prints one snapshot: use it with --once (doit top --once --json)")
-    o = Observer(cfg, interval)
+    o = Observer(release_status.as_served(cfg)[0], interval)    # the door the release in service runs
     try:
         if once:
             o.once()

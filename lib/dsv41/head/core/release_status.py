@@ -1,7 +1,33 @@
 """The release history as `doit status` and `doit top` show it: one entry (the release in service,
-the newest that failed after it, one rolling out) and its line. The records are core.releases'."""
+the newest that failed after it, one rolling out) and its line, and the door they judge: the one the release
+in service runs (as_served). The records are core.releases'."""
+import dataclasses
+
 from dsv41.errors import UserError, one_line
-from dsv41.head.core.releases import ROLLING_OUT, carrier_line, in_service, load_all, short_id, unfinished, when
+from dsv41.head.core.releases import (ROLLING_OUT, carrier_line, in_service, load_all, settings_of, short_id,
+                                      unfinished, when)
+
+LAYOUT = ("gateway", "port", "engine_port")     # where clients and dsv41 find the engine
+
+
+def as_served(cfg):
+    """(cfg, None), or, when the release in service runs another layout than the settings say (`doit
+    rollback` to a release recorded before the gateway, or with GATEWAY=0; another PORT), (cfg with the
+    release's GATEWAY, PORT and ENGINE_PORT, the line saying so): status and top judge what runs."""
+    try:
+        serving, _ = in_service(cfg.state_dir)
+    except UserError:
+        return cfg, None                 # service_entry says why
+    ran = settings_of(serving, cfg) if serving else cfg
+    differs = [k for k in LAYOUT if getattr(ran, k) != getattr(cfg, k)]
+    if not differs:
+        return cfg, None
+
+    def shown(c):
+        return ", ".join(f"{k.upper()}={int(getattr(c, k))}" for k in differs)
+    return (dataclasses.replace(cfg, **{k: getattr(ran, k) for k in LAYOUT}),
+            f"release {serving.number} in service runs with {shown(ran)} (the settings say {shown(cfg)}): "
+            "judged as it runs; `doit launch` applies the settings")
 
 
 def _brief(r):
