@@ -113,3 +113,52 @@ def test_real_sshd_wrong_key_says_how_to_fix(loopback_sshd, tmp_path):
     with pytest.raises(NodeError) as e:
         node.run(["true"])
     assert "Permission denied" in str(e.value) and "ssh-copy-id root@127.0.0.1" in str(e.value)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_process_stopped_during_a_remote_command_exits_at_once(loopback_sshd, tmp_path, sig):
+    """`doit stop` sends the watchdog SIGTERM (a handler raising SystemExit), a person presses Ctrl-C:
+    whatever remote command was running, the process ends within seconds, not at the command's timeout."""
+    import signal
+    import sys
+    import time
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import signal, sys\n"
+        "from dsv41.head.core.nodes import Node\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        f"node = Node('worker1', {loopback_sshd.target!r}, ssh_opts={loopback_sshd.ssh_opts.split()!r}, "
+        f"control_dir={str(tmp_path / 'ctl')!r})\n"
+        "node.run(['true'])\n"
+        "print('running', flush=True)\n"
+        "node.run(['sleep', '90'], timeout=120)\n")
+    p = subprocess.Popen([sys.executable, str(child)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert p.stdout.readline() == "running\n"
+        time.sleep(1)                                   # the remote sleep runs
+        t0 = time.monotonic()
+        p.send_signal(getattr(signal, sig))
+        p.wait(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.wait()
+        subprocess.run(_real(loopback_sshd, tmp_path).ssh_command() + ["-O", "exit", loopback_sshd.target],
+                       capture_output=True)
+    assert took < 5, f"exited {took:.1f} s after {sig}"
+
+
+def test_a_remote_command_past_its_timeout_is_killed_and_named_in_one_line(loopback_sshd, tmp_path):
+    import time
+    from dsv41.head.core.nodes import forget_unreachable
+    node = _real(loopback_sshd, tmp_path)
+    node.run(["true"])
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(NodeError, match=r"^worker1 \(root@127.0.0.1\) did not answer `sleep 30` within 1 s: "):
+            node.run(["sleep", "30"], timeout=1)
+        assert time.monotonic() - t0 < 5
+    finally:
+        forget_unreachable()
+        node.close()

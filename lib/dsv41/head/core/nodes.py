@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 import sh
@@ -60,6 +61,42 @@ class Result:
     @property
     def ok(self):
         return self.code == 0
+
+
+def _finish(proc, timeout):
+    """Wait for a command Node.run started in the background; -> True when `timeout` passed and it was
+    killed. The timer is a daemon thread of ours: sh's own (`_timeout`) is not, and when the wait was
+    interrupted (Ctrl-C; the SIGTERM `doit stop` sends the watchdog) it held the process's exit for the
+    command's whole timeout (the watchdog's stop took 30 s, until systemd killed it). Interrupted, the
+    command is killed as well."""
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        _kill(proc)
+    timer = threading.Timer(timeout, expire) if timeout else None
+    if timer:
+        timer.daemon = True
+        timer.start()
+    try:
+        proc.wait()
+    except sh.ErrorReturnCode:          # ended by a signal: ours at the timeout, or someone else's
+        if not expired.is_set():
+            raise
+    except (KeyboardInterrupt, SystemExit):
+        _kill(proc)
+        raise
+    finally:
+        if timer:
+            timer.cancel()
+    return expired.is_set()
+
+
+def _kill(proc):
+    try:
+        proc.kill()
+    except ProcessLookupError:          # it ended just now
+        pass
 
 
 class Node:
@@ -127,9 +164,11 @@ class Node:
         if fg:
             kwargs = {"_fg": True, **({"_env": kwargs["_env"]} if env else {})}
         else:
-            kwargs.update(_tty_out=False, _in=input, _timeout=timeout)
+            kwargs.update(_tty_out=False, _in=input, _bg=True, _bg_exc=False)
         try:
             proc = sh.Command(full[0])(*full[1:], **kwargs)
+            if not fg and _finish(proc, timeout):
+                raise sh.TimeoutException(None, full)          # said as any timeout, below
         except sh.CommandNotFound:
             what = "ssh (install openssh-client)" if not self.is_local else f"{full[0]}"
             raise NodeError(f"{self.label}: command not found: {what}", self, argv, 127) from None
