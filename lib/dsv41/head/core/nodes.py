@@ -64,11 +64,11 @@ class Result:
 
 
 def _finish(proc, timeout):
-    """Wait for a command Node.run started in the background; -> True when `timeout` passed and it was
-    killed. The timer is a daemon thread of ours: sh's own (`_timeout`) is not, and when the wait was
-    interrupted (Ctrl-C; the SIGTERM `doit stop` sends the watchdog) it held the process's exit for the
-    command's whole timeout (the watchdog's stop took 30 s, until systemd killed it). Interrupted, the
-    command is killed as well."""
+    """Wait for a command Node.run or Node.close started in the background; -> True when `timeout` passed
+    and it was killed. The timer is a daemon thread of ours: sh's own (`_timeout`) is not, and when the
+    wait was interrupted (Ctrl-C; the SIGTERM `doit stop` sends the watchdog) it held the process's exit
+    for the command's whole timeout (the watchdog's stop took 30 s, until systemd killed it).
+    Interrupted, the command is killed as well."""
     expired = threading.Event()
 
     def expire():
@@ -165,18 +165,18 @@ class Node:
             kwargs = {"_fg": True, **({"_env": kwargs["_env"]} if env else {})}
         else:
             kwargs.update(_tty_out=False, _in=input, _bg=True, _bg_exc=False)
+        timed_out = False
         try:
             proc = sh.Command(full[0])(*full[1:], **kwargs)
-            if not fg and _finish(proc, timeout):
-                raise sh.TimeoutException(None, full)          # said as any timeout, below
+            timed_out = not fg and _finish(proc, timeout)
         except sh.CommandNotFound:
             what = "ssh (install openssh-client)" if not self.is_local else f"{full[0]}"
             raise NodeError(f"{self.label}: command not found: {what}", self, argv, 127) from None
-        except sh.ErrorReturnCode as err:  # only in fg mode: the exit code is all there is
+        except sh.ErrorReturnCode as err:  # fg mode, or killed by a signal: the exit code is all there is
             proc = err
-        except sh.TimeoutException:
+        if timed_out:
             raise self._gone(NodeError(self.silent(f"`{_short(argv)}` within {timeout:g} s")
-                                       + ", then run the command again", self, argv, None)) from None
+                                       + ", then run the command again", self, argv, None))
         if fg:
             result = Result(proc.exit_code if proc is not None else 0, "", "")
         else:
@@ -253,11 +253,8 @@ class Node:
     def close(self):
         """End this node's ssh master (normally it persists briefly for the next run)."""
         if not self.is_local:
-            try:
-                sh.Command("ssh")(*self.ssh_command(), "-O", "exit", "--", self.target,
-                                  _ok_code=list(range(256)), _tty_out=False, _timeout=5)
-            except sh.TimeoutException:
-                pass
+            _finish(sh.Command("ssh")(*self.ssh_command(), "-O", "exit", "--", self.target,
+                                      _ok_code=list(range(256)), _tty_out=False, _bg=True, _bg_exc=False), 5)
 
 
 def forget_unreachable():
