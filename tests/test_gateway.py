@@ -155,7 +155,7 @@ def test_the_config_passes_haproxy_check_with_and_without_a_rate(tmp_path):
     for rate in (0, 30):
         cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path), "KEY_RATE_PER_MIN": str(rate)})
         node_gateway.ensure(cfg.state_dir, {"name": "default", "hash": gateway.key_hash("k")})
-        path = tmp_path / f"haproxy-{rate}.cfg"
+        path = tmp_path / "gateway" / f"haproxy-{rate}.cfg"        # beside its maps
         path.write_text(units.gateway_config(cfg))
         r = subprocess.run(["haproxy", "-c", "-f", str(path)], env={**os.environ, "DSV41_ENGINE_KEY": "x"},
                            capture_output=True, text=True)

@@ -79,6 +79,17 @@ GATEWAY_KEYS = "gateway/keys.map"                  # sha256 of each client key -
 GATEWAY_STATE = "gateway/state.map"                # the door: open or closed, why, when the engine is expected
 GATEWAY_SOCKET = "/run/dsv41-gateway/admin.sock"   # HAProxy's runtime API (RuntimeDirectory=dsv41-gateway)
 GATEWAY_METRICS_PATH = "/gateway/metrics"          # HAProxy's own Prometheus exporter, on PORT
+GATEWAY_ROUTES = (                                 # all the door forwards, with a client key (docs/gateway.md)
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("GET", "/v1/models"),
+    ("POST", "/tokenize"),                         # prompt token counts (doit bench)
+)
+
+
+def gateway_map(rel):
+    """A gateway map as its config and its admin socket name it: relative to the config's folder."""
+    return os.path.relpath(rel, os.path.dirname(GATEWAY_CONFIG))
 
 
 def rank_name(rank):

@@ -57,7 +57,8 @@ def cli_word(text):
 
 
 def set_entry(map_path, key, value, sock_path=names.GATEWAY_SOCKET):
-    """The running gateway's map entry key set to value (added when missing); False when none runs."""
+    """The running gateway's map entry key set to value (added when missing); False when none runs.
+    map_path: the map as the config names it (names.gateway_map)."""
     out = admin(f"set map {map_path} {key} {cli_word(value)}", sock_path)
     if out is None:
         return False
@@ -97,7 +98,7 @@ def set_door(state_dir, door, reason, ready_at, sock_path=names.GATEWAY_SOCKET):
     write_atomic(path, state_text(door, reason, ready_at).encode())
     told = False
     for key, value in (("reason", reason or "-"), ("ready_at", int(ready_at)), ("door", door)):
-        told = set_entry(path, key, value, sock_path)   # the door last: its reason is there when it closes
+        told = set_entry(names.gateway_map(names.GATEWAY_STATE), key, value, sock_path)   # the door last: its reason is there when it closes
     if told and door == "open":
         admin(f"set server {ENGINE_SERVER} health up", sock_path)
     return {"door": door, "told": told}

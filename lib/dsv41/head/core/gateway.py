@@ -99,7 +99,8 @@ class Gateway:
         `haproxy -c` on the head. UserError naming the fix."""
         cl, head = self.cl, self.cl.head
         self.ensure(default_key_hash)
-        tmp = names.state_path(cl.paths(head).state_dir, names.RUN, "haproxy.cfg.check")
+        # beside the config: the maps are named relative to its folder
+        tmp = names.state_path(cl.paths(head).state_dir, names.GATEWAY_CONFIG + ".check")
         head.write_file(tmp, config_text)
         r = head.run(["env", "DSV41_ENGINE_KEY=check", "haproxy", "-c", "-q", "-f", tmp], check=False)
         cl.remove(head, tmp)

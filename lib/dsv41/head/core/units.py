@@ -97,11 +97,14 @@ def gateway_vars(cfg, paths):
 
 
 def gateway_config_vars(cfg):
-    sd = cfg.state_dir
+    """No path of the state dir enters the config (any STATE_DIR works): the maps are named relative to the
+    config's folder (`default-path config`), and the admin socket is a fixed path."""
+    if not re.fullmatch(r"[A-Za-z0-9/._-]+", names.GATEWAY_SOCKET):
+        raise UserError(f"the gateway's admin socket {names.GATEWAY_SOCKET!r} must be a plain path")
     return {"port": cfg.port, "engine_port": cfg.engine_port, "timeout_s": cfg.gateway_timeout_s,
             "rate_per_min": cfg.key_rate_per_min, "socket": names.GATEWAY_SOCKET,
-            "keys_map": names.state_path(sd, names.GATEWAY_KEYS), "state_map": names.state_path(sd, names.GATEWAY_STATE),
-            "metrics_path": names.GATEWAY_METRICS_PATH}
+            "keys_map": names.gateway_map(names.GATEWAY_KEYS), "state_map": names.gateway_map(names.GATEWAY_STATE),
+            "metrics_path": names.GATEWAY_METRICS_PATH, "routes": names.GATEWAY_ROUTES}
 
 
 def _render(env, name, values):
