@@ -153,7 +153,7 @@ def task_releases():
 
 
 def task_keys():
-    """The gateway's client keys: doit keys [list | add NAME | revoke NAME] (add prints the key once)."""
+    """The gateway's client keys: doit keys [list | add NAME | revoke NAME | rotate NAME] (a new key is shown once)."""
     return {"actions": [call(keys.keys)], "pos_arg": "words", "uptodate": [False]}
 
 

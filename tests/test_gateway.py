@@ -102,6 +102,16 @@ def door(tmp_path, monkeypatch):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(units.gateway_config(cfg))
+        return run(path, cfg)
+
+    def restart(cfg):
+        """The gateway read anew from its files, as its reload does: its process replaced."""
+        proc = procs.pop()
+        proc.terminate()
+        proc.wait(10)
+        return run(names.state_path(cfg.state_dir, names.GATEWAY_CONFIG), cfg)
+
+    def run(path, cfg):
         proc = subprocess.Popen(["haproxy", "-db", "-f", path], env={**os.environ, "DSV41_ENGINE_KEY": ENGINE_KEY},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         procs.append(proc)
@@ -117,7 +127,7 @@ def door(tmp_path, monkeypatch):
     engine = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), Engine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     Engine.seen, Engine.drop = [], 0
-    yield type("Door", (), {"start": start, "port": port, "sock": sock, "engine": engine,
+    yield type("Door", (), {"start": start, "restart": restart, "procs": procs, "port": port, "sock": sock, "engine": engine,
                             "url": f"http://127.0.0.1:{port}/v1"})
     for p in procs:
         p.terminate()

@@ -76,6 +76,10 @@ DEBIAN_HAPROXY_UNIT = "haproxy.service"            # the package's own: masked, 
 GATEWAY_CONFIG = "gateway/haproxy.cfg"             # rendered; no secret in it (a release records it)
 ENGINE_KEY_SOURCE = "engine_key"                   # rank 0's own key behind the gateway (0600): it and dsv41 only
 GATEWAY_KEYS = "gateway/keys.map"                  # sha256 of each client key -> its name, 0600, never in a release
+GATEWAY_KEYS_LOCK = "gateway/keys.lock"            # held by every writer of the key map (node/gateway.py)
+KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")    # a new client key's name (fullmatch)
+KEY_OLD_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")           # any name a key map of an earlier version holds
+DEFAULT_KEY = "default"                            # the client key of API_KEY_FILE (Pi, smoke, bench): never revoked
 GATEWAY_STATE = "gateway/state.map"                # the door: open or closed, why, when the engine is expected
 GATEWAY_SOCKET = "/run/dsv41-gateway/admin.sock"   # HAProxy's runtime API (RuntimeDirectory=dsv41-gateway)
 GATEWAY_METRICS_PATH = "/gateway/metrics"          # HAProxy's own Prometheus exporter, on PORT

@@ -4,15 +4,19 @@
     door    {"door": "open"|"closed", "reason", "ready_at"}: the door's state written to gateway/state.map,
             then told to the running gateway (the file first: a gateway started later reads it)
     drain   {"timeout_s"}: wait until no request is in flight at the engine, or timeout_s; progress on stderr
-    ensure  {"default": {name, hash}}: the key map holding that key when there is none, the door's map
-            (open) when there is none: HAProxy reads both when it parses its config
-    keys    {"add": {name, hash}} / {"revoke": name}: the file first, then the running gateway; always
-            answers the keys with their use (requests, errors, 503s, 429s, seconds since last used)
+    ensure  {"default": {name, hash}}: the key map holding that key as `default` (made, or `default` put back
+            to it), the door's map (open) when there is none: HAProxy reads both when it parses its config
+    keys    {"add": {name, hash}} / {"revoke": name} / {"rotate": {name, hash}}: under the keys' lock, the
+            file first, then the running gateway, its answer checked; always answers the keys with their
+            use (requests, errors, 503s, 429s, seconds since last used)
     state   the door's state and the requests in flight
 The maps hold no key: a client key is known only by its sha256 (hex). The runtime API is HAProxy's admin
 socket (names.GATEWAY_SOCKET); a gateway that is not running is only written to."""
+import contextlib
+import fcntl
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -132,21 +136,55 @@ def drain(timeout_s, sock_path=names.GATEWAY_SOCKET, clock=time.monotonic, sleep
 
 
 # ---- the keys ----------------------------------------------------------------------------------------
+# Every writer of the key map holds its lock (names.GATEWAY_KEYS_LOCK, not the run lock: keys change during a
+# launch or a recovery); a change is written to the map first, then told to the running gateway, whose answer
+# is checked: the map is the truth, and the gateway's next reload reads it.
+
+HASH_RE = re.compile(r"[0-9a-f]{64}")
+DEFAULT = names.DEFAULT_KEY
+
+
+def check_name(name):
+    if not isinstance(name, str) or not names.KEY_NAME_RE.fullmatch(name):
+        raise GatewayError(f"key name {name!r}: expected 1 to 64 letters, digits, `.`, `_` or `-`, starting with a "
+                           "letter or a digit")
+    return name
+
+
+@contextlib.contextmanager
+def keys_lock(state_dir):
+    path = names.state_path(state_dir, names.GATEWAY_KEYS_LOCK)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
 
 def read_keys(path):
-    """[{"name", "hash", "added"}] of the key map, in its order ([] when there is none)."""
+    """[{"name", "hash", "added"}] of the key map, in its order ([] when there is none). A line that is not a
+    comment, blank or `<sha256 hex> <name>` is refused (GatewayError naming the file and the line): the next
+    write would drop it."""
     try:
         with open(path) as f:
             lines = f.read().splitlines()
     except FileNotFoundError:
         return []
     added, out = {}, []
-    for line in lines:
+    for n, line in enumerate(lines, 1):
         words = line.split()
-        if len(words) == 4 and words[:2] == ["#", "added"] and words[3].isdigit():
-            added[words[2]] = int(words[3])
-        elif len(words) == 2 and not line.startswith("#"):
-            out.append({"hash": words[0], "name": words[1]})
+        if not words:
+            continue
+        if words[0].startswith("#"):
+            if len(words) == 4 and words[:2] == ["#", "added"] and words[3].isdigit():
+                added[words[2]] = int(words[3])
+            continue
+        if len(words) != 2 or not HASH_RE.fullmatch(words[0]) or not names.KEY_OLD_NAME_RE.fullmatch(words[1]):
+            raise GatewayError(f"{path} line {n} cannot be read ({line[:60]!r}): expected `<sha256 in hex> <name>`; "
+                               "mend or remove that line")
+        out.append({"hash": words[0], "name": words[1]})
     return [{**k, "added": added.get(k["name"])} for k in out]
 
 
@@ -156,6 +194,55 @@ def keys_text(keys):
 
 def write_keys(path, keys):
     write_atomic(path, keys_text(keys).encode(), mode=0o600)
+
+
+def tell(commands, sock_path=names.GATEWAY_SOCKET):
+    """The key map's change told to the running gateway -> True, or False when none runs. GatewayError when it
+    did not take one (its answer, or none within the admin socket's timeout): the map file already holds it."""
+    ref = names.gateway_map(names.GATEWAY_KEYS)
+    for command in commands:
+        try:
+            out = admin(command.format(map=ref), sock_path)
+        except OSError as err:
+            out = f"no answer ({err.strerror or err})"
+        if out is None:
+            return False
+        if out.strip() and not (command.startswith("del") and out.strip().startswith("Key not found")):
+            raise GatewayError(f"the running gateway did not take the change ({' '.join(out.split())[:200]}): the key "
+                               "map holds it, and the gateway's next reload applies it (`systemctl reload dsv41-gateway`)")
+    return True
+
+
+def _find(have, name):
+    return [k for k in have if k["name"].lower() == name.lower()]
+
+
+def change_keys(state_dir, req, sock_path=names.GATEWAY_SOCKET):
+    """Under the lock: add {name, hash}, revoke name or rotate {name, hash} written to the map, then told to
+    the running gateway -> whether one runs."""
+    path = names.state_path(state_dir, names.GATEWAY_KEYS)
+    have = read_keys(path)
+    if "add" in req:
+        new = {**req["add"], "name": check_name(req["add"]["name"])}
+        if _find(have, new["name"]):
+            raise GatewayError(f"a key named {_find(have, new['name'])[0]['name']} exists (names are unique without "
+                               "regard to case): `doit keys rotate` it, revoke it, or choose another name")
+        write_keys(path, have + [{**new, "added": int(time.time())}])
+        return tell([f"add map {{map}} {new['hash']} {new['name']}"], sock_path)
+    name = req.get("revoke") or req["rotate"]["name"]
+    gone = _find(have, name)
+    if not gone:
+        raise GatewayError(f"no key is named {name}: `doit keys list` shows them")
+    if "revoke" in req:
+        if gone[0]["name"] == DEFAULT:
+            raise GatewayError("the key `default` is API_KEY_FILE's (Pi, smoke, bench) and is not revoked: "
+                               "`doit keys rotate default` replaces it")
+        write_keys(path, [k for k in have if k not in gone])     # the file first: a crash cannot bring it back
+        return tell([f"del map {{map}} {k['hash']}" for k in gone], sock_path)
+    new = {"name": gone[0]["name"], "hash": req["rotate"]["hash"], "added": int(time.time())}
+    write_keys(path, [new if k is gone[0] else k for k in have if k is gone[0] or k not in gone])
+    return tell([f"add map {{map}} {new['hash']} {new['name']}"] +
+                [f"del map {{map}} {k['hash']}" for k in gone if k["hash"] != new["hash"]], sock_path)
 
 
 def usage(sock_path=names.GATEWAY_SOCKET):
@@ -176,32 +263,32 @@ def usage(sock_path=names.GATEWAY_SOCKET):
 
 
 def keys(state_dir, req, sock_path=names.GATEWAY_SOCKET):
-    path = names.state_path(state_dir, names.GATEWAY_KEYS)
-    have = read_keys(path)
-    if "add" in req:
-        new = req["add"]
-        if any(k["name"] == new["name"] for k in have):
-            raise GatewayError(f"a key named {new['name']} exists: revoke it first, or choose another name")
-        have.append({**new, "added": int(time.time())})
-        write_keys(path, have)
-        admin(f"add map {path} {new['hash']} {new['name']}", sock_path)   # none runs: it reads the file at start
-    if "revoke" in req:
-        gone = [k for k in have if k["name"] == req["revoke"]]
-        if not gone:
-            raise GatewayError(f"no key is named {req['revoke']}: `doit keys list` shows them")
-        have = [k for k in have if k["name"] != req["revoke"]]
-        write_keys(path, have)          # the file first: a crash here cannot bring the key back
-        for k in gone:
-            admin(f"del map {path} {k['hash']}", sock_path)
+    """The keys with their use, after add, revoke or rotate (change_keys) when req asks for one."""
+    running = None
+    if {"add", "revoke", "rotate"} & set(req):
+        with keys_lock(state_dir):
+            running = change_keys(state_dir, req, sock_path)
+    have = read_keys(names.state_path(state_dir, names.GATEWAY_KEYS))
     use = usage(sock_path)
     return {"keys": [{"name": k["name"], "added": k["added"], **use.get(k["name"], {})} for k in have],
-            "running": admin("show info", sock_path) is not None}
+            "running": running if running is not None else admin("show info", sock_path) is not None}
 
 
-def ensure(state_dir, default):
+def ensure(state_dir, default, sock_path=names.GATEWAY_SOCKET):
+    """The key map holds the client key of API_KEY_FILE as `default` (its hash given): made when missing,
+    brought back or replaced when it differs (the file is the truth for `default`: a rotation that died
+    half-way, a map of an earlier version whose `default` was revoked); the door's map (open) when missing."""
     keys_path = names.state_path(state_dir, names.GATEWAY_KEYS)
-    if not os.path.exists(keys_path):
-        write_keys(keys_path, [{**default, "added": int(time.time())}])
+    with keys_lock(state_dir):
+        have = read_keys(keys_path)
+        now = [k for k in have if k["name"] == DEFAULT]
+        if not have and not os.path.exists(keys_path):
+            write_keys(keys_path, [{**default, "added": int(time.time())}])
+        elif not now:
+            write_keys(keys_path, have + [{**default, "added": int(time.time())}])
+            tell([f"add map {{map}} {default['hash']} {DEFAULT}"], sock_path)
+        elif [k["hash"] for k in now] != [default["hash"]]:
+            change_keys(state_dir, {"rotate": {"name": DEFAULT, "hash": default["hash"]}}, sock_path)
     state_path = names.state_path(state_dir, names.GATEWAY_STATE)
     if not os.path.exists(state_path):
         write_atomic(state_path, state_text("open", "", 0))

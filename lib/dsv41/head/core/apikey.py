@@ -14,6 +14,11 @@ def read_key(cfg):
     return read_key_file(cfg.api_key_file)
 
 
+def write_key(cfg, key):
+    """API_KEY_FILE replaced by key, atomically (0600): `doit keys rotate default`."""
+    statefiles.write_file(cfg.api_key_file, key + "\n", 0o600)
+
+
 def read_or_create_key(cfg):
     return _read_or_create(cfg.api_key_file, "the API key")
 

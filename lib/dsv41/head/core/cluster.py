@@ -9,7 +9,7 @@ from dsv41.client.api import Client
 from dsv41.errors import UserError
 from dsv41.settings.paths import LIB_DIR
 from dsv41.head.core import commands, engine, state
-from dsv41.head.core.apikey import engine_key, engine_key_file, read_key  # noqa: F401 (engine_key_file: the verbs')
+from dsv41.head.core.apikey import engine_key, engine_key_file, read_key, write_key  # noqa: F401 (the verbs' way to the keys)
 from dsv41.head.core.gateway import Gateway
 from dsv41.head.core.nodes import Node, NodeError, connect, forget_unreachable, say  # noqa: F401 (say: for the verbs)
 

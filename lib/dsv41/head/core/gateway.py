@@ -31,6 +31,7 @@ class Gateway:
     """The head's gateway of one Cluster: each call runs dsv41.node.gateway on the head; UserError naming
     what failed. With GATEWAY=0 the door calls do nothing."""
     STOPPED = STOPPED
+    DEFAULT_KEY, NAME_RE, OLD_NAME_RE = names.DEFAULT_KEY, names.KEY_NAME_RE, names.KEY_OLD_NAME_RE
     key_hash = staticmethod(key_hash)
 
     def __init__(self, cl):
@@ -87,11 +88,13 @@ class Gateway:
             return None
 
     def keys(self, **req):
-        """The keys with their use; add={name, hash} or revoke=name first (core.node.gateway's `keys`)."""
+        """The keys with their use; add={name, hash}, revoke=name or rotate={name, hash} first (under the
+        keys' lock, the running gateway's answer checked: node.gateway's `keys`)."""
         return self._call({"op": "keys", **req})
 
     def ensure(self, default_key_hash):
-        """The key map (holding the client key as `default` when there is none) and the door's map exist."""
+        """The key map holds API_KEY_FILE's client key as `default` (made, or put back to it), and the door's
+        map exists."""
         self._call({"op": "ensure", "default": {"name": "default", "hash": default_key_hash}})
 
     def prepare(self, config_text, default_key_hash):
