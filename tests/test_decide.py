@@ -2,6 +2,7 @@
 the desired state itself, `doit render` without any node, and the Cluster's privilege rule."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -212,6 +213,13 @@ def test_doit_render_contacts_no_node_when_all_values_are_overrides(tmp_path):
     assert "--headless" in r1 and "/home/bob/models/DeepSeek-V4.1-Flash-Spark" in r1
     assert (tmp_path / "state/units/r0/dsv41-memguard.service").exists()
     assert "--master-addr 10.10.10.13" in (tmp_path / "state/units/r0/dsv41-r0.service").read_text()
+    if shutil.which("haproxy"):                                            # the gateway's config, checked offline
+        check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "state/units/r0/haproxy.cfg")],
+                               env={**env, "DSV41_ENGINE_KEY": "x"}, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    r = subprocess.run([sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py"), "render"],
+                       env={**env, "GATEWAY": "0"}, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and not (tmp_path / "state/units/r0/haproxy.cfg").exists(), r.stderr
 
 
 def test_log_arguments_after_the_unit_name_are_options():

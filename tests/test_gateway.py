@@ -90,10 +90,11 @@ def door(tmp_path, monkeypatch):
     """A real HAProxy on the rendered config, the engine stand-in behind it; yields a namespace."""
     sock = str(tmp_path / "admin.sock")
     monkeypatch.setattr(names, "GATEWAY_SOCKET", sock)
+    state_dir = tmp_path / "st ate'\"#,)$x"              # any STATE_DIR the settings accept works with the gateway
     port, engine_port = free_port(), free_port()
 
     def start(rate=0):
-        cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "state"), "PORT": str(port),
+        cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(state_dir), "PORT": str(port),
                            "ENGINE_PORT": str(engine_port), "KEY_RATE_PER_MIN": str(rate)})
         sd = cfg.state_dir
         node_gateway.ensure(sd, {"name": "default", "hash": gateway.key_hash(KEYS["default"])})
@@ -127,7 +128,8 @@ def door(tmp_path, monkeypatch):
     engine = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), Engine)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     Engine.seen, Engine.drop = [], 0
-    yield type("Door", (), {"start": start, "restart": restart, "procs": procs, "port": port, "sock": sock, "engine": engine,
+    yield type("Door", (), {"start": start, "restart": restart, "procs": procs, "port": port, "sock": sock,
+                            "state_dir": str(state_dir), "engine": engine,
                             "url": f"http://127.0.0.1:{port}/v1"})
     for p in procs:
         p.terminate()
@@ -208,7 +210,7 @@ def test_a_closed_door_answers_503_naming_why_with_the_seconds_to_ready(door):
 
 
 def test_a_gateway_started_later_reads_the_door_from_its_file(door, tmp_path):
-    assert node_gateway.set_door(str(tmp_path / "state"), "closed", gateway.STOPPED, 0, door.sock) == {
+    assert node_gateway.set_door(door.state_dir, "closed", gateway.STOPPED, 0, door.sock) == {
         "door": "closed", "told": False}                    # none runs yet: the file only
     door.start()
     assert status_of(lambda: client(door).models.list()) == (503, "60", gateway.STOPPED)

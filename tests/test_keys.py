@@ -41,7 +41,7 @@ def gw(door):
 
 def test_six_keys_added_at_once_are_six_working_keys(door, gw):
     new = {f"k{i}": f"key-number-{i}" for i in range(6)}
-    for rnd in range(3):                        # three rounds: a lost write shows in one at least, unlocked
+    for rnd in range(2):                        # two rounds: a lost write shows in one at least, unlocked
         names_ = {f"{n}r{rnd}": k + str(rnd) for n, k in new.items()}
         out = writers(door, gw.state_dir, [{"add": {"name": n, "hash": gateway.key_hash(k)}}
                                            for n, k in names_.items()], time.time() + 0.6)
@@ -52,7 +52,7 @@ def test_six_keys_added_at_once_are_six_working_keys(door, gw):
 
 
 def test_a_revoke_racing_an_add_stays_revoked_after_a_reload(door, gw):
-    for trial in range(8):
+    for trial in range(5):
         bob, carol = f"bob-key-{trial}", f"carol-key-{trial}"
         node_gateway.keys(gw.state_dir, {"add": {"name": f"bob{trial}", "hash": gateway.key_hash(bob)}}, door.sock)
         writers(door, gw.state_dir, [{"revoke": f"bob{trial}"},
@@ -61,20 +61,19 @@ def test_a_revoke_racing_an_add_stays_revoked_after_a_reload(door, gw):
         text = open(names.state_path(gw.state_dir, names.GATEWAY_KEYS)).read()
         assert gateway.key_hash(bob) not in text and gateway.key_hash(carol) in text, trial
     door.restart(gw)
-    assert not any(works(door, f"bob-key-{t}") for t in range(8))
-    assert all(works(door, f"carol-key-{t}") for t in range(8)) and works(door, "default")
+    assert not any(works(door, f"bob-key-{t}") for t in range(5))
+    assert all(works(door, f"carol-key-{t}") for t in range(5)) and works(door, "default")
 
 
 def test_a_change_the_running_gateway_does_not_take_is_one_line_and_the_map_keeps_it(door, gw):
-    """A gateway still running an earlier config (its maps named by absolute path) answers "Unknown map
-    identifier": the revoke is refused in one line, the map file holds the change, and the next start
-    (the gateway's reload) refuses the key."""
+    """A gateway still running a config that names its key map otherwise (as an earlier version's did, by an
+    absolute path) answers "Unknown map identifier": the revoke is refused in one line, the map file holds the
+    change, and the next start (the gateway's reload) refuses the key."""
     path = names.state_path(gw.state_dir, names.GATEWAY_CONFIG)
     keys_map = names.state_path(gw.state_dir, names.GATEWAY_KEYS)
     text = open(path).read()
     with open(path, "w") as f:
-        f.write(text.replace("map(keys.map)", f"map({keys_map})").replace("map(state.map", "map({})".format(
-            names.state_path(gw.state_dir, names.GATEWAY_STATE))[:-1]).replace("default-path config", ""))
+        f.write(text.replace("map(keys.map)", "map(./keys.map)"))
     door.restart(gw)
     assert works(door, "alice")
     with pytest.raises(node_gateway.GatewayError, match=r"did not take the change \(Unknown map identifier"):

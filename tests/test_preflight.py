@@ -381,3 +381,9 @@ def test_json_shape_is_versioned(cfg, capsys):
     for c in doc["checks"]:
         assert set(c) == {"name", "status", "detail", "fix", "node"} and c["status"] in ("PASS", "WARN", "FAIL")
         assert all(isinstance(v, str) for v in c.values())
+
+
+def test_without_the_gateway_preflight_says_in_one_line_who_reaches_the_model():
+    for env, want in (({}, "PASS"), ({"GATEWAY": "0"}, "WARN")):
+        [c] = get(run(load_config({"WORKER": "u@198.51.100.13", **env}), good()), "door")
+        assert c.status == want and ("/invocations" in c.line()) == (want == "WARN"), c.line()

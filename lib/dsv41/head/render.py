@@ -1,4 +1,5 @@
-"""doit render: every node's units written under $STATE_DIR/units/r<N>/, without installing them."""
+"""doit render: every node's units written under $STATE_DIR/units/r<N>/, without installing them; with the
+gateway, its HAProxy config too (units/r0/haproxy.cfg, beside empty maps so `haproxy -c -f` checks it there)."""
 import os
 
 from dsv41.head.core import preflight, units
@@ -19,6 +20,8 @@ def render(cfg):
             user = n.target.split("@")[0] if "@" in n.target else os.environ.get("USER", "root")
             n.assume_home("/root" if user == "root" else f"/home/{user}")
     rendered = {cl.spec(n).rank: units.render_units(cfg, cl.recipe, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes}
+    if cfg.gateway:
+        rendered[0].update(units.gateway_config_files(cfg))
     out = units.rendered_dir(cfg)
     units.write_rendered(cfg, rendered, out)
     note = " (no node contacted; workers' homes assumed from their ssh users)" if offline else ""

@@ -20,7 +20,7 @@ from dsv41.vllm import settings as ENGINE      # the engine dsv41 ships: its set
 
 # preflight's checks (head/core/preflight.py registers them; a test keeps the two lists equal)
 CHECK_NAMES = ("reachable", "fabric", "rdma", "subnet", "gid-type", "mtu", "ping", "link-speed", "docker",
-               "nvidia-runtime", "disk", "memory", "ports", "stale-containers", "kernel", "clock", "tools", "remove-ipc")
+               "nvidia-runtime", "disk", "memory", "ports", "door", "stale-containers", "kernel", "clock", "tools", "remove-ipc")
 # a Hugging Face repo id as the Hub takes it: no part starting or ending with . or -, no .. or --
 NAME_RE = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
 REPO_ID_RE = rf"^(?!.*(?:\.\.|--)){NAME_RE}/{NAME_RE}$"

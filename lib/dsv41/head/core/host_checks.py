@@ -117,6 +117,16 @@ def ports(ctx, s, f):
                    f":{port}') or set {var} to a free port")
 
 
+@check("door")
+def door(ctx):
+    """Who reaches the model on PORT: with GATEWAY=0 vLLM's own key check covers only paths under /v1."""
+    if ctx.cfg.gateway:
+        yield PASS, f"PORT {ctx.cfg.port}: the gateway admits only listed routes with a client key"
+    else:
+        yield (WARN, f"GATEWAY=0: rank 0 serves PORT {ctx.cfg.port} itself, and vLLM checks its key only under /v1: "
+               "/invocations and its other routes answer anyone who reaches the port", "set GATEWAY=1 (the default)")
+
+
 @check("stale-containers", per_node=True)
 def stale_containers(ctx, s, f):
     """A dsv41-r* container outside its running unit races the next rendezvous."""

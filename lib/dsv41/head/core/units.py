@@ -139,6 +139,18 @@ def gateway_config(cfg, templates_dir=None):
     return _render(environment(templates_dir), GATEWAY_CONFIG_TEMPLATE, gateway_config_vars(cfg))
 
 
+GATEWAY_RENDERED = "haproxy.cfg"
+
+
+def gateway_config_files(cfg):
+    """{filename: text} of the gateway's config for `doit render`: the config, and empty maps beside it where
+    it names them, so `haproxy -c -f haproxy.cfg` checks it in that folder (the gateway's own maps stay in
+    $STATE_DIR/gateway)."""
+    empty = "# empty: only for `haproxy -c` of haproxy.cfg here; the gateway's own maps are in $STATE_DIR/gateway\n"
+    return {GATEWAY_RENDERED: gateway_config(cfg), **{names.gateway_map(m): empty
+                                                        for m in (names.GATEWAY_KEYS, names.GATEWAY_STATE)}}
+
+
 def rendered_dir(cfg):
     """Where rendered units are kept on the head: $STATE_DIR/units."""
     return names.state_path(cfg.state_dir, names.UNITS)
@@ -162,8 +174,9 @@ def write_rendered(cfg, rendered_by_rank, out_dir=None):
             if not m or not os.path.isdir(os.path.join(out_dir, sub)):
                 continue
             keep = rendered_by_rank.get(int(m.group(1)), {})
+            stale = [names.gateway_map(n) for n in (names.GATEWAY_KEYS, names.GATEWAY_STATE)] + [GATEWAY_RENDERED]
             for name in os.listdir(os.path.join(out_dir, sub)):
-                if name.endswith(".service") and name not in keep:
+                if (name.endswith(".service") or name in stale) and name not in keep:
                     os.unlink(os.path.join(out_dir, sub, name))
             if not keep and not os.listdir(os.path.join(out_dir, sub)):
                 os.rmdir(os.path.join(out_dir, sub))
