@@ -295,3 +295,14 @@ def test_privileged_commands_never_assume_root(tmp_path):
     cl.workers[0].run = lambda argv, **kw: (asked.append(argv), type("R", (), {"stdout": "1000\n"}))[1]
     assert cl.priv(cl.workers[0], ["systemctl", "stop", "x"]) == ["sudo", "-n", "systemctl", "stop", "x"]
     assert asked == [["id", "-u"]]
+
+
+def test_words_doit_would_misread_are_refused_in_one_line_before_anything_runs(tmp_path):
+    """doit takes NAME=VALUE words as its own variables (`doit rollback 2=` ran the default rollback) and an empty
+    word was a traceback (`doit keys add ""`): dsv41's loader refuses both, exit 2."""
+    env = {**os.environ, "WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "state")}
+    for args, said in ((["keys", "add", ""], "an empty word"), (["rollback", "2="], "'2=': doit takes NAME=VALUE"),
+                       (["releases", "show", "x=1"], "'x=1'"), (["stop", "free-port=1"], "'free-port=1'")):
+        r = subprocess.run([sys.executable, "-m", "doit", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+        assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith(f"dsv41: {said}"), (args, r.stderr)
+        assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "state").exists()

@@ -151,6 +151,14 @@ class StandIn(http.server.BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
 
+class Quiet(http.server.ThreadingHTTPServer):
+    """The stand-in's server: HAProxy's health check resets its connection once answered; no traceback."""
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass
+
+
 def door_config(cfg):
     """The config the door runs (a function of its own, so that another config can be put in its place)."""
     return units.gateway_config(cfg)
@@ -178,8 +186,7 @@ def door(tmp_path_factory):
         with open(path, "w") as f:
             f.write(door_config(cfg))
         StandIn.log, StandIn.phase = [], "start"
-        engine = http.server.ThreadingHTTPServer(("127.0.0.1", engine_port), StandIn)
-        engine.daemon_threads = True
+        engine = Quiet(("127.0.0.1", engine_port), StandIn)
         threading.Thread(target=engine.serve_forever, daemon=True).start()
         proc = subprocess.Popen(["haproxy", "-db", "-f", path], env={**os.environ, "DSV41_ENGINE_KEY": ENGINE_KEY},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -264,16 +271,22 @@ def test_a_valid_key_gets_chat_a_stream_completions_models_and_tokenize(door):
     StandIn.phase = "between"
 
 
-def test_an_unguarded_engine_gives_the_corpus_model_answers(door):
-    """The judge is not blind: the corpus sent straight to the stand-in (no door) gets model answers, among
-    them /invocations and /%761/chat/completions without any key."""
+def test_the_judge_sees_what_an_unguarded_engine_gives(door):
+    """The judge is not blind: the corpus sent straight to the stand-in gets model answers where vLLM checks no
+    key (/invocations, /tokenize, /sleep, /collective_rpc: outside /v1), and with the engine's key attached to
+    everything (as the door before did) also where a percent-encoding hides /v1 from a raw-path rule."""
     StandIn.phase = "no door"
-    engine_port = door.cfg.engine_port
-    results = door_corpus.run("127.0.0.1", engine_port, door_corpus.corpus(), None)
-    through = {e.name for e, verdict, *_ in results if verdict == "model"}
+    hand = door_corpus.corpus()
+    through = {e.name for e, verdict, *_ in door_corpus.run("127.0.0.1", door.cfg.engine_port, hand, timeout=2)
+               if verdict == "model"}
+    hidden = [e for e in hand if "%76" in e.name]
+    keyed = {e.name for e, verdict, *_ in door_corpus.run("127.0.0.1", door.cfg.engine_port, hidden, ENGINE_KEY, timeout=2)
+             if verdict == "model"}
     StandIn.phase = "between"
-    assert {"POST /invocations", "POST '/%761/chat/completions' (%76 for v)", "POST /sleep",
-            "POST /collective_rpc", "OPTIONS /v1/chat/completions"} <= through, sorted(through)[:40]
+    assert {"POST /invocations", "POST /tokenize", "POST /sleep", "POST /collective_rpc", "POST /pooling",
+            "GET /version"} <= through, sorted(through)
+    assert "POST '/%761/chat/completions' (%76 for v)" not in through               # vLLM guards the decoded /v1
+    assert {"POST '/%761/chat/completions' (%76 for v)", "GET '/%76%31/models' (v1 encoded (models))"} <= keyed
 
 
 def test_the_config_has_one_way_to_the_engine_a_listed_route_with_a_matched_key(door):

@@ -3,7 +3,7 @@ import functools
 import os
 import sys
 
-from doit.cmd_base import DoitCmdBase
+from doit.cmd_base import DodoTaskLoader, DoitCmdBase
 from doit.cmdparse import CmdParseError
 from doit.dependency import FileChangedChecker
 from doit.exceptions import InvalidCommand, TaskError, TaskFailed
@@ -68,6 +68,31 @@ def dep_file(state_dir):
         print(f"dsv41: {db} cannot be read ({one_line(err, 100)}): move it aside (to {names.DOIT_DB}.bad); this "
               "run keeps doit's record in memory (a launch checks every step again)", file=sys.stderr, flush=True)
         return ":memory:"
+
+
+class Loader(DodoTaskLoader):
+    """dodo.py's loader, named in pyproject.toml's [tool.doit] so that it is made before doit reads the command
+    line: doit takes every NAME=VALUE word as a variable of its own (`doit rollback 2=` would run the default
+    rollback) and fails with a traceback on an empty word (`doit keys add ""`). dsv41 uses no doit variable:
+    either word is bad input, one line and exit 2, before anything runs."""
+
+    def __init__(self):
+        super().__init__()
+        problem = command_line_problem(sys.argv[1:])
+        if problem:
+            print(f"dsv41: {problem}", file=sys.stderr)
+            raise SystemExit(2)
+
+
+def command_line_problem(words):
+    """What doit would misread in a command line's words, or None."""
+    for word in words:
+        if word == "":
+            return "an empty word on the command line: give the value (e.g. `doit keys add NAME`)"
+        if not word.startswith("-") and "=" in word:
+            return (f"{word!r}: doit takes NAME=VALUE words as variables, and dsv41 has none: a setting is an "
+                    "environment variable (`NAME=VALUE doit ...`), an option's value follows it (`--opt=VALUE`)")
+    return None
 
 
 def quiet_on_closed_pipe():
