@@ -386,7 +386,7 @@ def gateway_running(cfg, keys):
     for name, key in keys.items():
         if name != "default":
             node_gateway.keys(sd, {"add": {"name": name, "hash": gateway.key_hash(key)}}, dsv41_names.GATEWAY_SOCKET)
-    conf = Path(sd) / "haproxy.cfg"
+    conf = Path(dsv41_names.state_path(sd, dsv41_names.GATEWAY_CONFIG))      # beside its maps
     conf.write_text(units.gateway_config(cfg))
     proc = subprocess.Popen(["haproxy", "-db", "-f", str(conf)], env={**os.environ, "DSV41_ENGINE_KEY": "k"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

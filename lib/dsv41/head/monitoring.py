@@ -149,7 +149,7 @@ def service_user():
 def prometheus_argv(cfg):
     d = out_dir(cfg)
     return [PROMETHEUS, f"--config.file={d}/{CONFIG}", f"--storage.tsdb.path={d}/data",
-            f"--web.listen-address=:{cfg.prometheus_port}", "--web.enable-lifecycle"]
+            f"--web.listen-address=:{cfg.prometheus_port}"]   # no lifecycle API: nobody on the network stops it
 
 
 def alertmanager_argv(cfg):
