@@ -641,7 +641,7 @@ def summary(results, key=None, corpus_size=None):
 
 def main(argv=None):
     import argparse
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("host")
     p.add_argument("port", type=int)
     p.add_argument("--seed", type=int, default=41)

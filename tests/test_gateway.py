@@ -93,8 +93,8 @@ def door(tmp_path, monkeypatch):
     state_dir = tmp_path / "st ate'\"#,)$x"              # any STATE_DIR the settings accept works with the gateway
     port, engine_port = free_port(), free_port()
 
-    def start(rate=0):
-        cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(state_dir), "PORT": str(port),
+    def start(rate=0, state=None):
+        cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(state or state_dir), "PORT": str(port),
                            "ENGINE_PORT": str(engine_port), "KEY_RATE_PER_MIN": str(rate)})
         sd = cfg.state_dir
         node_gateway.ensure(sd, {"name": "default", "hash": gateway.key_hash(KEYS["default"])})

@@ -85,6 +85,23 @@ def test_a_change_the_running_gateway_does_not_take_is_one_line_and_the_map_keep
     assert not works(door, "alice") and works(door, "default")
 
 
+def test_a_gateway_still_on_an_earlier_versions_config_takes_keys_and_the_door(door, tmp_path):
+    """Until a launch reloads it after an upgrade, the gateway runs the config of the version before, which
+    named its maps by absolute path: keys and the door still reach it."""
+    cfg = door.start(state=tmp_path / "plain")
+    path, sd = names.state_path(cfg.state_dir, names.GATEWAY_CONFIG), cfg.state_dir
+    text = open(path).read().replace("default-path config", "")
+    for rel in (names.GATEWAY_KEYS, names.GATEWAY_STATE):
+        text = text.replace(f"map({names.gateway_map(rel)}", f"map({names.state_path(sd, rel)}")
+    with open(path, "w") as f:
+        f.write(text)
+    door.restart(cfg)
+    node_gateway.keys(sd, {"revoke": "alice"}, door.sock)
+    assert not works(door, "alice") and works(door, "default")
+    node_gateway.set_door(sd, "closed", "release 9 rolling out", 0, door.sock)
+    assert status_of(lambda: client(door).models.list())[:2] == (503, "60")
+
+
 def test_a_gateway_whose_admin_socket_never_answers_is_said_in_one_line(door, gw):
     """HAProxy stopped (SIGSTOP): its socket still takes the connection, and no answer comes."""
     proc = door.procs[-1]

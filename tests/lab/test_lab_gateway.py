@@ -91,6 +91,36 @@ def test_a_named_key_is_added_works_and_is_refused_once_revoked_with_no_restart(
     assert lab.on("head", "systemctl show -p MainPID --value dsv41-gateway").stdout.strip() == gw
 
 
+def test_keys_from_six_commands_at_once_all_work_and_default_is_rotated_never_revoked(lab, launched):
+    """The real `doit keys` on the head, as people run it: six adds at once keep six working keys; a key that
+    could not be shown is not stored; `default` is refused revocation and rotates with API_KEY_FILE; a named
+    key rotates; bad names and empty words are one line."""
+    lab.doit("launch")
+    names = [f"racer{i}" for i in range(6)]
+    script = " & ".join(f"(cd {lab.repo} && env {' '.join(f'{k}={v}' for k, v in lab.doit_env.items())} "
+                        f"PYTHONPATH={lab.repo}/lib {lab.venv}/bin/doit keys add {n} > /tmp/{n}.key 2>&1)" for n in names)
+    lab.on("head", script + " & wait")
+    got = {n: lab.on("head", f"sed -n 2p /tmp/{n}.key").stdout.strip() for n in names}
+    assert all(curl(lab, k) == ("200", None) for k in got.values()), got
+    listed = lab.doit("keys").stdout
+    assert all(any(line.split()[:1] == [n] for line in listed.splitlines()) for n in names), listed
+    r = lab.doit("keys add shown-nowhere > /dev/full", check=False)
+    assert r.returncode != 0 and "could not be shown" in r.stderr and "shown-nowhere" not in lab.doit("keys").stdout
+    for args in ("keys revoke default", "keys add ''", "keys add -x", "keys add Racer0"):
+        r = lab.doit(args, check=False)
+        assert r.returncode in (1, 2) and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    assert "doit keys rotate default" in lab.doit("keys revoke default", check=False).stderr
+    old = key(lab)
+    out = lab.doit("keys rotate default").stdout
+    new = key(lab)
+    assert f"export DSV41_API_KEY={new}" in out and new != old
+    assert curl(lab, new) == ("200", None) and curl(lab, old)[0] == "401"
+    lab.doit("keys rotate racer0")
+    assert curl(lab, got["racer0"])[0] == "401" and curl(lab, got["racer1"]) == ("200", None)
+    for n in names:
+        lab.doit(f"keys revoke {n}")
+
+
 def new_key(lab, name):
     out = lab.doit(f"keys add {name}").stdout.splitlines()
     return out[out.index(next(line for line in out if line.startswith(f"key {name} "))) + 1].strip()

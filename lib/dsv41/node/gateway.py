@@ -60,16 +60,27 @@ def cli_word(text):
     return " ".join(str(text).split()).replace("\\", "\\\\").replace(" ", "\\ ")
 
 
-def set_entry(map_path, key, value, sock_path=names.GATEWAY_SOCKET):
-    """The running gateway's map entry key set to value (added when missing); False when none runs.
-    map_path: the map as the config names it (names.gateway_map)."""
-    out = admin(f"set map {map_path} {key} {cli_word(value)}", sock_path)
+def map_admin(state_dir, rel, command, sock_path=names.GATEWAY_SOCKET):
+    """A command on one of the gateway's maps (its `{map}` filled in) -> the answer; None when no gateway runs.
+    The map is named as the config names it (names.gateway_map); a gateway still running an earlier version's
+    config, which named it by its absolute path, is asked by that name too (until its next reload)."""
+    out = None
+    for ref in (names.gateway_map(rel), cli_word(names.state_path(state_dir, rel))):
+        out = admin(command.replace("{map}", ref), sock_path)
+        if out is None or not out.startswith("Unknown map identifier"):
+            return out
+    return out
+
+
+def set_entry(state_dir, rel, key, value, sock_path=names.GATEWAY_SOCKET):
+    """The running gateway's map entry key set to value (added when missing); False when none runs."""
+    out = map_admin(state_dir, rel, f"set map {{map}} {key} {cli_word(value)}", sock_path)
     if out is None:
         return False
     if "not found" in out.lower():
-        out = admin(f"add map {map_path} {key} {cli_word(value)}", sock_path)
+        out = map_admin(state_dir, rel, f"add map {{map}} {key} {cli_word(value)}", sock_path)
     if out and out.strip():
-        raise GatewayError(f"the gateway refused to set {key} in {map_path}: {out.strip()}")
+        raise GatewayError(f"the gateway refused to set {key} in {rel}: {out.strip()}")
     return True
 
 
@@ -102,7 +113,7 @@ def set_door(state_dir, door, reason, ready_at, sock_path=names.GATEWAY_SOCKET):
     write_atomic(path, state_text(door, reason, ready_at).encode())
     told = False
     for key, value in (("reason", reason or "-"), ("ready_at", int(ready_at)), ("door", door)):
-        told = set_entry(names.gateway_map(names.GATEWAY_STATE), key, value, sock_path)   # the door last: its reason is there when it closes
+        told = set_entry(state_dir, names.GATEWAY_STATE, key, value, sock_path)   # the door last: its reason is there when it closes
     if told and door == "open":
         admin(f"set server {ENGINE_SERVER} health up", sock_path)
     return {"door": door, "told": told}
@@ -196,13 +207,12 @@ def write_keys(path, keys):
     write_atomic(path, keys_text(keys).encode(), mode=0o600)
 
 
-def tell(commands, sock_path=names.GATEWAY_SOCKET):
+def tell(state_dir, commands, sock_path=names.GATEWAY_SOCKET):
     """The key map's change told to the running gateway -> True, or False when none runs. GatewayError when it
     did not take one (its answer, or none within the admin socket's timeout): the map file already holds it."""
-    ref = names.gateway_map(names.GATEWAY_KEYS)
     for command in commands:
         try:
-            out = admin(command.format(map=ref), sock_path)
+            out = map_admin(state_dir, names.GATEWAY_KEYS, command, sock_path)
         except OSError as err:
             out = f"no answer ({err.strerror or err})"
         if out is None:
@@ -228,7 +238,7 @@ def change_keys(state_dir, req, sock_path=names.GATEWAY_SOCKET):
             raise GatewayError(f"a key named {_find(have, new['name'])[0]['name']} exists (names are unique without "
                                "regard to case): `doit keys rotate` it, revoke it, or choose another name")
         write_keys(path, have + [{**new, "added": int(time.time())}])
-        return tell([f"add map {{map}} {new['hash']} {new['name']}"], sock_path)
+        return tell(state_dir, [f"add map {{map}} {new['hash']} {new['name']}"], sock_path)
     name = req.get("revoke") or req["rotate"]["name"]
     gone = _find(have, name)
     if not gone:
@@ -238,10 +248,10 @@ def change_keys(state_dir, req, sock_path=names.GATEWAY_SOCKET):
             raise GatewayError("the key `default` is API_KEY_FILE's (Pi, smoke, bench) and is not revoked: "
                                "`doit keys rotate default` replaces it")
         write_keys(path, [k for k in have if k not in gone])     # the file first: a crash cannot bring it back
-        return tell([f"del map {{map}} {k['hash']}" for k in gone], sock_path)
+        return tell(state_dir, [f"del map {{map}} {k['hash']}" for k in gone], sock_path)
     new = {"name": gone[0]["name"], "hash": req["rotate"]["hash"], "added": int(time.time())}
     write_keys(path, [new if k is gone[0] else k for k in have if k is gone[0] or k not in gone])
-    return tell([f"add map {{map}} {new['hash']} {new['name']}"] +
+    return tell(state_dir, [f"add map {{map}} {new['hash']} {new['name']}"] +
                 [f"del map {{map}} {k['hash']}" for k in gone if k["hash"] != new["hash"]], sock_path)
 
 
@@ -286,7 +296,7 @@ def ensure(state_dir, default, sock_path=names.GATEWAY_SOCKET):
             write_keys(keys_path, [{**default, "added": int(time.time())}])
         elif not now:
             write_keys(keys_path, have + [{**default, "added": int(time.time())}])
-            tell([f"add map {{map}} {default['hash']} {DEFAULT}"], sock_path)
+            tell(state_dir, [f"add map {{map}} {default['hash']} {DEFAULT}"], sock_path)
         elif [k["hash"] for k in now] != [default["hash"]]:
             change_keys(state_dir, {"rotate": {"name": DEFAULT, "hash": default["hash"]}}, sock_path)
     state_path = names.state_path(state_dir, names.GATEWAY_STATE)
