@@ -275,6 +275,24 @@ def test_a_valid_key_gets_chat_a_stream_completions_models_and_tokenize(door):
     StandIn.phase = "between"
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_http2_without_tls_is_served_with_a_key_and_refused_without_as_http1_is(door):
+    """HAProxy takes HTTP/2 with prior knowledge on the door's port and gives such a request the absolute form
+    of its target: the door matches its path all the same."""
+    def h2(path, key=None):
+        cmd = ["curl", "-s", "--http2-prior-knowledge", "-o", "/dev/null", "-w", "%{http_version} %{http_code}",
+               "--path-as-is", f"http://127.0.0.1:{door.port}{path}"] + (["-H", f"Authorization: Bearer {key}"] if key else [])
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
+    StandIn.phase = "http2"
+    assert h2("/v1/models", KEYS["default"]) == "2 200"
+    assert [h2("/v1/models"), h2("/v1/models", WRONG), h2("/%761/models", KEYS["default"]), h2("/invocations")] == [
+        "2 401", "2 401", "2 400", "2 404"]
+    received = [r for r in StandIn.log if r["phase"] == "http2"]
+    StandIn.phase = "between"
+    assert {(r["method"], r["path"], r["auth"]) for r in received} - {HEALTH_CHECK} == {
+        ("GET", "/v1/models", f"Bearer {ENGINE_KEY}")}
+
+
 def test_the_judge_sees_what_an_unguarded_engine_gives(door):
     """The judge is not blind: the corpus sent straight to the stand-in gets model answers where vLLM checks no
     key (/invocations, /tokenize, /sleep, /collective_rpc: outside /v1), and with the engine's key attached to

@@ -105,6 +105,13 @@ def test_the_real_api_answers_with_the_key_only(lab, vllm):
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]).strip()
 
 
+def test_the_door_gives_no_model_answer_to_a_hostile_client_on_the_fabric(lab, vllm):
+    """tests/door_corpus.py from worker1 at the head's port 8000 with no key, a wrong key and a revoked key:
+    no model answer, and the door's log shows none of it passed to the engine (tests/lab/door_hostile.py)."""
+    from door_hostile import run_hostile_corpus
+    run_hostile_corpus(lab, vllm.key, vllm.env)
+
+
 def test_evidence_holds_the_stopped_engine_cores_stack_and_no_key(lab, vllm):
     """node/evidence.py on the head while rank 0's EngineCore is stopped (SIGSTOP: the API answers, nothing
     progresses): py-spy, installed on the lab's nodes from PyPI, dumps every Python process of the rank
