@@ -342,7 +342,7 @@ def test_the_config_has_one_way_to_the_engine_a_listed_route_with_a_matched_key(
         f"server r0 127.0.0.1:{door.cfg.engine_port} check inter 2s fall 2 rise 1"]
     assert not [line for line in sections["backend per_key"] if not line.startswith("stick-table")]
     services = [line for line in front if "use-service" in line]
-    assert services == [f"http-request use-service prometheus-exporter if METH_GET {{ url {names.GATEWAY_METRICS_PATH} }}"]
+    assert services == [f"http-request use-service prometheus-exporter if METH_GET {{ path {names.GATEWAY_METRICS_PATH} }}"]
     # what is refused before any backend is chosen: odd targets (400), unlisted routes (404), no matched key (401)
     assert "acl odd_path path_sub % // /. \\\\" in front and "acl path_target url_beg /" in front
     refusals = {line.split()[3]: line.split(" if ")[-1] for line in front if line.startswith("http-request return status 4")}
