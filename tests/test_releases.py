@@ -81,6 +81,18 @@ def test_a_release_recorded_before_the_gateway_runs_without_it_and_one_after_wit
     assert new.gateway is True and new.engine_url == "http://127.0.0.1:18000/v1"
 
 
+def test_a_setting_added_since_a_record_makes_no_new_release_at_what_its_absence_meant(tmp_path):
+    """The first launch after an upgrade that adds settings: the same units, files and images at the new
+    settings' defaults (GATEWAY: at what a record without it meant, off) are the same release."""
+    from dsv41.settings.resolved import resolved
+    now = resolved(load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN, "GATEWAY": "0"}))
+    older = {k: v for k, v in now.items() if k not in ("gateway", "engine_port", "drain_s", "watchdog_interval_s")}
+    assert rel.fingerprint(fields(**older)) == rel.fingerprint(fields(**now))
+    on = resolved(load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN}))
+    assert rel.fingerprint(fields(**older)) != rel.fingerprint(fields(**on))          # the gateway added: a change
+    assert rel.fingerprint(fields(**{**now, "drain_s": 7})) != rel.fingerprint(fields(**now))
+
+
 def test_status_judges_the_door_the_release_in_service_runs_not_the_one_the_settings_say(tmp_path):
     """After `doit rollback` to a release run with GATEWAY=0 the settings still say GATEWAY=1: the engine is
     rank 0 on PORT, and status says so in a line, rather than finding nothing at ENGINE_PORT."""

@@ -188,6 +188,23 @@ def test_the_watchdog_runs_on_what_launch_resolved(tmp_path, monkeypatch):
         watchdog.load_settings(str(tmp_path))
 
 
+def test_after_a_rollback_to_a_release_recorded_before_the_gateway_the_watchdog_judges_it_without_one(tmp_path):
+    """A release recorded before the gateway existed has no "gateway" in its settings, and `doit rollback`
+    installs its watchdog.json as recorded: that release ran rank 0 on PORT, so the watchdog must judge the
+    engine there (GATEWAY off), not at ENGINE_PORT behind a gateway that does not run."""
+    import json
+    from dsv41.head import watchdog
+    from dsv41.head.core.desired import watchdog_settings
+    from dsv41.settings.layers import load_config
+    cfg = load_config({"WORKER": "u@10.0.0.2", "GATEWAY": "0", "STATE_DIR": str(tmp_path)})
+    doc = json.loads(watchdog_settings(cfg))
+    for key in ("gateway", "engine_port", "gateway_timeout_s", "key_rate_per_min", "drain_s"):
+        doc["config"].pop(key, None)                # as a version before the gateway wrote it
+    (tmp_path / "watchdog.json").write_text(json.dumps(doc))
+    got = watchdog.load_settings(str(tmp_path))
+    assert got.gateway is False and got.engine_url == f"http://127.0.0.1:{got.port}/v1"
+
+
 # ---- the Watchdog itself, on a fake clock: backoff, memory that did not come back, its metrics file ----
 # (what cannot run here is faked: the nodes' looks and the restart itself; the lab tests do them for real)
 

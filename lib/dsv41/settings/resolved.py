@@ -4,9 +4,10 @@ the Config read back from it. A release records the same data. The engine's own 
 of their own in it (kv_bytes, caps, ...), as dsv41's are.
 
 A record outlives the version that wrote it (a rollback runs a release recorded months before): a
-setting missing from it (declared since) takes its default; a key this version does not know (a
-record of a newer version, or of a setting since removed) is refused, never dropped, since running
-without it would not run what was recorded."""
+setting missing from it (declared since) takes what a record without it meant (absent(): its default,
+or the value its declaration gives, GATEWAY off); a key this version does not know (a record of a newer
+version, or of a setting since removed) is refused, never dropped, since running without it would not
+run what was recorded. This is the one place old records are upgraded."""
 import dataclasses
 
 from dsv41.settings import kinds, schema
@@ -30,11 +31,12 @@ def resolved(cfg, own=schema.OWN):
     return out
 
 
-def defaults(engine=schema.ENGINE, own=schema.OWN):
-    """What resolved() writes for each setting at its default: what a record missing it means."""
+def absent(engine=schema.ENGINE, own=schema.OWN):
+    """What a record missing each setting means: what resolved() writes for it at its default, or at the
+    value its declaration says a record without it meant (Setting.absent)."""
     out = {}
     for s in own:
-        out.update(s.field_values(kinds.parse(s, s.name, s.default)))
+        out.update(s.field_values(kinds.parse(s, s.name, s.default) if s.absent is None else s.absent))
     engine_values = engine.derive({s.name: kinds.parse(s, s.name, s.default) for s in engine.SETTINGS})
     out.update({name.lower(): value for name, value in engine_values.items()})
     return {**out, "engine_args": (), "engine_env": ()}
@@ -46,7 +48,7 @@ def from_resolved(data, engine=schema.ENGINE, own=schema.OWN):
         return tuple(tuples(x) for x in v) if isinstance(v, list) else v
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), (list, tuple)):
         raise ConfigError("the resolved settings have no nodes: run `doit launch`")
-    known = defaults(engine, own)
+    known = absent(engine, own)
     unknown = sorted(set(data) - set(known) - {"nodes"})
     if unknown:
         raise ConfigError(f"the resolved settings hold {unknown[0]!r}, which this version does not know (written by "

@@ -80,7 +80,8 @@ OWN = (
     S("PORT", "int", 8000, "API port on the head", lo=1, hi=65535),
     S("MPORT", "int", 29655, "rendezvous (master) port", lo=1, hi=65535),
     S("GATEWAY", "bool", True, "`dsv41-gateway` (HAProxy) on the head holds `PORT` in front of rank 0, which serves "
-      "`127.0.0.1:ENGINE_PORT` (0: rank 0 serves `PORT` itself, with no drain, 503s or named keys)"),
+      "`127.0.0.1:ENGINE_PORT` (0: rank 0 serves `PORT` itself, with no drain, 503s or named keys)",
+      absent=False),                              # a release recorded before the gateway ran without one
     S("ENGINE_PORT", "int", 18000, "rank 0's API server on the head's 127.0.0.1 behind the gateway", lo=1,
       hi=65535),
     S("DRAIN_S", "int", 120, "a planned restart (`doit stop`, a release, `doit rollback`) first waits this long "

@@ -20,6 +20,8 @@ class Setting(NamedTuple):
     field: str | None = ""    # its field of Config: "" the key; None none (WORKER: read into Config.nodes)
     to: object = None         # the field's value from the parsed one (minutes to seconds, -1 to None); None: as is
     also: tuple = ()          # more fields made from it: ((name, function of the parsed value or None), ...)
+    absent: object = None     # what a record written before this setting existed meant, when not its default
+                              # (GATEWAY: off); None: the default (settings/resolved.py reads old records)
 
     @property
     def fields(self):

@@ -48,6 +48,7 @@ is head/releases.py.
 Two releases are "the same" when their fingerprint is: image ids, units, files and settings.
 """
 import dataclasses
+import functools
 import difflib
 import hashlib
 import json
@@ -60,7 +61,7 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import statefiles
 from dsv41.settings.kinds import ConfigError
-from dsv41.settings.resolved import from_resolved, resolved
+from dsv41.settings.resolved import absent, from_resolved, resolved
 from dsv41.node.checkpoint_layout import MANIFEST
 
 SCHEMA = "dsv41.release/2"
@@ -144,11 +145,19 @@ def _plain(data):
 
 def fingerprint(fields):
     """What makes two releases the same (image ids, units, files, settings), as one sha256; takes a
-    Release or record_fields()."""
+    Release or record_fields(). A setting at what a record without it means (resolved.absent: a setting
+    declared since, at its default) does not count: a version that adds one makes no new release of it."""
     if isinstance(fields, Release):
         fields = dataclasses.asdict(fields)
+    meant = _meant()
     same = {k: fields[k] for k in SAME}
+    same["settings"] = {k: v for k, v in fields["settings"].items() if k not in meant or meant[k] != v}
     return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()
+
+
+@functools.cache
+def _meant():
+    return _plain(absent())
 
 
 def _short(value, limit=60):
@@ -494,12 +503,11 @@ def in_service(state_dir):
 
 
 def settings_of(release, cfg):
-    """The Config a recorded release ran on (its API port, model name, key file, readiness), else the
-    current one when the release was recorded by another version of dsv41. A release recorded before the
-    gateway ran without one: rank 0 on PORT."""
+    """The Config a recorded release ran on (its API port, model name, key file, readiness; a release
+    recorded before the gateway ran without one: settings.resolved reads old records), else the current one
+    when the release was recorded by another version of dsv41."""
     try:
-        return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token,
-                                   **({} if "gateway" in release.settings else {"gateway": False}))
+        return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token)
     except ConfigError:
         return cfg
 
