@@ -298,11 +298,16 @@ def test_privileged_commands_never_assume_root(tmp_path):
 
 
 def test_words_doit_would_misread_are_refused_in_one_line_before_anything_runs(tmp_path):
-    """doit takes NAME=VALUE words as its own variables (`doit rollback 2=` ran the default rollback) and an empty
-    word was a traceback (`doit keys add ""`): dsv41's loader refuses both, exit 2."""
+    """doit takes NAME=VALUE words as its own variables (`doit rollback 2=` ran the default rollback), an empty
+    word was a traceback (`doit keys add ""`) and a prefix of an option was taken as the option (`doit stop
+    --free` for --free-port): dsv41's loader refuses them, exit 2, before the task runs."""
     env = {**os.environ, "WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "state")}
     for args, said in ((["keys", "add", ""], "an empty word"), (["rollback", "2="], "'2=': doit takes NAME=VALUE"),
                        (["releases", "show", "x=1"], "'x=1'"), (["stop", "free-port=1"], "'free-port=1'")):
         r = subprocess.run([sys.executable, "-m", "doit", *args], env=env, capture_output=True, text=True, cwd=ROOT)
         assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith(f"dsv41: {said}"), (args, r.stderr)
         assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "state").exists()
+    for args, said in ((["stop", "--free"], "stop: `--free` is not an option: say it whole (`--free-port`)"),
+                       (["status", "--js"], "status: `--js` is not an option: say it whole (`--json`)")):
+        r = subprocess.run([sys.executable, "-m", "doit", *args], env=env, capture_output=True, text=True, cwd=ROOT)
+        assert (r.returncode, r.stdout) == (2, "") and r.stderr.startswith(f"dsv41: {said}"), (args, r.stderr)

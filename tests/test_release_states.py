@@ -16,6 +16,7 @@ import pytest
 
 from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
+from dsv41.settings.resolved import resolved
 from dsv41.head.core import releases as rel, rollout, runlock
 from dsv41.head.core.decide import Desired, Kind, Step
 from dsv41.head.core.gateway import Gateway
@@ -28,12 +29,17 @@ FIELDS = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": {}, "node
           "units": {"head": {"dsv41-r0.service": "x\n"}}, "files": {}, "secret_files": {}}
 
 
+def record_of(d, **over):
+    """A release's fields with the settings of config(d) resolved, as launch records them."""
+    return {**FIELDS, "settings": resolved(config(Path(d))), **over}
+
+
 def at(d, state, n=None):
     """A release driven to `state` by the allowed moves only (a good release 1 is where it goes back)."""
     if n is None:
-        one = rel.begin(d, FIELDS, 10, now=T0)
+        one = rel.begin(d, record_of(d), 10, now=T0)
         rel.finish(d, one.number, rel.GOOD, "ready", now=T0 + 1)
-    r = rel.begin(d, {**FIELDS, "units": {"head": {"dsv41-r0.service": "y\n"}}}, 10, now=T0 + 2, back_to=1)
+    r = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "y\n"}}), 10, now=T0 + 2, back_to=1)
     path = {rel.ROLLING_OUT: [], rel.GOOD: [(rel.GOOD, {})], rel.INTERRUPTED: [(rel.INTERRUPTED, {})],
             rel.FAILED: [(rel.FAILED, {"back_to": 1})],
             rel.ROLLING_BACK: [(rel.FAILED, {"back_to": 1}), (rel.ROLLING_BACK, {})],
@@ -97,7 +103,7 @@ def test_a_record_of_the_version_before_still_reads(tmp_path):
 def test_status_says_who_carries_an_unfinished_release_on(tmp_path):
     d = str(tmp_path)
     at(d, rel.GOOD)
-    r = rel.begin(d, {**FIELDS, "units": {"head": {"dsv41-r0.service": "z\n"}}}, 10, back_to=1,
+    r = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "z\n"}}), 10, back_to=1,
                   carrier={"by": "doit launch", "pid": 4242, "since": T0})
     def line(run_lock, unit):
         return service_line(service_entry(d, {"run_lock": run_lock, "unit": unit}))
@@ -153,7 +159,7 @@ def test_a_rollout_whose_ranks_had_started_gets_what_was_left_of_its_deadline(tm
     cfg = config(tmp_path)
     d = cfg.state_dir
     at(d, rel.GOOD)
-    r = rel.begin(d, {**FIELDS, "units": {"head": {"dsv41-r0.service": "z\n"}}}, 10, back_to=1, deadline_s=600)
+    r = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "z\n"}}), 10, back_to=1, deadline_s=600)
     rel.carried(d, r.number, "doit launch", started_at=T0)          # then the launch was killed
     fake_nodes["restart"] = False                                   # the ranks run it, started after T0
     rollout.carry_on(cfg, rel.load_all(d)[-1], "dsv41-watchdog", clock=lambda: T0 + 450)
@@ -162,7 +168,7 @@ def test_a_rollout_whose_ranks_had_started_gets_what_was_left_of_its_deadline(tm
     assert done.state == rel.GOOD and rel.serving_number(d) == r.number and done.carrier["by"] == "dsv41-watchdog"
     assert fake_nodes.get("opened")                                # its restart is over: the door opens
 
-    r2 = rel.begin(d, {**FIELDS, "units": {"head": {"dsv41-r0.service": "w\n"}}}, 10, back_to=r.number, deadline_s=600)
+    r2 = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "w\n"}}), 10, back_to=r.number, deadline_s=600)
     fake_nodes["restart"] = True                                    # killed before the ranks restarted
     rollout.carry_on(cfg, r2, "dsv41-watchdog", clock=lambda: T0 + 450)
     assert fake_nodes["deadline"] == (600, "the recorded rollout deadline")        # a start-up of its own
@@ -182,7 +188,7 @@ def test_a_rollout_killed_mid_step_is_finished_by_another_process(tmp_path, fake
     to good, as the watchdog does."""
     cfg = config(tmp_path)
     at(cfg.state_dir, rel.GOOD)
-    fields = json.dumps({**FIELDS, "units": {"head": {"dsv41-r0.service": "k\n"}}})
+    record = json.dumps(record_of(cfg.state_dir, units={"head": {"dsv41-r0.service": "k\n"}}))
     script = textwrap.dedent(f"""
         import time
         from dsv41.settings.layers import load_config
@@ -192,7 +198,7 @@ def test_a_rollout_killed_mid_step_is_finished_by_another_process(tmp_path, fake
                            "IMG": {cfg.image!r}}})
         import json
         runlock.take(cfg.state_dir, "launch")
-        fields = {fields!r}
+        fields = {record!r}
         good = rel.load_all(cfg.state_dir)[0]
         ro = rollout.Rollout(None, good, (600, "test"), fields=json.loads(fields))
         rollout.apply = lambda *a, **kw: None
@@ -235,9 +241,9 @@ def test_doit_rollback_finishes_a_rollback_a_dead_one_left_and_stops_there(tmp_p
     cfg = config(tmp_path)
     d = cfg.state_dir
     at(d, rel.GOOD)
-    two = rel.begin(d, {**FIELDS, "units": {"head": {"dsv41-r0.service": "2\n"}}}, 10, back_to=1)
+    two = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "2\n"}}), 10, back_to=1)
     rel.finish(d, two.number, rel.GOOD, "ready")
-    three = rel.begin(d, FIELDS, 10, back_to=two.number, rollback_of=1)      # `doit rollback` killed here
+    three = rel.begin(d, record_of(d), 10, back_to=two.number, rollback_of=1)      # `doit rollback` killed here
     called = []
     monkeypatch.setattr(rollout, "rollback", lambda *a: called.append(a))
     doit_releases.rollback(cfg)
@@ -249,10 +255,10 @@ def test_doit_rollback_finishes_a_rollback_a_dead_one_left_and_stops_there(tmp_p
 def test_doit_rollback_applies_a_release_as_a_new_one_and_says_so(tmp_path, fake_nodes, capsys):
     cfg = config(tmp_path)
     d = cfg.state_dir
-    fields = {**FIELDS, "checkpoint": rel.checkpoint_on_disk(cfg), "settings": {}}
-    one = rel.begin(d, fields, 10)
+    base = record_of(d, checkpoint=rel.checkpoint_on_disk(cfg))
+    one = rel.begin(d, base, 10)
     rel.finish(d, one.number, rel.GOOD, "ready")
-    two = rel.begin(d, {**fields, "units": {"head": {"dsv41-r0.service": "2\n"}}}, 10, back_to=1)
+    two = rel.begin(d, {**base, "units": {"head": {"dsv41-r0.service": "2\n"}}}, 10, back_to=1)
     rel.finish(d, two.number, rel.GOOD, "ready")
     rollout.rollback(cfg, rel.load_all(d), rel.load_all(d)[0])
     out = capsys.readouterr().out

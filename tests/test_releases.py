@@ -111,6 +111,23 @@ def test_status_judges_the_door_the_release_in_service_runs_not_the_one_the_sett
     assert as_served(cfg) == (cfg, None)
 
 
+def test_a_release_whose_settings_this_version_cannot_read_never_runs_on_todays(tmp_path):
+    """A recorded PORT of "abc", or a setting of a newer version: refused naming the record (a rollback, a
+    way back), and status judges by the settings with that line instead of a traceback."""
+    from dsv41.head.core.release_status import as_served
+    from dsv41.settings.resolved import resolved
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN})
+    for n, settings, said in ((1, {**resolved(cfg), "port": "abc"}, "port='abc', not a number"),
+                              (2, {**resolved(cfg), "gpu_cores": 2}, "'gpu_cores', which this version does not know")):
+        launch(str(tmp_path), {**fields(), "settings": settings}, rel.GOOD)
+        record = os.path.join(str(tmp_path), "releases", f"{n:04d}", "release.json")
+        with pytest.raises(UserError, match=f"^{record}: release {n}'s settings cannot be read") as err:
+            rel.settings_of(rel.load_all(str(tmp_path))[-1], cfg)
+        assert said in str(err.value) and "not run on today's settings" in str(err.value)
+        judged, line = as_served(cfg)
+        assert judged == cfg and line.startswith(record) and line.endswith("; judged by the settings")
+
+
 def test_the_checkpoint_on_disk_is_named_by_its_manifest(tmp_path):
     cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "MODEL_DIR": str(tmp_path / "m"),
                        "REVISION": "abc123"})

@@ -42,6 +42,16 @@ def absent(engine=schema.ENGINE, own=schema.OWN):
     return {**out, "engine_args": (), "engine_env": ()}
 
 
+def _kind(v):
+    return ("boolean" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else
+            "list" if isinstance(v, (list, tuple)) else "text" if isinstance(v, str) else type(v).__name__)
+
+
+def _same_kind(value, meant):
+    """A recorded value of the kind this version's value of it has (any, where that may be None)."""
+    return meant is None or _kind(value) == _kind(meant)
+
+
 def from_resolved(data, engine=schema.ENGINE, own=schema.OWN):
     """The Config resolved() wrote (by this version or an older one); ConfigError when it cannot be read."""
     def tuples(v):
@@ -53,6 +63,10 @@ def from_resolved(data, engine=schema.ENGINE, own=schema.OWN):
     if unknown:
         raise ConfigError(f"the resolved settings hold {unknown[0]!r}, which this version does not know (written by "
                           "a newer one?): run `doit launch`")
+    wrong = next((k for k in sorted(data) if k in known and not _same_kind(data[k], known[k])), None)
+    if wrong:
+        raise ConfigError(f"the resolved settings hold {wrong}={data[wrong]!r}, not a {_kind(known[wrong])} as this "
+                          "version reads it: run `doit launch`")
     data, secret = {**known, **data}, _secret(own)
     names = [s.name for s in engine.SETTINGS]
     try:

@@ -78,10 +78,37 @@ class Loader(DodoTaskLoader):
 
     def __init__(self):
         super().__init__()
-        problem = command_line_problem(sys.argv[1:])
-        if problem:
-            print(f"dsv41: {problem}", file=sys.stderr)
-            raise SystemExit(2)
+        _refuse(command_line_problem(sys.argv[1:]))
+
+    def load_tasks(self, cmd, pos_args):
+        """The tasks; an option shortened to a prefix of a task's option (`doit stop --free`, which doit's
+        parser takes as --free-port) is bad input: one line, exit 2, before the task runs."""
+        tasks = super().load_tasks(cmd, pos_args)
+        _refuse(option_problem({t.name: t for t in tasks}, pos_args or []))
+        return tasks
+
+
+def _refuse(problem):
+    if problem:
+        print(f"dsv41: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def option_problem(tasks, words):
+    """An option among a task's words that only a prefix of one of its options matches, or None."""
+    task = None
+    for word in words:
+        if word == "--":
+            task = None
+        elif word in tasks:
+            task = tasks[word]
+        elif task is not None and word.startswith("--"):
+            name = word[2:].split("=", 1)[0]
+            longs = [p["long"] for p in task.params if p.get("long")]
+            if name not in longs and any(long.startswith(name) for long in longs):
+                return (f"{task.name}: `--{name}` is not an option: say it whole (`--"
+                        f"{next(long for long in longs if long.startswith(name))}`); `doit help {task.name}` lists them")
+    return None
 
 
 def command_line_problem(words):

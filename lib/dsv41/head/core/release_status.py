@@ -18,7 +18,10 @@ def as_served(cfg):
         serving, _ = in_service(cfg.state_dir)
     except UserError:
         return cfg, None                 # service_entry says why
-    ran = settings_of(serving, cfg) if serving else cfg
+    try:
+        ran = settings_of(serving, cfg) if serving else cfg
+    except UserError as err:
+        return cfg, f"{one_line(err, 300)}; judged by the settings"
     differs = [k for k in LAYOUT if getattr(ran, k) != getattr(cfg, k)]
     if not differs:
         return cfg, None

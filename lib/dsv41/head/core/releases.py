@@ -504,12 +504,15 @@ def in_service(state_dir):
 
 def settings_of(release, cfg):
     """The Config a recorded release ran on (its API port, model name, key file, readiness; a release
-    recorded before the gateway ran without one: settings.resolved reads old records), else the current one
-    when the release was recorded by another version of dsv41."""
+    recorded before the gateway ran without one: settings.resolved reads old records). UserError naming
+    the record when this version cannot read them (a newer version's, or a value of the wrong kind): a
+    release never runs on today's settings instead."""
     try:
         return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token)
-    except ConfigError:
-        return cfg
+    except ConfigError as err:
+        raise UserError(f"{os.path.join(folder(cfg.state_dir, release.number), RECORD)}: release {release.number}'s "
+                        f"settings cannot be read by this version ({err}): it is not run on today's settings; "
+                        "`doit launch` records a release of them") from None
 
 
 def checkpoint_on_disk(cfg):

@@ -290,9 +290,9 @@ def go_back(cl, failed, target, *, began, by):
     if failed.state == rel.FAILED:
         rel.rolling_back(sd, failed.number)
     print(f"release {failed.number} failed ({why}): going back to release {target.number} as recorded")
-    back = Cluster(rel.settings_of(target, cl.cfg))
     fault = recovery.fault(f"release {failed.number} failed: {why}", failed.failed_at)
     try:
+        back = Cluster(rel.settings_of(target, cl.cfg))
         want, steps, states = recorded(back, target)
         apply(back, want, steps, states, fault=fault, by=by, owner=failed.number,
               why=f"release {failed.number} failed: going back to release {target.number}")
