@@ -312,3 +312,21 @@ def test_a_corrupt_record_is_one_line_not_a_traceback(tmp_path):
         json.dump({"schema": "dsv41.release/1", "number": 1, "state": "good"}, f)
     with pytest.raises(UserError, match="is not what this version writes"):
         rel.load_all(d)
+
+
+def test_words_and_records_that_were_tracebacks_are_one_line(tmp_path, capsys):
+    """`doit releases show` with 5,000 digits, `doit rollback` the same, `doit incidents show ³`: bad input
+    (exit 2); a record whose changes are empty is listed."""
+    from dsv41.errors import BadInput
+    from dsv41.head import incident_log, releases as doit_releases
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN})
+    for call, words in ((doit_releases.releases, ["show", "9" * 5000]), (doit_releases.rollback, ["9" * 5000]),
+                        (incident_log.incidents, ["show", "³"]), (incident_log.incidents, ["show", "a b"])):
+        with pytest.raises(BadInput, match="expected"):
+            call(cfg, words)
+    launch(str(tmp_path), fields(), rel.GOOD)
+    path = os.path.join(str(tmp_path), "releases", "0001", "release.json")
+    doc = json.load(open(path))
+    json.dump({**doc, "changes": []}, open(path, "w"))
+    doit_releases.releases(cfg, [])
+    assert "   1  " in capsys.readouterr().out

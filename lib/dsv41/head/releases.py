@@ -28,9 +28,10 @@ def list_lines(history, serving):
     for r in history:
         mark = "*" if r.number == serving else " "
         more = f" (+{len(r.changes) - 1} more)" if len(r.changes) > 1 else ""
+        first = r.changes[0] if r.changes else "-"
         lines.append(f"{mark} {r.number:>4}  {rel.when(r.time):<20}  {_image(r):<12}  "
                      f"{one_line(r.checkpoint.get('revision') or 'latest', 12):<12}  {_secs(r.startup_s):>8}  "
-                     f"{one_line(r.shown_state, 28):<28}  {one_line(r.changes[0], 80)}{more}")
+                     f"{one_line(r.shown_state, 28):<28}  {one_line(first, 80)}{more}")
     lines.append("* in service" if serving is not None else "none in service")
     return lines
 
@@ -68,8 +69,9 @@ def show_lines(history, serving, number):
 
 
 def _number(word):
-    """A release number as typed: ASCII digits (str.isdigit() also takes "²", which int() refuses)."""
-    return word.isascii() and word.isdigit()
+    """A release number as typed: at most 9 ASCII digits (str.isdigit() also takes "²", which int() refuses,
+    and int() refuses 5,000 digits)."""
+    return word.isascii() and word.isdigit() and len(word) <= 9
 
 
 def releases(cfg, words=()):
