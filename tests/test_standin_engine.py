@@ -303,7 +303,7 @@ def test_long_request_streams_steadily_on_demand(ranks):
 
 
 def test_long_prompt_is_prefilled_in_chunks_and_only_kv_use_moves_until_its_first_token(ranks):
-    r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.05"}, args=["--max-num-batched-tokens", "100"]).up()
+    r = ranks(env={"LAB_ENGINE_TOKEN_S": "0.1"}, args=["--max-num-batched-tokens", "100"]).up()
     done = {}
     t = threading.Thread(target=lambda: done.update(answer=r.request(
         "POST", "/v1/completions", {"model": NAME, "prompt": "hello " * 2000, "max_tokens": 3})))
@@ -314,14 +314,15 @@ def test_long_prompt_is_prefilled_in_chunks_and_only_kv_use_moves_until_its_firs
         m = r.metrics()
         if val(m, "vllm:num_requests_running") == 1 and val(m, "vllm:prompt_tokens_total") == 0:
             during.append(m)
-        time.sleep(0.1)
     code, body = done["answer"]
     assert code == 200 and json.loads(body)["usage"] == {"prompt_tokens": 2000, "completion_tokens": 3,
                                                           "total_tokens": 2003, "prompt_tokens_details": {
                                                               "cached_tokens": 0}}
-    assert time.monotonic() - t0 >= 20 * 0.05   # 20 chunks of 100 tokens, one step each
+    assert time.monotonic() - t0 >= 20 * 0.1    # 20 chunks of 100 tokens, one step each
     kv = [val(m, "vllm:kv_cache_usage_perc") for m in during]
-    assert len(during) >= 5 and kv[-1] > kv[0] > 0 and sorted(kv) == kv   # KV use grows chunk by chunk
+    # KV use grows chunk by chunk: seen at three chunks at least (however slow each look is on a busy machine,
+    # the 2 s prefill holds more looks than that), never going back
+    assert len(set(kv)) >= 3 and kv[0] > 0 and sorted(kv) == kv, kv
     for name in ("vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"):
         assert {val(m, name) for m in during} == {0}, name   # as vLLM: no output, no iteration stats
     after = r.metrics()
