@@ -266,3 +266,42 @@ def test_doit_rollback_applies_a_release_as_a_new_one_and_says_so(tmp_path, fake
     assert made.number == 3 and made.state == rel.GOOD and made.rollback_of == 1 and made.back_to == 2
     assert made.carrier["by"] == "doit rollback" and rel.serving_number(d) == 3
     assert "release 1's state serves again as release 3" in out, out
+
+
+def test_a_history_that_makes_no_sense_is_refused_naming_the_file_and_nothing_acts_on_it(tmp_path):
+    """Folders 0002 and 00002, current.json naming a failed or a missing release, two releases rolling out at
+    once, a release.json that is a FIFO: every command that reads the history refuses in one line (none hangs),
+    and `doit rollback` rewrites no record."""
+    from dsv41.head import releases as doit_releases
+    cfg = config(tmp_path)
+    d = cfg.state_dir
+
+    def refused(match):
+        before = {p: p.read_bytes() for p in Path(d, "releases").rglob("release.json") if p.is_file()}
+        for call in (lambda: rel.read_history(d), lambda: doit_releases.releases(cfg, []),
+                     lambda: doit_releases.rollback(cfg, ["1"])):
+            with pytest.raises(UserError, match=match):
+                call()
+        assert {p: p.read_bytes() for p in Path(d, "releases").rglob("release.json") if p.is_file()} == before
+        assert service_line(service_entry(d)).startswith("release: ")
+
+    at(d, rel.GOOD)
+    os.rename(os.path.join(d, "releases", "0002"), os.path.join(d, "releases", "00002"))
+    refused(r"releases/00002 is not a release folder this version writes")
+    os.rename(os.path.join(d, "releases", "00002"), os.path.join(d, "releases", "0002"))
+    Path(d, "releases", "current.json").write_text('{"number": 7}')
+    refused(r"current.json names release 7 as in service, which is not kept")
+    rel.mark_serving(d, 1)
+    r3 = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "3\n"}}), 10, back_to=1)
+    rel.finish(d, r3.number, rel.FAILED, "dsv41-r0.service failed")             # final: goes nowhere
+    Path(d, "releases", "current.json").write_text(f'{{"number": {r3.number}}}')
+    refused(rf"current.json names release {r3.number} as in service, which is failed")
+    rel.mark_serving(d, 1)
+    r4 = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "4\n"}}), 10, back_to=1)
+    r5 = dict(json.loads(Path(rel.folder(d, r4.number), "release.json").read_text()), number=r4.number + 1)
+    os.makedirs(rel.folder(d, r4.number + 1))
+    Path(rel.folder(d, r4.number + 1), "release.json").write_text(json.dumps(r5))
+    refused(rf"releases {r4.number} and {r4.number + 1} are both unfinished")
+    os.unlink(Path(rel.folder(d, r4.number + 1), "release.json"))
+    os.mkfifo(Path(rel.folder(d, r4.number + 1), "release.json"))
+    refused("release.json is not a regular file")

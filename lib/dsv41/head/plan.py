@@ -57,7 +57,7 @@ def settings_lines(cfg, recipe):
 
 def release_lines(cfg, want, image_ids):
     """What launch would record in the release history, and what it would refuse or could not undo."""
-    history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
+    history, serving = rel.read_history(cfg.state_dir)
     current = next((r for r in history if r.number == serving), None)
     fields = rel.record_fields(cfg, want, image_ids, rel.checkpoint_on_disk(cfg),       # versions: as recorded
                                current.node_versions if current else {})

@@ -76,7 +76,7 @@ def _number(word):
 
 def releases(cfg, words=()):
     words = list(words)
-    history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
+    history, serving = rel.read_history(cfg.state_dir)
     if not words:
         print("\n".join(list_lines(history, serving)))
         return
@@ -127,5 +127,5 @@ def rollback(cfg, words=()):
             print(f"release {left.rollback_of}'s state serves again as release {left.number}: the rollback a "
                   "dead `doit rollback` left half-way is done")
             return
-    history, serving = rel.load_all(cfg.state_dir), rel.serving_number(cfg.state_dir)
+    history, serving = rel.read_history(cfg.state_dir)
     rollout.rollback(cfg, history, rollback_target(history, serving, number))

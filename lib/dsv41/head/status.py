@@ -39,7 +39,7 @@ def node_entry(recipe, spec, f):
 
 
 def api_status(cl, problems=None):
-    client = cl.api(read_timeout=5, problems=problems)
+    client = cl.engine_client(read_timeout=5, problems=problems)
     out = {"url": client.base, "health": client.health(), "models": None, "error": None}
     try:
         out["models"] = client.models()
@@ -60,7 +60,7 @@ def door_status(cl, head_state, problems):
     if state:
         out.update(door=state["door"], reason=state["reason"] if state["door"] == "closed" else None,
                    in_flight=state["in_flight"])
-    client = cl.door(read_timeout=5, problems=problems)
+    client = cl.door_client(read_timeout=5, problems=problems)
     out["health"] = client.health()
     try:
         out["answer"] = "models " + ", ".join(client.models())

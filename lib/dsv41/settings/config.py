@@ -8,7 +8,7 @@ import functools
 import os
 from types import SimpleNamespace
 
-from dsv41.settings import schema
+from dsv41.settings import kinds, schema
 from dsv41.settings.kinds import ConfigError
 
 
@@ -84,12 +84,19 @@ class _Config:
         return f"http://127.0.0.1:{self.engine_port}/v1" if self.gateway else self.api_url
 
 
+def field_type(s, name):
+    """The type of a Config field: its value's at the setting's default (a kind's parsed value, or what its
+    declaration derives from it), with None allowed where the default gives None (NCCL_IB_GID_INDEX=-1)."""
+    value = s.field_values(kinds.parse(s, s.name, s.default))[name]
+    return type(value) if value is not None else kinds.PY_TYPES[s.kind] | None
+
+
 @functools.cache
 def config_class(own):
     """The frozen Config of the settings `own` (schema.OWN): the fields each setting declares (settings/
     setting.py: its key, or a value derived from it), then the engine's settings, the profile's changes to
     the engine's argv and environment, and the nodes."""
-    fields = [(name, object) for s in own for name, _ in s.fields]
+    fields = [(name, field_type(s, name)) for s in own for name, _ in s.fields]
     fields += [("engine", tuple),          # ((NAME, value), ...): the engine's own settings, derived
                ("engine_args", tuple),     # (("--flag", value or None to drop it, source), ...): a profile's changes
                ("engine_env", tuple),      # (("NAME", value or None to drop it, source), ...); "{rank}": the rank

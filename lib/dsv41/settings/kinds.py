@@ -276,6 +276,10 @@ KINDS = {"int": _int, "float": _float, "floor": _floor, "bool": _bool, "choice":
          "secret": _secret, "webhook": _webhook, "url": _url, "path": _path, "words": _words, "sshopts": _sshopts,
          "command": _command, "hostport": _hostport, "target": _target, "targets": _targets, "list": _list,
          "caps": _caps, "gpus": _gpus, "image": _image, "ip": _ip, "ifname": _ifname, "hcas": _hcas}
+# the Python type of each kind's parsed value (settings/config.py types the Config's fields with them)
+PY_TYPES = {"int": int, "float": float, "floor": float, "bool": bool, "words": tuple, "sshopts": tuple, "command": tuple,
+            "targets": tuple, "list": tuple, "caps": tuple, "hcas": tuple}
+PY_TYPES.update({k: str for k in KINDS if k not in PY_TYPES})
 # what a profile writes for each kind (TOML types); every other kind is a string
 HIDDEN_KINDS = ("secret", "webhook")     # `doit config` shows these as set or unset
 TOML_TYPES = {"int": (int,), "float": (int, float), "floor": (int, float), "bool": (bool,)}

@@ -103,7 +103,7 @@ class Cluster:
         self.states.clear()
         return self.connect()
 
-    def api(self, read_timeout, create_key=False, problems=None):
+    def engine_client(self, read_timeout, create_key=False, problems=None):
         """A client of the engine itself (rank 0's API server, behind the gateway when there is one) with
         rank 0's key (created first when create_key and missing): where dsv41 judges the engine. With a
         list for problems, a key file that cannot be read is said there and no key is sent (status and
@@ -116,7 +116,7 @@ class Cluster:
         """The head's gateway (core.gateway.Gateway): its door, the drain, the keys."""
         return Gateway(self)
 
-    def door(self, read_timeout, problems=None):
+    def door_client(self, read_timeout, problems=None):
         """A client of what clients get (the gateway on PORT) with the client key `default`."""
         return self._client(self.cfg.api_url, lambda: read_key(self.cfg), read_timeout, problems)
 

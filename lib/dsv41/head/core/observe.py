@@ -37,7 +37,7 @@ def look(cl, states=None, scrape=True, probe=None, mem=None, api_error=None, pro
     or the API being down."""
     cfg = cl.cfg
     states = cl.observe() if states is None else states
-    client = cl.api(read_timeout=cfg.watchdog_probe_s, problems=problems)
+    client = cl.engine_client(read_timeout=cfg.watchdog_probe_s, problems=problems)
     health, snap, token = client.health(), None, None
     if scrape and health is not None:          # a server that did not answer /health would not answer this
         try:

@@ -38,7 +38,7 @@ def wait_ready(cl, within=None):
     with its journal. within: (seconds, what sets them), default START_TIMEOUT_MIN's."""
     cfg = cl.cfg
     limit, what = within or (cfg.start_timeout_s, "START_TIMEOUT_MIN")
-    client = cl.api(read_timeout=60, create_key=True)
+    client = cl.engine_client(read_timeout=60, create_key=True)
     started = last = time.monotonic()
     with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
                       limit, unit="s") as wait:

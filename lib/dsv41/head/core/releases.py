@@ -375,11 +375,34 @@ def _load(state_dir, number):
 
 
 def load_all(state_dir):
-    """Every release, oldest first; UserError (one line) naming a record that cannot be read. A folder
-    without a record (a launch killed while creating it, before anything changed) is skipped."""
-    found = sorted(int(d) for d in statefiles.listdir(root(state_dir)) if FOLDER_RE.match(d))
-    out = [_load(state_dir, n) for n in found]
-    return [r for r in out if r is not None]
+    """Every release, oldest first; UserError (one line) naming a record that cannot be read, or a history that
+    makes no sense (a folder this version does not write, as 00002 beside 0002; two releases unfinished at
+    once): nothing acts on it. A folder without a record (a launch killed while creating it, before
+    anything changed) is skipped."""
+    folders = sorted(d for d in statefiles.listdir(root(state_dir)) if FOLDER_RE.match(d))
+    odd = next((d for d in folders if len(d) > 9 or d != f"{int(d):04d}"), None)
+    if odd:
+        raise statefiles.bad(os.path.join(root(state_dir), odd), "is not a release folder this version writes "
+                             "(release 2's is 0002)", "run the command again (the other releases stay)")
+    out = [r for r in (_load(state_dir, int(d)) for d in folders) if r is not None]
+    left = [r for r in out if r.unfinished]
+    if len(left) > 1:
+        raise UserError(f"{root(state_dir)}: releases {left[0].number} and {left[1].number} are both unfinished "
+                        f"({left[0].shown_state}; {left[1].shown_state}), which no run of dsv41 leaves: move the "
+                        f"folder of the one that did not run aside (to {left[-1].number:04d}.bad)")
+    return out
+
+
+def read_history(state_dir):
+    """(every release, oldest first, the number of the one in service or None): the history read once,
+    UserError as load_all, or when current.json names a release that is not kept, or not good."""
+    releases, serving = load_all(state_dir), statefiles.serving_number(state_dir)
+    named = next((r for r in releases if r.number == serving), None)
+    if serving is not None and (named is None or named.state != GOOD):
+        raise statefiles.bad(os.path.join(root(state_dir), CURRENT), f"names release {serving} as in service, which "
+                             + ("is not kept" if named is None else f"is {named.shown_state}"),
+                             "run `doit launch` (it records what serves)")
+    return releases, serving
 
 
 def serving_number(state_dir):
@@ -495,8 +518,7 @@ def in_service(state_dir):
     """(the release in service or None, the newest release that failed after it or None): what `doit
     status` and `doit top` name; UserError (one line) when a record cannot be read. A rollout under way
     (or left unfinished) is unfinished(load_all(state_dir))."""
-    history = load_all(state_dir)
-    serving = serving_number(state_dir)
+    history, serving = read_history(state_dir)
     current = next((r for r in history if r.number == serving), None)
     failed = next((r for r in reversed(history) if r.state in FAILURES and r.number > (serving or 0)), None)
     return current, failed

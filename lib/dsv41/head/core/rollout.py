@@ -82,7 +82,7 @@ def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
     sd = cfg.state_dir
     fields = rel.record_fields(cfg, want, image_ids, rel.checkpoint_on_disk(cfg),
                                {node: f.versions or {} for node, f in states.items()})
-    history, serving = rel.load_all(sd), rel.serving_number(sd)
+    history, serving = rel.read_history(sd)
     fp = rel.fingerprint(fields)
     rel.refuse_flapping(history, fp, retry_failed, time.time() if now is None else now)
     lines = []

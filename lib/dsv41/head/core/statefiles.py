@@ -15,6 +15,7 @@ be read: BadStateFile, one line naming it and what to do (move it aside), never 
 import json
 import math
 import os
+import stat
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
@@ -99,9 +100,14 @@ def _in_the_way(file):
 
 
 def read_bytes(file):
-    """The file's bytes, None when there is none; BadStateFile when it cannot be read."""
+    """The file's bytes, None when there is none; BadStateFile when it cannot be read, or is not a regular
+    file (a FIFO would block the reader for ever, a device never end)."""
     try:
-        with open(file, "rb") as f:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise bad(file, "is a folder, not a file" if stat.S_ISDIR(mode) else "is not a regular file (a FIFO?)")
             return f.read()
     except FileNotFoundError:
         return None

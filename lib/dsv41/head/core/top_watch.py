@@ -203,7 +203,7 @@ class Observer:
 
     def start_scrape(self):
         if self.scrape is None:
-            self.scrape = Scrape(self.cl.recipe, self.cl.api(read_timeout=SCRAPE_TIMEOUT_S, problems=self.problems))
+            self.scrape = Scrape(self.cl.recipe, self.cl.engine_client(read_timeout=SCRAPE_TIMEOUT_S, problems=self.problems))
 
     def start_node(self, w):
         node = w.node
