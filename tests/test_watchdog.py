@@ -249,6 +249,19 @@ def status_of(tmp_path):
     return json.loads((tmp_path / "watchdog.status.json").read_text())
 
 
+def test_a_start_no_readiness_wait_saw_is_marked_by_the_watchdogs_token_so_status_agrees(tmp_path, monkeypatch):
+    """A watchdog killed mid-recovery leaves no readiness mark for the start it made: the next watchdog's idle
+    probe gets a token (HEALTHY), and from then on `doit status`, which sends no probe, says so too instead of
+    STARTING until START_TIMEOUT_MIN."""
+    w, clock = watchdog_on(tmp_path, monkeypatch, lambda t: look(t), lambda clock: None)
+    clock.t = START + 90
+    as_status = dataclasses.replace(look(90, probe=None), ready_at=record.ready_at(str(tmp_path)))
+    assert run(as_status) == [STARTING]                       # before: nothing saw this start generate
+    assert w.look()[1].verdict == HEALTHY
+    as_status = dataclasses.replace(look(90, probe=None), ready_at=record.ready_at(str(tmp_path)))
+    assert START < as_status.ready_at <= START + 90 and run(as_status) == [HEALTHY]
+
+
 def test_the_nth_recovery_waits_its_backoff_while_the_watchdog_keeps_looking(tmp_path, monkeypatch):
     starts = []
 

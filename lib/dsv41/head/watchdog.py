@@ -32,7 +32,7 @@ from dsv41.errors import UserError, cli, one_line
 from dsv41.settings.resolved import from_resolved
 from dsv41.head.core import observe, record, recovery, rollout, runlock, statefiles
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.health import RECOVERING, VERDICTS, Health, Memory
+from dsv41.head.core.health import RECOVERING, TOKEN, VERDICTS, Health, Memory
 from dsv41.node import gateway as node_gateway
 
 SCHEMA = "dsv41.watchdog/2"
@@ -61,8 +61,13 @@ class Watchdog:
             self.last = key
 
     def look(self):
-        """One observation (core.observe.look: the one-token probe when idle or stalled) and its Health."""
-        return observe.judged(self.cl, self.mem, probe="idle")
+        """One observation (core.observe.look: the one-token probe when idle or stalled) and its Health. A
+        token for a start of rank 0 no readiness wait saw generate (a recovery whose watchdog was killed)
+        marks it ready, as that wait would have: `doit status`, which sends no probe, then agrees."""
+        obs, h = observe.judged(self.cl, self.mem, probe="idle")
+        if obs.probe == TOKEN and self.mem.ready_start is not None and (obs.ready_at or 0) < self.mem.ready_start:
+            record.mark_ready(self.state, max(self.clock(), self.mem.ready_start))
+        return obs, h
 
     def resume(self):
         """At start: an incident a watchdog killed mid-recovery left open is closed as interrupted (with
