@@ -486,3 +486,16 @@ def test_the_endpoints_read_from_the_environment_are_settings(monkeypatch):
     assert pi.install(load_config({})) and ran[1][-1] == "http://127.0.0.1:8000/v1"
     with pytest.raises(ConfigError, match=r"^HF_ENDPOINT='127.0.0.1:9' is not valid: expected an http:// or https://"):
         load_config({"HF_ENDPOINT": "127.0.0.1:9"})
+
+
+def test_the_configs_fields_carry_the_types_of_their_values():
+    """Config's fields are typed (the package ships py.typed): each field's declared type holds its value at
+    the defaults and under a profile and the environment."""
+    import dataclasses
+    from dsv41.settings.config import Config
+    cfg = load_config({"WORKER": "u@10.0.0.2", "NCCL_IB_GID_INDEX": "3", "ALERT_EMAIL_TO": "a@b.c",
+                       "ALERT_SMTP_SMARTHOST": "mail.example:25", "ALERT_EMAIL_FROM": "d@b.c"})
+    types = {f.name: f.type for f in dataclasses.fields(Config)}
+    assert object not in types.values() and types["nccl_ib_gid_index"] == int | None and types["port"] is int
+    for default in (load_config({"WORKER": "u@10.0.0.2"}), cfg):
+        assert [name for name, t in types.items() if not isinstance(getattr(default, name), t)] == []
