@@ -156,6 +156,7 @@ def test_without_the_gateway_and_back_rank_0_takes_port_8000_and_a_rollback_rest
     try:
         r = lab.doit("launch", {"GATEWAY": "0"})
         assert "stopped the gateway" in r.stdout and "ranks (re)started" in r.stdout, r.stdout
+        assert "GATEWAY=0: rank 0 serves PORT 8000 itself" in r.stdout and "/invocations" in r.stdout, r.stdout
         without = json.loads(lab.doit("status --json", {"GATEWAY": "0"}).stdout)["release"]["serving"]["number"]
         assert "0.0.0.0:8000" in listening(lab, "python3") and not listening(lab, "haproxy")
         assert curl(lab, key(lab)) == ("200", None)
