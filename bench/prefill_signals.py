@@ -7,7 +7,9 @@ for example in the lab after `doit launch` with DSV41_PROFILE=lab-vllm BATCH=64:
 It prints one line per sample (seconds since the request was sent, running, prompt and generation token
 totals, the step count, KV-cache use), then for every vllm series the number of one-second intervals in
 which it moved while the prompt was being prefilled (the request running, no prompt token counted yet),
-and the same as JSON on the last line. Standard library only."""
+and the same as JSON on the last line. The prompt goes through the door (--url, with the client key); /metrics is
+read from the engine itself (--metrics-url, rank 0 on 127.0.0.1:ENGINE_PORT: the door does not serve it).
+Standard library only."""
 import argparse
 import json
 import os
@@ -52,7 +54,9 @@ def post(url, key, body):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the door (PORT)")
+    p.add_argument("--metrics-url", default="http://127.0.0.1:18000/metrics",
+                   help="the engine's /metrics (127.0.0.1:ENGINE_PORT; with GATEWAY=0, PORT's)")
     p.add_argument("--key-file", default=os.path.expanduser("~/.dsv41-two-sparks/api_key"))
     p.add_argument("--words", type=int, default=3000, help="prompt length in words (unique, so no cache hit)")
     p.add_argument("--every", type=float, default=1.0)
@@ -71,13 +75,13 @@ def main():
         done["answer"] = post(a.url + "/v1/completions", key, {"model": model, "prompt": prompt, "max_tokens": 1,
                                                                "temperature": 0})
         done["took_s"] = time.monotonic() - t
-    samples = [(0.0, scrape(a.url + "/metrics", raw))]
+    samples = [(0.0, scrape(a.metrics_url, raw))]
     t0 = time.monotonic()
     worker = threading.Thread(target=send)
     worker.start()
     while worker.is_alive() or len(samples) < 3:
         time.sleep(max(0.0, a.every - (time.monotonic() - t0) % a.every))
-        samples.append((time.monotonic() - t0, scrape(a.url + "/metrics", raw)))
+        samples.append((time.monotonic() - t0, scrape(a.metrics_url, raw)))
         if not worker.is_alive() and "after" not in done:
             done["after"] = len(samples)
     worker.join()

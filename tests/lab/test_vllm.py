@@ -138,7 +138,7 @@ def test_a_long_chunked_prefill_is_progress_though_no_token_total_moves(lab, vll
     the engine flat for more than about one chunk (measured: 13 s to the first token, 11 samples with none
     counted, flat at most 3 s)."""
     r = lab.on("head", f"/opt/dsv41-venv/bin/python {lab.repo}/bench/prefill_signals.py --words 7000 "
-               f"--raw /tmp/prefill-raw.jsonl", timeout=900)
+               f"--metrics-url http://127.0.0.1:18000/metrics --raw /tmp/prefill-raw.jsonl", timeout=900)
     found = json.loads(r.stdout.splitlines()[-1])
     scrapes = [json.loads(line) for line in lab.on("head", "cat /tmp/prefill-raw.jsonl").stdout.splitlines()]
     progress = hang.Progress.for_recipe(Vllm)
