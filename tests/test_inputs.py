@@ -74,12 +74,15 @@ def test_a_word_releases_or_rollback_cannot_take_is_bad_input(words, tmp_path, m
         releases.rollback(cfg, words[1:] or words)
 
 
-def test_a_superscript_number_is_a_name_for_incidents_show(tmp_path, monkeypatch):
+def test_a_superscript_number_is_bad_input_for_incidents_show(tmp_path, monkeypatch):
+    """"²" is neither a number `doit incidents` lists (int() refuses it) nor an incident's name: bad input (2)."""
     monkeypatch.setenv("STATE_DIR", str(tmp_path))
     cfg = load_config()
-    with pytest.raises(UserError, match="no incident \u00b2: 0 saved") as err:
+    with pytest.raises(BadInput, match="`doit incidents show \u00b2`: expected a number"):
         incident_log.incidents(cfg, ["show", "\u00b2"])
-    assert not isinstance(err.value, BadInput)                   # no such incident: 1, as for a number
+    with pytest.raises(UserError, match="no incident 7: 0 saved") as err:
+        incident_log.incidents(cfg, ["show", "7"])
+    assert not isinstance(err.value, BadInput)                   # no such incident: 1
     with pytest.raises(BadInput, match="expected `doit incidents` or `doit incidents show"):
         incident_log.incidents(cfg, ["bogus"])
 
