@@ -15,7 +15,7 @@ from dsv41.errors import UserError, one_line  # noqa: E402
 from dsv41.head import (alerts, completion, config, copy_checkpoint, download, fabric_bench,  # noqa: E402
                         incident_log, keys, launch, logs, monitoring, pi, plan, releases, render, smoke_bench,
                         status, stop)
-from dsv41.head.core import image, preflight, verify  # noqa: E402
+from dsv41.head.core import image, preflight, release_status, verify  # noqa: E402
 from dsv41.head.core.doit_setup import (Reporter, SizeMtimeChecker, action, bad_options_exit_2,  # noqa: E402
                                         dep_file, quiet_on_closed_pipe)
 from dsv41.settings.layers import load_config  # noqa: E402
@@ -42,10 +42,20 @@ DOIT_CONFIG = {
 JSON = {"name": "json", "long": "json", "type": bool, "default": False, "help": "print JSON"}
 
 
-def call(func, mutates=False):
-    """A doit action running func(CFG, **params); mutating tasks take the run lock first."""
-    return action(lambda **params: func(CFG, **params), name=func.__name__,
-                  lock_dir=CFG.state_dir if mutates else None)
+def call(func, mutates=False, served=False):
+    """A doit action running func(CFG, **params); mutating tasks take the run lock first. served: func
+    works with what runs, so it gets the layout of the release in service (which a rollback may have
+    made other than the settings'), said on stderr when it differs."""
+    def run(**params):
+        return func(as_served(CFG) if served else CFG, **params)
+    return action(run, name=func.__name__, lock_dir=CFG.state_dir if mutates else None)
+
+
+def as_served(cfg):
+    cfg, line = release_status.as_served(cfg)
+    if line:
+        print(f"dsv41: {line}", file=sys.stderr)
+    return cfg
 
 
 def top(cfg, **params):
@@ -154,7 +164,7 @@ def task_releases():
 
 def task_keys():
     """The gateway's client keys: doit keys [list | add NAME | revoke NAME | rotate NAME] (a new key is shown once)."""
-    return {"actions": [call(keys.keys)], "pos_arg": "words", "uptodate": [False]}
+    return {"actions": [call(keys.keys, served=True)], "pos_arg": "words", "uptodate": [False]}
 
 
 def task_rollback():
@@ -164,7 +174,7 @@ def task_rollback():
 
 def task_stop():
     """Stop the watchdog, drain, the head's rank, then the workers', then the memory guards (idempotent)."""
-    return {"actions": [call(stop.stop)], "uptodate": [False],        # takes the run lock itself
+    return {"actions": [call(stop.stop, served=True)], "uptodate": [False],        # takes the run lock itself
             "params": [{"name": "free_port", "long": "free-port", "type": bool, "default": False,
                         "help": "stop the gateway too: PORT is free (without it clients get 503 \"stopped\")"}]}
 
@@ -181,7 +191,7 @@ def task_clear_trip():
 
 def task_monitoring():
     """Prometheus config, alert rules and a Grafana dashboard in $STATE_DIR/monitoring/ (--install runs them)."""
-    return {"actions": [call(monitoring.monitoring, mutates=True)], "uptodate": [False],
+    return {"actions": [call(monitoring.monitoring, mutates=True, served=True)], "uptodate": [False],
             "params": [{"name": "install", "long": "install", "type": bool, "default": False,
                         "help": "run dsv41-prometheus.service on the head with them"}]}
 
@@ -193,19 +203,19 @@ def task_alerts():
 
 def task_smoke():
     """Smoke-test the API: text, tools, vision, reasoning, stream; PASS/FAIL per check."""
-    return {"actions": [call(smoke_bench.smoke)], "uptodate": [False], "params": [
+    return {"actions": [call(smoke_bench.smoke, served=True)], "uptodate": [False], "params": [
         JSON, {"name": "deadline_s", "long": "deadline-s", "type": float, "default": None,
                "help": "end the whole run within S seconds: checks still to run then fail (default: the smoke tool's)"}]}
 
 
 def task_bench():
     """Benchmark prefill, decode and long context: doit bench -- --out FILE [bench options]."""
-    return {"actions": [call(smoke_bench.bench)], "pos_arg": "args", "uptodate": [False]}
+    return {"actions": [call(smoke_bench.bench, served=True)], "pos_arg": "args", "uptodate": [False]}
 
 
 def task_pi():
     """Register the API with the Pi coding agent on this machine (pi/install.sh)."""
-    return {"actions": [call(pi.install)], "uptodate": [False]}
+    return {"actions": [call(pi.install, served=True)], "uptodate": [False]}
 
 
 def task_fabric_bench():

@@ -111,6 +111,29 @@ def test_status_judges_the_door_the_release_in_service_runs_not_the_one_the_sett
     assert as_served(cfg) == (cfg, None)
 
 
+def test_the_commands_that_use_what_runs_take_the_layout_of_the_release_in_service(tmp_path):
+    """After a rollback to a release run with GATEWAY=0 on another PORT, keys, smoke and the others go by
+    what runs: keys says there is no door, smoke asks rank 0 on the release's port, each with the line."""
+    from dsv41.settings.resolved import resolved
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if k not in ("WORKER", "WORKERS", "DSV41_PROFILE", "DSV41_API_KEY")}
+    env.update({"STATE_DIR": str(state), "WORKER": "u@w", "IMG": PIN, "PORT": "18999", "MPORT": "18998"})
+    ran = load_config({"WORKER": "u@w", "STATE_DIR": str(state), "IMG": PIN, "GATEWAY": "0", "PORT": "18997"})
+    launch(str(state), {**fields(), "settings": resolved(ran)}, rel.GOOD)
+    (state / "api_key").write_text("sk-a-key\n")
+    said = "dsv41: release 1 in service runs with GATEWAY=0, PORT=18997 (the settings say GATEWAY=1, PORT=18999)"
+
+    def doit(*args):
+        r = subprocess.run([sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py"), *args], env=env,
+                           capture_output=True, text=True, cwd=ROOT, timeout=120, stdin=subprocess.DEVNULL)
+        assert "Traceback" not in r.stderr and said in r.stderr, r.stderr
+        return r
+    r = doit("keys")
+    assert r.returncode == 1 and "dsv41: keys: GATEWAY=0: rank 0 serves PORT with the one key" in r.stderr, r.stderr
+    r = doit("smoke", "--deadline-s", "3")
+    assert r.returncode != 0 and "127.0.0.1:18997" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_a_release_whose_settings_this_version_cannot_read_never_runs_on_todays(tmp_path):
     """A recorded PORT of "abc", or a setting of a newer version: refused naming the record (a rollback, a
     way back), and status judges by the settings with that line instead of a traceback."""

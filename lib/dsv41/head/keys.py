@@ -25,7 +25,7 @@ USAGE = ("expected `doit keys`, `doit keys add NAME`, `doit keys revoke NAME` or
 
 def keys(cfg, words=()):
     verb, name = parse(words)
-    if not cfg.gateway:
+    if not cfg.layout.door:
         raise UserError("GATEWAY=0: rank 0 serves PORT with the one key of API_KEY_FILE; named keys need the "
                         "gateway (GATEWAY=1, then `doit launch`)")
     default = read_key(cfg)

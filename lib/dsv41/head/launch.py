@@ -32,7 +32,7 @@ def launch(cfg, force=False, retry_failed=False):
     image_ids = image.ensure(cl, states)
     client_key = read_or_create_key(cfg)
     want = desired(cl, fab, engine_key(cfg, create=True), read_head_plan(cfg))
-    if cfg.gateway:                                          # haproxy -c on the head before anything changes
+    if cfg.layout.door:                                          # haproxy -c on the head before anything changes
         cl.gateway.prepare(want.files[cl.head.name][names.GATEWAY_CONFIG][0], cl.gateway.key_hash(client_key))
     ro = rollout.prepare(cfg, want, states, image_ids, retry_failed)     # refuses the release that just failed
     for line in ro.lines:

@@ -70,7 +70,7 @@ def render_config(cfg, rules_path):
         interval=f"{cfg.scrape_interval_s}s", rules=rules_path, engine=engine_target(cfg),
         key_file=engine_key_file(cfg) if cfg.metrics_with_key else "", nodes=node_targets(cfg),
         cluster=cfg.cluster_name, alertmanager=f"127.0.0.1:{cfg.alertmanager_port}",
-        gateway=f"127.0.0.1:{cfg.port}" if cfg.gateway else "", gateway_path=names.GATEWAY_METRICS_PATH)
+        gateway=f"127.0.0.1:{cfg.port}" if cfg.layout.door else "", gateway_path=names.GATEWAY_METRICS_PATH)
 
 
 def render_rules(cfg, recipe=None):
@@ -82,7 +82,7 @@ def render_rules(cfg, recipe=None):
                   ttft_p95_s=f"{cfg.alert_ttft_p95_s:g}",
                   decode_toks_min=f"{cfg.alert_decode_toks_min:g}", margin_gib=f"{cfg.alert_mem_margin_gib:g}",
                   margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
-                  grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s, gateway=cfg.gateway)
+                  grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s, gateway=cfg.layout.door)
     values.update(quiet=watchdog_quiet(values["grace_s"]), quiet_recent=watchdog_quiet(recent_s),
                   quiet_symptom=watchdog_quiet(recent_s + values["grace_s"]))
     engine_rules = ""

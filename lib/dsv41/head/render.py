@@ -20,7 +20,7 @@ def render(cfg):
             user = n.target.split("@")[0] if "@" in n.target else os.environ.get("USER", "root")
             n.assume_home("/root" if user == "root" else f"/home/{user}")
     rendered = {cl.spec(n).rank: units.render_units(cfg, cl.recipe, cl.spec(n), fab, cl.paths(n)) for n in cl.nodes}
-    if cfg.gateway:
+    if cfg.layout.door:
         rendered[0].update(units.gateway_config_files(cfg))
     out = units.rendered_dir(cfg)
     units.write_rendered(cfg, rendered, out)

@@ -51,7 +51,7 @@ def api_status(cl, problems=None):
 def door_status(cl, head_state, problems):
     """What clients get at PORT: the gateway's unit, its door (open, or closed and why), the requests in
     flight, and /v1/models asked there with the client key `default`; None with GATEWAY=0."""
-    if not cl.cfg.gateway:
+    if not cl.layout.door:
         return None
     u = head_state.unit(names.GATEWAY_UNIT) if head_state and not head_state.error else None
     out = {"url": cl.cfg.api_url, "unit": (u.active or "not installed") if u and u.installed else "not installed",

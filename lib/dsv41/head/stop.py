@@ -42,7 +42,7 @@ def stop(cfg, free_port=False):
     # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
     on(cl.head, names.WATCHDOG_UNIT, "the watchdog")
     runlock.take(cfg.state_dir)
-    if not cl.head.unreachable and cfg.gateway:      # new requests 503, those in flight finish (DRAIN_S)
+    if not cl.head.unreachable and cl.layout.door:      # new requests 503, those in flight finish (DRAIN_S)
         line = cl.gateway.drain(cl.gateway.STOPPED)
         if line:
             say(cl.head, line)
@@ -65,10 +65,10 @@ def gateway_after_stop(cl, seen, free_port, on):
     if not g or not g.installed:
         return
     if free_port:
-        on(cl.head, names.GATEWAY_UNIT, f"the gateway: port {cl.cfg.port} is free")
+        on(cl.head, names.GATEWAY_UNIT, f"the gateway: port {cl.layout.port} is free")
         cl.systemctl(cl.head, "disable", "--quiet", names.GATEWAY_UNIT, check=False)
     elif g.active == "active":
-        say(cl.head, f"the gateway stays on port {cl.cfg.port}, answering 503 \"{cl.gateway.STOPPED}\" "
+        say(cl.head, f"the gateway stays on port {cl.layout.port}, answering 503 \"{cl.gateway.STOPPED}\" "
                      "(`doit stop --free-port` stops it too)")
 
 

@@ -99,7 +99,7 @@ class Watchdog:
     def open_door_left_closed(self):
         """The gateway's door left closed while the cluster is ready (a command that died after its drain,
         a door that could not be opened) opens, unless a command runs or `doit stop` closed it."""
-        if not self.cfg.gateway or runlock.holder(self.state):
+        if not self.cfg.layout.door or runlock.holder(self.state):
             return
         try:
             st = self.cl.gateway.state()
@@ -253,7 +253,7 @@ class Watchdog:
             ends = [i["ended"] for i in restarts if i.get("ended")]
             write_metrics(self.cfg.metrics_dir, h, len(restarts), bool(status["gave_up"]), now,
                           max(ends, default=0))
-            if self.cfg.gateway:
+            if self.cfg.layout.door:
                 self.publish_gateway()
 
     def publish_gateway(self):

@@ -8,7 +8,7 @@ import functools
 import os
 from types import SimpleNamespace
 
-from dsv41.settings import kinds, schema
+from dsv41.settings import kinds, layout, schema
 from dsv41.settings.kinds import ConfigError
 
 
@@ -72,16 +72,19 @@ class _Config:
         return self.state_dir if spec.rank == 0 else self.node_path(self.state_dir_raw, home)
 
     @property
+    def layout(self):
+        """The serving layout these settings describe (settings.layout.Layout)."""
+        return layout.of(self)
+
+    @property
     def api_url(self):
         """What clients get: the gateway on PORT (rank 0 itself with GATEWAY=0)."""
-        host = self.head.ip or "127.0.0.1"
-        return f"http://{host}:{self.port}/v1"
+        return self.layout.api_url
 
     @property
     def engine_url(self):
-        """Rank 0's own API server, where dsv41 judges the engine: 127.0.0.1:ENGINE_PORT on the head behind
-        the gateway, else the API URL."""
-        return f"http://127.0.0.1:{self.engine_port}/v1" if self.gateway else self.api_url
+        """Rank 0's own API server, where dsv41 judges the engine (settings.layout.Layout.engine_url)."""
+        return self.layout.engine_url
 
 
 def field_type(s, name):

@@ -156,7 +156,7 @@ def measured_args(cfg, rank, fabric_by_rank):
     ]
     if rank:
         return args + ["--node-rank", str(rank), "--headless"]
-    host, port = ("127.0.0.1", cfg.engine_port) if cfg.gateway else ("0.0.0.0", cfg.port)   # behind the gateway
+    host, port = cfg.layout.engine_listen                        # 127.0.0.1:ENGINE_PORT behind the gateway
     return args + ["--node-rank", "0", "--host", host, "--port", str(port),
                    "--reasoning-parser", "deepseek_v41", "--tool-call-parser", "deepseek_v41",
                    "--enable-auto-tool-choice", "--enable-prompt-tokens-details",

@@ -4,7 +4,6 @@ the gateway and dsv41's head tools hold. Rank 0 gets its key as a mounted file (
 GATEWAY=0); no key is ever in a unit file, an argument list or a log."""
 import secrets
 
-from dsv41 import names
 from dsv41.client.api import read_key_file
 from dsv41.head.core import statefiles
 
@@ -25,7 +24,7 @@ def read_or_create_key(cfg):
 
 def engine_key_file(cfg):
     """Where rank 0's key is kept on the head: its own file behind the gateway, else the client key's."""
-    return names.state_path(cfg.state_dir, names.ENGINE_KEY_SOURCE) if cfg.gateway else cfg.api_key_file
+    return cfg.layout.engine_key_file
 
 
 def engine_key(cfg, create=False):

@@ -108,8 +108,14 @@ class Cluster:
         rank 0's key (created first when create_key and missing): where dsv41 judges the engine. With a
         list for problems, a key file that cannot be read is said there and no key is sent (status and
         top still ask /health)."""
-        return self._client(self.cfg.engine_url, lambda: engine_key(self.cfg, create=create_key), read_timeout,
+        return self._client(self.layout.engine_url, lambda: engine_key(self.cfg, create=create_key), read_timeout,
                             problems)
+
+    @property
+    def layout(self):
+        """Where clients and dsv41 reach the engine (settings.layout.Layout) of the Config given: the
+        settings', or the release in service's (core.release_status.as_served)."""
+        return self.cfg.layout
 
     @property
     def gateway(self):
@@ -118,7 +124,7 @@ class Cluster:
 
     def door_client(self, read_timeout, problems=None):
         """A client of what clients get (the gateway on PORT) with the client key `default`."""
-        return self._client(self.cfg.api_url, lambda: read_key(self.cfg), read_timeout, problems)
+        return self._client(self.layout.api_url, lambda: read_key(self.cfg), read_timeout, problems)
 
     def _client(self, url, key_of, read_timeout, problems):
         try:

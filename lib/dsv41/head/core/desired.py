@@ -46,7 +46,7 @@ def state_files(cfg, is_head, key, plan_text):
         files[names.SECRET_KEY] = (f"{key}\n" if key else None, 0o600)
         if cfg.watchdog:
             files[names.WATCHDOG_SETTINGS] = (watchdog_settings(cfg), 0o600)
-        if cfg.gateway:
+        if cfg.layout.door:
             files[names.GATEWAY_CONFIG] = (units.gateway_config(cfg), 0o644)
     return files
 

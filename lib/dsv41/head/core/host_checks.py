@@ -103,7 +103,7 @@ def ports(ctx, s, f):
     used = f.get("ports") or {}
     gateway_on = ((f.get("units") or {}).get("active") or {}).get(GATEWAY_UNIT) in ("active", "reloading")
     cfg = ctx.cfg
-    for port, var in ((cfg.port, "PORT"), (cfg.mport, "MPORT"), *([(cfg.engine_port, "ENGINE_PORT")] if cfg.gateway else [])):
+    for port, var in (*cfg.layout.ports, (cfg.mport, "MPORT")):
         if used.get(str(port)) is None:
             yield WARN, f"{var} {port}: not checked", ""
         elif not used[str(port)]:
@@ -120,7 +120,7 @@ def ports(ctx, s, f):
 @check("door")
 def door(ctx):
     """Who reaches the model on PORT: with GATEWAY=0 vLLM's own key check covers only paths under /v1."""
-    if ctx.cfg.gateway:
+    if ctx.cfg.layout.door:
         yield PASS, f"PORT {ctx.cfg.port}: the gateway admits only listed routes with a client key"
     else:
         yield (WARN, f"GATEWAY=0: rank 0 serves PORT {ctx.cfg.port} itself, and vLLM checks its key only under /v1: "
@@ -176,7 +176,7 @@ def clock(ctx, s, f):
 @check("tools", per_node=True)
 def tools(ctx, s, f):
     have = f.get("tools") or {}
-    need = ("rsync", "curl") + (("haproxy",) if s.rank == 0 and ctx.cfg.gateway else ())   # the gateway runs it
+    need = ("rsync", "curl") + (("haproxy",) if s.rank == 0 and ctx.cfg.layout.door else ())   # the gateway runs it
     miss = [t for t in need if have.get(t) is False]
     if miss:
         yield FAIL, f"missing: {', '.join(miss)}", f"sudo apt-get install {' '.join(miss)}" + (

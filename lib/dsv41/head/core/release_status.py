@@ -4,16 +4,17 @@ in service runs (as_served). The records are core.releases'."""
 import dataclasses
 
 from dsv41.errors import UserError, one_line
+from dsv41.settings import layout
 from dsv41.head.core.releases import (ROLLING_OUT, carrier_line, in_service, load_all, settings_of, short_id,
                                       unfinished, when)
 
-LAYOUT = ("gateway", "port", "engine_port")     # where clients and dsv41 find the engine
 
 
 def as_served(cfg):
     """(cfg, None), or, when the release in service runs another layout than the settings say (`doit
     rollback` to a release recorded before the gateway, or with GATEWAY=0; another PORT), (cfg with the
-    release's GATEWAY, PORT and ENGINE_PORT, the line saying so): status and top judge what runs."""
+    release's GATEWAY, PORT and ENGINE_PORT, the line saying so): the commands that judge or use what runs
+    (status, top, stop, keys, smoke, bench, pi, monitoring) take its layout."""
     try:
         serving, _ = in_service(cfg.state_dir)
     except UserError:
@@ -22,13 +23,13 @@ def as_served(cfg):
         ran = settings_of(serving, cfg) if serving else cfg
     except UserError as err:
         return cfg, f"{one_line(err, 300)}; judged by the settings"
-    differs = [k for k in LAYOUT if getattr(ran, k) != getattr(cfg, k)]
+    differs = [k for k in layout.SETTINGS if getattr(ran, k) != getattr(cfg, k)]
     if not differs:
         return cfg, None
 
     def shown(c):
         return ", ".join(f"{k.upper()}={int(getattr(c, k))}" for k in differs)
-    return (dataclasses.replace(cfg, **{k: getattr(ran, k) for k in LAYOUT}),
+    return (dataclasses.replace(cfg, **{k: getattr(ran, k) for k in layout.SETTINGS}),
             f"release {serving.number} in service runs with {shown(ran)} (the settings say {shown(cfg)}): "
             "judged as it runs; `doit launch` applies the settings")
 

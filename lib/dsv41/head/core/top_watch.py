@@ -198,7 +198,7 @@ class Observer:
             if w.job is None:
                 self.start_node(w)
         self.start_scrape()
-        if self.cfg.gateway and self.asking is None and self.watches[self.cl.head.name].ready:
+        if self.cfg.layout.door and self.asking is None and self.watches[self.cl.head.name].ready:
             self.asking = Door(self.cl)          # once the node code is on the head (never two copies at once)
 
     def start_scrape(self):
@@ -312,7 +312,7 @@ class Observer:
     def gateway(self, now):
         """top's "gateway": the door's last answer (door, reason, ready_at, in_flight: None when no gateway
         runs), its age and why the last ask failed; None with GATEWAY=0."""
-        if not self.cfg.gateway:
+        if not self.cfg.layout.door:
             return None
         return {**(self.door or dict.fromkeys(("door", "reason", "ready_at", "in_flight"))),
                 "seen_s_ago": round(now - self.door_at, 1) if self.door_at else None, "error": self.door_error}

@@ -129,7 +129,7 @@ def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_d
                              statefiles.server_flags(cfg.state_dir, cfg.image)))
     if spec.rank == 0 and cfg.watchdog:
         out[names.WATCHDOG_UNIT] = _render(env, WATCHDOG_TEMPLATE, watchdog_vars(paths))
-    if spec.rank == 0 and cfg.gateway:
+    if spec.rank == 0 and cfg.layout.door:
         out[names.GATEWAY_UNIT] = _render(env, GATEWAY_TEMPLATE, gateway_vars(cfg, paths))
     return out
 
