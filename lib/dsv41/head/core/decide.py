@@ -90,7 +90,7 @@ def decide(specs, desired, states, recipe):
             if text is None or f.files.get(rel) != sha(text):
                 steps.append(Step(Kind.WRITE, s.name, rel, f"{rel} differs"))
                 written.add((s.name, rel))
-                if rel not in (names.GUARD_SETTINGS, names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG):   # ranks read it
+                if rel != names.GUARD_SETTINGS and rel not in SERVICE_ONLY_FILES:   # ranks read it
                     rank_reasons.append(f"{rel} changed on {s.name}")
     for node, unit in sorted(changed):
         steps.append(Step(Kind.INSTALL, node, unit, f"{unit} differs from the rendered unit"))
@@ -110,9 +110,10 @@ def decide(specs, desired, states, recipe):
     if rank_reasons:
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
     head = specs[0].name
-    return (steps + exporter_steps(specs, desired, states, changed)
-            + watchdog_steps(head, desired, states[head], changed, written)
-            + gateway_steps(head, desired, states[head], changed, written))
+    steps += exporter_steps(specs, desired, states, changed)
+    for svc in HEAD_SERVICES:
+        steps += service_steps(svc, head, desired, states[head], changed, written)
+    return steps
 
 
 def exporter_steps(specs, desired, states, changed):
@@ -144,35 +145,50 @@ def unit_reasons(s, f, unit, container, changed):
     return []
 
 
-def watchdog_steps(head, desired, f, changed, written):
-    """Start, restart (its unit or settings changed) or, with WATCHDOG=0, stop the head's watchdog."""
-    w = names.WATCHDOG_UNIT
-    u = f.unit(w)
-    active = u.active == "active"
-    if w not in desired.units[head]:
-        on = active or u.enabled == "enabled"
-        return [Step(Kind.STOP_WATCHDOG, head, w, "WATCHDOG=0")] if on else []
-    if not active:
-        return [Step(Kind.START_WATCHDOG, head, w, "the watchdog is not running")]
-    if (head, w) in changed or (head, names.WATCHDOG_SETTINGS) in written:
-        return [Step(Kind.RESTART_WATCHDOG, head, w, "its unit or settings changed")]
-    return []
+class HeadService(NamedTuple):
+    """A service the head runs besides its rank, as data: decide() and core.rollout.apply both read it. A
+    new head service is one entry of HEAD_SERVICES (and its unit in the head's desired units)."""
+    unit: str
+    start: Kind                 # started when it is desired and not running
+    restart: Kind               # restarted when its unit or a file it reads at start changed
+    stop: Kind                  # stopped and disabled when it is not desired
+    reload: Kind = None         # reloaded (it and the ranks left running) when a file it reloads changed
+    reads: tuple = ()           # state files read at start (a change restarts it)
+    reloads: tuple = ()         # state files it re-reads on reload
+    off: str = ""               # why it is not desired: its switch
+    not_running: str = ""
+    restart_why: str = ""
+    reload_why: str = ""
+    stops_before_ranks: bool = False   # stopped before the ranks start (core.rollout.apply), started after them
 
 
-def gateway_steps(head, desired, f, changed, written):
-    """Start, restart (its unit or rank 0's key changed), reload (its config changed) or, when it is not
-    desired, stop the head's gateway (core.rollout.apply stops it before the ranks start, and starts it
-    after them when it was not running: rank 0 may hold PORT until it stops)."""
-    g = names.GATEWAY_UNIT
-    u = f.unit(g)
+HEAD_SERVICES = (
+    HeadService(names.WATCHDOG_UNIT, Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG,
+                reads=(names.WATCHDOG_SETTINGS,), off="WATCHDOG=0", not_running="the watchdog is not running",
+                restart_why="its unit or settings changed"),
+    # rank 0 may hold PORT until it stops: the gateway is stopped before the ranks start, started after them
+    HeadService(names.GATEWAY_UNIT, Kind.START_GATEWAY, Kind.RESTART_GATEWAY, Kind.STOP_GATEWAY,
+                Kind.RELOAD_GATEWAY, reads=(names.SECRET_KEY,), reloads=(names.GATEWAY_CONFIG,),
+                off="GATEWAY=0: rank 0 serves PORT itself", not_running="the gateway is not running",
+                restart_why="its unit or rank 0's key changed",
+                reload_why="its config changed (the ranks are left alone)", stops_before_ranks=True),
+)
+# state files only the head's services read (besides the guard's): their change restarts no rank
+SERVICE_ONLY_FILES = (names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG)
+
+
+def service_steps(svc, head, desired, f, changed, written):
+    """Start, restart, reload or, when it is not desired (its switch off, or a release recorded without
+    it), stop one head service."""
+    u = f.unit(svc.unit)
     active = u.active == "active"
-    if g not in desired.units[head]:
+    if svc.unit not in desired.units[head]:
         on = active or u.enabled == "enabled"
-        return [Step(Kind.STOP_GATEWAY, head, g, "GATEWAY=0: rank 0 serves PORT itself")] if on else []
+        return [Step(svc.stop, head, svc.unit, svc.off)] if on else []
     if not active:
-        return [Step(Kind.START_GATEWAY, head, g, "the gateway is not running")]
-    if (head, g) in changed or (head, names.SECRET_KEY) in written:
-        return [Step(Kind.RESTART_GATEWAY, head, g, "its unit or rank 0's key changed")]
-    if (head, names.GATEWAY_CONFIG) in written:
-        return [Step(Kind.RELOAD_GATEWAY, head, g, "its config changed (the ranks are left alone)")]
+        return [Step(svc.start, head, svc.unit, svc.not_running)]
+    if (head, svc.unit) in changed or any((head, rel) in written for rel in svc.reads):
+        return [Step(svc.restart, head, svc.unit, svc.restart_why)]
+    if any((head, rel) in written for rel in svc.reloads):
+        return [Step(svc.reload, head, svc.unit, svc.reload_why)]
     return []

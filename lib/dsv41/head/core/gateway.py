@@ -36,7 +36,7 @@ class Gateway:
 
     def __init__(self, cl):
         self.cl = cl
-        self.on = cl.layout.door
+        self.on = cl.cfg.layout.door
 
     def _call(self, req):
         cl, head = self.cl, self.cl.head

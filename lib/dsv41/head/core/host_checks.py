@@ -103,7 +103,8 @@ def ports(ctx, s, f):
     used = f.get("ports") or {}
     gateway_on = ((f.get("units") or {}).get("active") or {}).get(GATEWAY_UNIT) in ("active", "reloading")
     cfg = ctx.cfg
-    for port, var in (*cfg.layout.ports, (cfg.mport, "MPORT")):
+    public, *behind = cfg.layout.ports
+    for port, var in (public, (cfg.mport, "MPORT"), *behind):
         if used.get(str(port)) is None:
             yield WARN, f"{var} {port}: not checked", ""
         elif not used[str(port)]:
