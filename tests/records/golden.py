@@ -1,5 +1,7 @@
-"""Golden outputs for fixed inputs: the text `doit plan` prints, the units `doit render` writes and the
-steps decide() takes, as {case name: text} from the dsv41 on sys.path. No node is contacted: the facts
+"""Golden outputs for fixed inputs: the text `doit plan` prints, the units `doit render` writes, the
+steps decide() takes (with and without the gateway) and what `doit releases` and `doit status` say of a
+release history walked through the release machine's moves, as {case name: text} from the dsv41 on
+sys.path. No node is contacted: the facts
 and probe answers below stand in for the nodes' own.
 
     PYTHONPATH=<tree>/lib python tests/records/golden.py <out dir>    writes one .txt per case"""
@@ -233,11 +235,71 @@ def decisions(tmp):
                                         was={"NCCL_IB_GID_INDEX": "3"})}
 
 
+def gateway_decisions(tmp):
+    """decide()'s steps for the head's gateway: kept, stopped, its config or rank 0's key changed, turned
+    off, turned on."""
+    on = {"GATEWAY": "1"}
+    cases = {
+        "nothing changed": dict(env=on),
+        "the gateway stopped": dict(env=on, change=lambda r: unit(r, "head", "dsv41-gateway.service",
+                                                                  ActiveState="inactive")),
+        "its config changed": dict(env={**on, "GATEWAY_TIMEOUT_S": "123"}, was=on),
+        "rank 0's key changed": dict(env=on, key="n" * 43, was=on),
+        "GATEWAY=0 after 1": dict(env={}, was=on),
+        "GATEWAY=1 after 0": dict(env=on, was={}),
+    }
+    return {"decide-gateway": "".join(f"== {what}\n{steps(tmp, **kw)}" for what, kw in cases.items()),
+            "render-gateway": rendered(tmp, {**TWO, **on})}
+
+
+def release_walk(tmp):
+    """A history walked through the release machine's moves (good, failed and rolled back, failed and
+    down, one left rolling out), and what `doit releases`, `doit releases show N`, `doit rollback`'s
+    refusal and status's release line say after each move."""
+    from dsv41.head import releases as verb
+    from dsv41.head.core import release_status, releases as rel
+    out = []
+    with lab(tmp, TWO) as cfg:
+        state_dir, t = cfg.state_dir, 1_800_000_000.0
+
+        def fields(kv):
+            return {"image": "ghcr.io/x/engine@sha256:" + "ab" * 32, "image_ids": {"head": "sha256:" + "aa" * 32},
+                    "checkpoint": {"repo": "o/m", "revision": "r1", "manifest_digest": "sha256:" + "11" * 32},
+                    "settings": {"kv_bytes": kv}, "node_versions": {"head": {"kernel": "6.11", "driver": "580",
+                                                                            "docker": "28"}},
+                    "units": {"head": {"dsv41-r0.service": f"ExecStart=run --kv {kv}\n"}},
+                    "files": {"head": {}}, "secret_files": {"head": []}}
+
+        def said(move):
+            entry = release_status.service_entry(state_dir)
+            out.append(f"== {move}\n" + printed(verb.releases, cfg) + printed(verb.releases, cfg, ["show"])
+                       + f"status: {release_status.service_line(entry)}\n")
+        r = rel.begin(state_dir, fields(1), 10, now=t)
+        said("release 1 rolling out")
+        rel.finish(state_dir, r.number, rel.GOOD, "ready", startup_s=700.0, now=t + 700)
+        said("release 1 good")
+        r = rel.begin(state_dir, fields(2), 10, now=t + 1000)
+        rel.finish(state_dir, r.number, rel.FAILED, "not ready in time", now=t + 1900, back_to=1)
+        said("release 2 failed, going back to 1")
+        rel.rolling_back(state_dir, r.number, now=t + 1901)
+        rel.rolled_back(state_dir, r.number, 1, now=t + 2600)
+        said("release 2 rolled back to 1")
+        r = rel.begin(state_dir, fields(3), 10, now=t + 3000)
+        rel.finish(state_dir, r.number, rel.FAILED, "a rank failed", now=t + 3100, back_to=1)
+        rel.rolling_back(state_dir, r.number, now=t + 3101)
+        rel.down(state_dir, r.number, "rank 0 did not start", now=t + 3900)
+        said("release 3 down")
+        out.append(printed(verb.rollback, cfg, ["3"]))
+        rel.begin(state_dir, fields(4), 10, now=t + 4000)
+        said("release 4 left rolling out")
+    return {"releases-walk": normalised("".join(out), tmp)}
+
+
 def outputs():
     """{case name: text} of every case."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = os.path.realpath(tmp)
-        return {**plans(tmp), **renders(tmp), **decisions(tmp)}
+        return {**plans(tmp), **renders(tmp), **decisions(tmp), **gateway_decisions(tmp), **release_walk(tmp)}
 
 
 if __name__ == "__main__":
