@@ -130,6 +130,25 @@ class Checkpoint:
         receipt.pop("errors", None)
         names = [n for n in manifest if only is None or n in only]
         groups = find_parts(self.dir, manifest) if assemble else {}
+        errors, jobs, cleanup = self._jobs_for(manifest, names, groups, receipt, strict)
+        self._hash_jobs(receipt, jobs, groups, errors, cleanup)
+        if not self.keep_parts:
+            self._remove_parts(groups, cleanup)
+        if strict:
+            self._check_whole(receipt, manifest, errors)
+        if errors:
+            receipt["errors"] = errors
+        with self.lock:
+            write_json_atomic(self.receipt_file, {k: v for k, v in receipt.items() if k != "errors"})
+        if errors and strict:
+            more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+            raise VerifyError(errors[0] + more)
+        return receipt
+
+    def _jobs_for(self, manifest, names, groups, receipt, strict):
+        """(errors, jobs, cleanup) before any hashing: stray parts and missing files are errors; a file the
+        receipt holds fresh is skipped (its parts cleaned up); the rest are jobs (rel, sha, parts or None,
+        whether the whole file exists), disk-bound rebuilds first, the biggest first."""
         errors, jobs, cleanup = [], [], []
         for base in sorted(groups):
             if base not in manifest:
@@ -154,6 +173,11 @@ class Checkpoint:
                 errors.append(f"{rel} is missing (no file and no .partNN pieces in {self.dir}): "
                               f"run `doit download` or `doit copy`")
         jobs.sort(key=lambda j: (j[2] is None, -self._job_bytes(j)))   # disk-bound rebuilds first
+        return errors, jobs, cleanup
+
+    def _hash_jobs(self, receipt, jobs, groups, errors, cleanup):
+        """Hash (and rebuild) every job on the worker threads under one progress display; a failure is
+        appended to errors, a rebuilt file's name to cleanup."""
         total = sum(self._job_bytes(j) for j in jobs)
         progress = self.progress(f"verify {self.dir}", total)
         try:
@@ -171,35 +195,32 @@ class Checkpoint:
                         cleanup.append(rel)
         finally:
             progress.close()
-        if not self.keep_parts:
-            for rel in cleanup:
-                for _, part in groups[rel]:
-                    try:
-                        os.unlink(self.path(part))
-                    except FileNotFoundError:
-                        pass
-        if strict:
-            try:
-                for req in REQUIRED:
-                    if not os.path.isfile(self.path(req)):
-                        raise UserError(f"{self.path(req)} is missing: download or copy the model again")
-                banks = (plan_banks(self.dir, self.plan) if self.plan else
-                         sorted(os.path.join("exl3", d) for d in subdirs(self.path("exl3")) if d != "plan"))
-                receipt["exl3_files"] = count_bank_files(self.dir, banks)
-                receipt["banks"] = banks
-                receipt["plan"] = self.plan
-            except UserError as err:
-                errors.append(str(err))
-            receipt["others"] = {k: list(v) for k, v in listing(self.dir).items() if k not in manifest}
-            receipt["verified_at"] = int(time.time())
-        if errors:
-            receipt["errors"] = errors
-        with self.lock:
-            write_json_atomic(self.receipt_file, {k: v for k, v in receipt.items() if k != "errors"})
-        if errors and strict:
-            more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-            raise VerifyError(errors[0] + more)
-        return receipt
+
+    def _remove_parts(self, groups, cleanup):
+        """The .partNN pieces of each verified file in cleanup are no longer needed."""
+        for rel in cleanup:
+            for _, part in groups[rel]:
+                try:
+                    os.unlink(self.path(part))
+                except FileNotFoundError:
+                    pass
+
+    def _check_whole(self, receipt, manifest, errors):
+        """Strict: the required files, the plan and its banks, recorded in the receipt with the files the
+        manifest does not list and the time; what is missing is appended to errors."""
+        try:
+            for req in REQUIRED:
+                if not os.path.isfile(self.path(req)):
+                    raise UserError(f"{self.path(req)} is missing: download or copy the model again")
+            banks = (plan_banks(self.dir, self.plan) if self.plan else
+                     sorted(os.path.join("exl3", d) for d in subdirs(self.path("exl3")) if d != "plan"))
+            receipt["exl3_files"] = count_bank_files(self.dir, banks)
+            receipt["banks"] = banks
+            receipt["plan"] = self.plan
+        except UserError as err:
+            errors.append(str(err))
+        receipt["others"] = {k: list(v) for k, v in listing(self.dir).items() if k not in manifest}
+        receipt["verified_at"] = int(time.time())
 
     def _job_bytes(self, job):
         rel, _, parts, exists = job
