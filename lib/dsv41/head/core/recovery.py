@@ -124,11 +124,7 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
     -> the closed incident (None without a fault). Raises NeedsReboot (nothing started), or UserError
     when a step failed; the incident is closed with that result either way."""
     state_dir = cl.cfg.state_dir
-    inc = None
-    if fault is not None:
-        action = "start" if fault.action == "start" else record.RESTART if by == "dsv41-watchdog" else by
-        inc = record.open_incident(state_dir, verdict=fault.verdict.value, evidence=fault.evidence,
-                                   fault_at=fault.fault_at, node=fault.node, action=action, by=by, now=clock())
+    inc = opened(state_dir, fault, by, clock)
 
     def phase(what, **fields):
         nonlocal inc
@@ -143,29 +139,11 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
     door(cl, log, why or (f"recovering from {fault.verdict.value}" if fault is not None else f"restarting ({by})"),
          expect_s)
     try:
-        if fault is not None and fault.action != "start":
-            folder = save_evidence(cl, fault, log, name=inc["id"])
-            phase("killing the broken containers", folder=folder and os.path.basename(folder))
-            ranks.kill_ranks(cl)
-        phase("stopping the ranks in order")
-        ranks.stop_ranks(cl)
-        record_baselines(cl, cl.observe(), log)
-        phase("waiting for every node's memory to come back (MEM_RETURN_S)")
-        check = wait_memory(cl, log)
-        if check.verdict == hang.SHORT and not force:
-            record.set_needs_reboot(state_dir, check.line())
-            result = f"NEEDS_REBOOT: {check.line()}"
-            raise NeedsReboot(result)
-        if check.verdict != hang.BACK:
-            log(f"warning: {check.line()}; starting anyway")
-        record.clear_needs_reboot(state_dir)
-        phase("starting the ranks in order")
-        ranks.start_ranks(cl)
-        phase(f"waiting for a token ({within[1] if within else 'START_TIMEOUT_MIN'})")
-        ranks.wait_ready(cl, within)
+        stop_and_start(cl, fault, inc, phase, force=force, within=within, log=log)
         result = "READY"
         door(cl, log)
-    except NeedsReboot:
+    except NeedsReboot as err:
+        result = str(err)
         door(cl, log, result)
         raise
     except UserError as err:
@@ -174,9 +152,51 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
         raise
     finally:
         if inc is not None:
-            inc = record.close_incident(state_dir, inc, result, ended=clock())
-            if inc.get("folder"):
-                incidents.record_result(incidents.folder_of(state_dir, inc["folder"]), result, ended=inc["ended"])
-            if on_phase:
-                on_phase(inc)
+            inc = closed(state_dir, inc, result, clock(), on_phase)
+    return inc
+
+
+def opened(state_dir, fault, by, clock):
+    """The incident a fault opens before anything is done (None for a planned restart): its action is the
+    Health's start, the watchdog's restart, or who else restarts."""
+    if fault is None:
+        return None
+    action = "start" if fault.action == "start" else record.RESTART if by == "dsv41-watchdog" else by
+    return record.open_incident(state_dir, verdict=fault.verdict.value, evidence=fault.evidence,
+                                fault_at=fault.fault_at, node=fault.node, action=action, by=by, now=clock())
+
+
+def stop_and_start(cl, fault, inc, phase, *, force, within, log):
+    """Steps 1-5 above, each told to phase(what, **fields) before it is taken. Raises NeedsReboot (recorded
+    in $STATE_DIR, nothing started) when a node's memory did not come back, unless force."""
+    state_dir = cl.cfg.state_dir
+    if fault is not None and fault.action != "start":
+        folder = save_evidence(cl, fault, log, name=inc["id"])
+        phase("killing the broken containers", folder=folder and os.path.basename(folder))
+        ranks.kill_ranks(cl)
+    phase("stopping the ranks in order")
+    ranks.stop_ranks(cl)
+    record_baselines(cl, cl.observe(), log)
+    phase("waiting for every node's memory to come back (MEM_RETURN_S)")
+    check = wait_memory(cl, log)
+    if check.verdict == hang.SHORT and not force:
+        record.set_needs_reboot(state_dir, check.line())
+        raise NeedsReboot(f"NEEDS_REBOOT: {check.line()}")
+    if check.verdict != hang.BACK:
+        log(f"warning: {check.line()}; starting anyway")
+    record.clear_needs_reboot(state_dir)
+    phase("starting the ranks in order")
+    ranks.start_ranks(cl)
+    phase(f"waiting for a token ({within[1] if within else 'START_TIMEOUT_MIN'})")
+    ranks.wait_ready(cl, within)
+
+
+def closed(state_dir, inc, result, ended, on_phase):
+    """The incident closed with `result` at `ended`, its evidence folder told the same; on_phase sees it.
+    -> the closed incident."""
+    inc = record.close_incident(state_dir, inc, result, ended=ended)
+    if inc.get("folder"):
+        incidents.record_result(incidents.folder_of(state_dir, inc["folder"]), result, ended=inc["ended"])
+    if on_phase:
+        on_phase(inc)
     return inc
