@@ -231,15 +231,9 @@ def stopped_cleanly(u):
 
 def _judge(cfg, obs, mem, recipe):
     """(verdict, conditions, the node it names) by the rules of the module's docstring."""
-    lost = [n for n, f in obs.nodes.items() if f.error]
-    if lost:
-        return UNKNOWN, [f"no fresh facts from {n}: {obs.nodes[n].error}" for n in lost], lost[0]
-    going = [n for n, f in obs.nodes.items() if f.system == "stopping"]
-    if going:               # its units stop because it shuts down: wait until it is back (or gone)
-        return UNKNOWN, [f"{', '.join(going)} is shutting down"], going[0]
-    tripped = [n for n, f in obs.nodes.items() if f.tripped]
-    if tripped:
-        return TRIPPED, [f"the memory guard is tripped on {', '.join(tripped)}"], tripped[0]
+    said = _by_the_nodes(obs)
+    if said is not None:
+        return said
     units = {(s.name, u): obs.nodes[s.name].unit(u) for s in cfg.nodes for u in recipe.units(s)}
     states = {k: u.active or "not installed" for k, u in units.items()}
     if all(stopped_cleanly(u) for u in units.values()):
@@ -269,20 +263,9 @@ def _judge(cfg, obs, mem, recipe):
         return (DEAD if mem.dead_streak >= 2 else SUSPECT), [f"{broken} ({mem.dead_streak} interval(s) in a row)"], head.name
     mem.dead_streak = 0
     if obs.metrics is not None:
-        work = recipe.work(obs.metrics)
-        flat = tracker(mem, recipe).update(obs.metrics)
-        if any(work):
-            doing = ", ".join(f"{v:.0f} {word}" for v, word in zip(work, recipe.work_words))
-            if flat < cfg.watchdog_stall_s:
-                moved = ", ".join(m.split(":")[-1] for m in mem.progress.moved)
-                return BUSY, [f"{doing}, " + (f"progress: {moved}" if moved else f"progress seen {flat:.0f} s ago")], None
-            still = f"{doing}, and no progress signal moved for {flat:.0f} s (WATCHDOG_STALL_S {cfg.watchdog_stall_s})"
-            if obs.probe == TOKEN:
-                mem.ready_start = r0_start
-                return BUSY, [f"{still}, but the probe got a token: a long step, not a hang"], None
-            if obs.probe == NO_TOKEN:
-                return WEDGED, [f"{still}, and the probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"], head.name
-            return BUSY, [f"{still}; a one-token probe confirms before anything is done"], None
+        busy = _by_the_work(cfg, obs, mem, recipe, r0_start)
+        if busy is not None:
+            return busy
     if obs.probe == NO_TOKEN:
         if starting:
             return STARTING, [f"ranks started {r0_age:.0f} s ago; no token yet"], head.name
@@ -292,6 +275,43 @@ def _judge(cfg, obs, mem, recipe):
     elif starting:
         return STARTING, [f"ranks started {r0_age:.0f} s ago; not ready yet"], head.name
     return HEALTHY, ["every rank is up and a token came back" if obs.probe == TOKEN else "every rank is up"], None
+
+
+def _by_the_nodes(obs):
+    """(verdict, conditions, node) the nodes give before any unit is read: one without fresh facts or
+    shutting down (UNKNOWN), a tripped memory guard (TRIPPED); None when none does."""
+    lost = [n for n, f in obs.nodes.items() if f.error]
+    if lost:
+        return UNKNOWN, [f"no fresh facts from {n}: {obs.nodes[n].error}" for n in lost], lost[0]
+    going = [n for n, f in obs.nodes.items() if f.system == "stopping"]
+    if going:               # its units stop because it shuts down: wait until it is back (or gone)
+        return UNKNOWN, [f"{', '.join(going)} is shutting down"], going[0]
+    tripped = [n for n, f in obs.nodes.items() if f.tripped]
+    if tripped:
+        return TRIPPED, [f"the memory guard is tripped on {', '.join(tripped)}"], tripped[0]
+    return None
+
+
+def _by_the_work(cfg, obs, mem, recipe, r0_start):
+    """(verdict, conditions, node) while the engine has work (its metrics, read into mem's progress
+    tracker each look): BUSY while a progress signal moves, or the probe got a token (r0_start then
+    counts as ready); WEDGED when neither; None when there is no work."""
+    work = recipe.work(obs.metrics)
+    flat = tracker(mem, recipe).update(obs.metrics)
+    if not any(work):
+        return None
+    doing = ", ".join(f"{v:.0f} {word}" for v, word in zip(work, recipe.work_words))
+    if flat < cfg.watchdog_stall_s:
+        moved = ", ".join(m.split(":")[-1] for m in mem.progress.moved)
+        return BUSY, [f"{doing}, " + (f"progress: {moved}" if moved else f"progress seen {flat:.0f} s ago")], None
+    still = f"{doing}, and no progress signal moved for {flat:.0f} s (WATCHDOG_STALL_S {cfg.watchdog_stall_s})"
+    if obs.probe == TOKEN:
+        mem.ready_start = r0_start
+        return BUSY, [f"{still}, but the probe got a token: a long step, not a hang"], None
+    if obs.probe == NO_TOKEN:
+        return (WEDGED, [f"{still}, and the probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"],
+                cfg.nodes[0].name)
+    return BUSY, [f"{still}; a one-token probe confirms before anything is done"], None
 
 
 def _named(lines, nodes):
