@@ -33,6 +33,7 @@ from dsv41.errors import UserError, one_line
 from dsv41.head.core import exporter, observe, progress, ranks, recovery, releases as rel, silences
 from dsv41.head.core.cluster import Cluster, engine_key, say
 from dsv41.head.core.decide import Desired, Kind, Step, decide
+from dsv41.head.core.unit_install import control, gateway_step, install_unit
 
 
 RESOLVE_SLACK_S = 10                # past two scrapes: Prometheus's evaluation, then Alertmanager's
@@ -445,34 +446,6 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
 
 WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
 GATEWAY_STEPS = (Kind.START_GATEWAY, Kind.RESTART_GATEWAY, Kind.RELOAD_GATEWAY, Kind.STOP_GATEWAY)
-
-
-def gateway_step(cl, kind):
-    """A gateway step on the head; Debian's own haproxy.service is masked first (it would take the same
-    config's place and port 80)."""
-    if kind is not Kind.STOP_GATEWAY:
-        cl.systemctl(cl.head, "mask", "--now", "--quiet", names.DEBIAN_HAPROXY_UNIT, check=False)
-    control(cl, cl.head, kind, names.GATEWAY_UNIT, "gateway")
-
-
-def control(cl, node, kind, unit, what):
-    """systemctl start, restart, reload or stop of a service kept enabled (disabled when stopped)."""
-    verb = kind.value.split("-")[0]
-    cl.systemctl(node, verb, unit)
-    cl.systemctl(node, "disable" if verb == "stop" else "enable", "--quiet", unit)
-    say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
-
-
-def install_unit(cl, node, name, text):
-    """Write /etc/systemd/system/<name> atomically; through sudo -n when the node's user is not root."""
-    path = f"{names.UNIT_DIR}/{name}"
-    if cl.uid(node) == 0:
-        node.write_file(path, text)
-    else:
-        tmp = f"{cl.paths(node).state_dir}/{names.RUN}/.{name.replace('/', '_')}.tmp"
-        node.write_file(tmp, text)
-        node.run(["sudo", "-n", "install", "-D", "-m", "0644", tmp, path])   # -D: a drop-in's dir
-    say(node, f"installed {path}")
 
 
 def rollback(cfg, history, target):
