@@ -1,9 +1,10 @@
-"""A release's state machine (core/releases.py transition()) and how a release that the process driving it
-left unfinished is carried on by another (core/rollout.py carry_on()): every move allowed and every one
-refused, each recorded durably; older records still read; who carries it on, as `doit status` says; the
-deadline carried over on a fake clock; a rollout whose process was killed with SIGKILL mid-step finished
-by another process. The nodes are fakes of apply, the readiness wait and the hold; the records are real
-(the lab's tests/lab/test_lab_rollout.py kills real launches)."""
+"""A release's state machine (core/release_record.py, its moves taken by core/releases.py transition())
+and how a release that the process driving it left unfinished is carried on by another (core/rollout.py
+carry_on()): every move allowed and every one refused, each recorded durably; older records still read;
+who carries it on, as `doit status` says; the deadline carried over on a fake clock; a rollout whose
+process was killed with SIGKILL mid-step finished by another process. The nodes are fakes of apply, the
+readiness wait and the hold; the records are real (the lab's tests/lab/test_lab_rollout.py kills real
+launches)."""
 import json
 import os
 import signal
@@ -17,14 +18,15 @@ import pytest
 from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
 from dsv41.settings.resolved import resolved
-from dsv41.head.core import releases as rel, rollout, runlock
+from dsv41.head.core import release_record, releases as rel, rollout, runlock
 from dsv41.head.core.decide import Desired, Kind, Step
 from dsv41.head.core.gateway import Gateway
 from dsv41.head.core.release_status import service_entry, service_line
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0
-STATES = list(rel.MOVES) + [s for moves in rel.MOVES.values() for s in moves if s not in rel.MOVES]
+MOVES = release_record.MOVES
+STATES = list(MOVES) + [s for moves in MOVES.values() for s in moves if s not in MOVES]
 FIELDS = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": {}, "node_versions": {},
           "units": {"head": {"dsv41-r0.service": "x\n"}}, "files": {}, "secret_files": {}}
 
@@ -56,12 +58,12 @@ def test_every_move_is_checked_against_the_state_it_leaves_and_recorded_before_i
         d = str(tmp_path / f"{old}-{to}".replace(" ", "_"))
         n = at(d, old)
         before = rel.load_all(d)
-        if to in rel.MOVES.get(old, ()):
+        if to in MOVES.get(old, ()):
             fields = {"rolled_back_to": 1} if to == rel.ROLLED_BACK else {}
             r = rel.transition(d, n, to, now=T0 + 9, **fields)
             assert rel.load_all(d)[-1] == r and r.state == to           # on disk when it returns
         else:
-            with pytest.raises(rel.IllegalMove, match=f"a release {old} cannot become {to}"):
+            with pytest.raises(release_record.IllegalMove, match=f"a release {old} cannot become {to}"):
                 rel.transition(d, n, to, now=T0 + 9)
             assert rel.load_all(d) == before                            # nothing written
 

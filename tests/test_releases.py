@@ -13,6 +13,7 @@ from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
 from dsv41.head.core import releases as rel
+from dsv41.head.releases import text_diff
 from dsv41.head.core.desired import Desired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,7 +174,7 @@ def test_what_changed_is_said_in_plan_words_and_show_diffs_the_text():
     assert rel.changes(None, b) == ["first release"] and rel.changes(a, a) == ["nothing"]
     moved = rel.changes(a, release(3, rel.GOOD, checkpoint=CK2))
     assert moved == ["checkpoint o/m@r1 (111111111111) -> o/m@r2 (222222222222)"]
-    diff = rel.text_diff(a, b)
+    diff = text_diff(a, b)
     assert "-ExecStart=run --kv 1" in diff and "+ExecStart=run --kv 2" in diff and "+++ 2/head/dsv41-r0.service" in diff
 
 

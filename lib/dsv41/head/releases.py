@@ -2,6 +2,7 @@
 first: number, when, image digest, checkpoint revision, what changed, start-up, result, and which one
 serves; `show N` prints release N (default: the one in service) with its difference from the one before.
 `doit rollback [N]` goes back to release N (default: the last good one before the one in service)."""
+import difflib
 import re
 
 from dsv41.errors import BadInput, UserError, one_line
@@ -62,9 +63,27 @@ def show_lines(history, serving, number):
     out += [f"  {line}" for line in r.changes]
     prev = by.get(r.changes_from)
     if prev is not None:
-        out += rel.text_diff(prev, r)
+        out += text_diff(prev, r)
     elif r.changes_from:
         out.append(f"  (release {r.changes_from} is no longer kept: no text difference)")
+    return out
+
+
+def text_diff(prev, new):
+    """Unified diffs of every unit and file that differs from `prev` to `new` (Releases)."""
+    out = []
+    for what in ("units", "files"):
+        a_all, b_all = getattr(prev, what), getattr(new, what)
+        for node in sorted(set(a_all) | set(b_all)):
+            a, b = a_all.get(node, {}), b_all.get(node, {})
+            for name in sorted(set(a) | set(b)):
+                ta, tb = a.get(name), b.get(name)
+                if what == "files":
+                    ta, tb = ta and ta[0], tb and tb[0]
+                if ta != tb:
+                    out += difflib.unified_diff((ta or "").splitlines(), (tb or "").splitlines(),
+                                                f"{prev.number}/{node}/{name}", f"{new.number}/{node}/{name}",
+                                                lineterm="")
     return out
 
 

@@ -3,27 +3,17 @@
     $STATE_DIR/releases/<NNNN>/release.json   schema dsv41.release/2 (/1 still read), one per release (dir 0700, file 0600)
     $STATE_DIR/releases/current.json          {"number": N}: the release in service
 
-A record holds when it began, the image reference and the image id on each node, the checkpoint (repo,
-revision, manifest digest), every rendered unit and state file launch writes on each node (the API key
-file is never stored: only its name, in `secret_files`), the resolved settings (config.resolved: no
-secret), each node's kernel, driver and Docker version, what changed against the release it replaced
-(`changes_from`), the start-up time, the state and a result line. The newest RELEASES_KEEP are kept, never
-the one in service nor the last good one.
+Each record is a core/release_record.py Release (what it holds, its states and the only moves between
+them). The newest RELEASES_KEEP are kept, never the one in service nor the last good one.
 
-A release's states, and the only moves between them (transition(): each checked against the state it
-leaves, and recorded durably, fsync'd, before the step it names is taken):
-
-    rolling out  -> good | failed | interrupted      begin(): just before the first change on a node
-    failed       -> rolling back                     only when `back_to` names where it goes back
-    rolling back -> rolled back | down
-
-"interrupted": a later launch found it unfinished and did something else. A release is unfinished while
-it is rolling out, rolling back, or failed with `back_to` set: whoever holds the run lock carries it on
-from the record alone (core/rollout.py carry_on(): the watchdog, or the next `doit launch` or `doit
-rollback`), since the record holds what that needs: `back_to` (the last good release a failure goes
-back to), `deadline_s` and `started_at` (the readiness wait's length and when the ranks began to
-restart: the deadline carries over), and `carrier` (who carries it on now, their pid and since when).
-The silences of its restart name it (core/silences.py), so whoever finishes it ends them.
+A release changes state through transition() alone: each move checked against the state it leaves
+(release_record.check_move), and recorded durably, fsync'd, before the step it names is taken. Whoever
+holds the run lock carries an unfinished release on from the record alone (core/rollout.py carry_on():
+the watchdog, or the next `doit launch` or `doit rollback`), since the record holds what that needs:
+`back_to` (the last good release a failure goes back to), `deadline_s` and `started_at` (the readiness
+wait's length and when the ranks began to restart: the deadline carries over), and `carrier` (who
+carries it on now, their pid and since when). The silences of its restart name it (core/silences.py), so
+whoever finishes it ends them.
 
 How launch uses it, in order (the storage functions, at the end, are the only I/O):
 
@@ -44,12 +34,11 @@ How launch uses it, in order (the storage functions, at the end, are the only I/
         key)) with target.image_ids on each node; once it serves: rolled_back(state_dir, release.number, target.number)
 
 `doit status` and `doit top` show in_service(state_dir) through core/release_status.py; `doit releases`
-is head/releases.py.
+(the records and their text differences) is head/releases.py.
 Two releases are "the same" when their fingerprint is: image ids, units, files and settings.
 """
 import dataclasses
 import functools
-import difflib
 import hashlib
 import json
 import os
@@ -60,6 +49,8 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import statefiles
+from dsv41.head.core.release_record import (DOWN, FAILED, FAILURES, GOOD, INTERRUPTED, ROLLED_BACK, ROLLING_BACK,
+                                            ROLLING_OUT, Release, check_move)
 from dsv41.settings.kinds import ConfigError
 from dsv41.settings.resolved import absent, from_resolved, resolved
 from dsv41.node.checkpoint_layout import MANIFEST
@@ -70,49 +61,7 @@ DIR = names.RELEASES
 RECORD = names.RELEASE_RECORD
 CURRENT = names.RELEASE_CURRENT
 FOLDER_RE = re.compile(r"^\d{4,}$")
-ROLLING_OUT, GOOD, FAILED, INTERRUPTED = "rolling out", "good", "failed", "interrupted"
-ROLLING_BACK, ROLLED_BACK, DOWN = "rolling back", "rolled back", "down"
-MOVES = {ROLLING_OUT: (GOOD, FAILED, INTERRUPTED), FAILED: (ROLLING_BACK,), ROLLING_BACK: (ROLLED_BACK, DOWN)}
-FAILURES = (FAILED, ROLLING_BACK, ROLLED_BACK, DOWN)     # the release failed, whatever came after
 SAME = ("image_ids", "units", "files", "settings")          # what makes two releases the same
-
-
-@dataclasses.dataclass(frozen=True)
-class Release:
-    number: int
-    time: float                     # when it began (the head's clock)
-    state: str                      # a key or value of MOVES
-    image: str                      # the image reference
-    image_ids: dict                 # {node: image id}
-    checkpoint: dict                # {"repo", "revision", "manifest_digest"}
-    settings: dict                  # config.resolved(cfg): no secret
-    node_versions: dict             # {node: {"kernel", "driver", "docker"}}
-    units: dict                     # {node: {unit file name: text}}
-    files: dict                     # {node: {path under the state dir: [text, mode]}}, no secret file
-    secret_files: dict              # {node: [path under the state dir]}: written by launch, never stored
-    changes: list                   # lines, in `doit plan`'s words
-    changes_from: int | None        # the release they are measured against (None: the first)
-    startup_s: float | None = None  # from the first rank's start to the API's first token
-    result: str = ""
-    failed_at: float | None = None
-    finished_at: float | None = None
-    rolled_back_to: int | None = None
-    back_to: int | None = None      # where a failure goes back (FAILED: set only when it will)
-    deadline_s: float | None = None     # the readiness wait's length (core/rollout.py deadline())
-    started_at: float | None = None     # when the ranks began to restart: the deadline's clock
-    carrier: dict | None = None     # {"by": "doit launch", "pid": N, "since": t}: who carries it on
-    rollback_of: int | None = None  # made by `doit rollback N`: N's state applied again
-
-    @property
-    def shown_state(self):
-        """As `doit releases` shows it: "failed, rolled back to N" is what the lab tests and people read."""
-        return {ROLLED_BACK: f"{FAILED}, rolled back to {self.rolled_back_to}",
-                ROLLING_BACK: f"{FAILED}, rolling back to {self.back_to}",
-                DOWN: f"{FAILED}, down (going back to {self.back_to} failed too)"}.get(self.state, self.state)
-
-    @property
-    def unfinished(self):
-        return self.state in (ROLLING_OUT, ROLLING_BACK) or (self.state == FAILED and self.back_to is not None)
 
 
 def root(state_dir):
@@ -206,24 +155,6 @@ def changes(prev, new):
             if a.get(key) != b.get(key):
                 out.append(f"{key} on {node} {a.get(key) or '-'} -> {b.get(key) or '-'}")
     return out or ["nothing"]
-
-
-def text_diff(prev, new):
-    """Unified diffs of every unit and file that differs from `prev` to `new` (Releases)."""
-    out = []
-    for what in ("units", "files"):
-        a_all, b_all = getattr(prev, what), getattr(new, what)
-        for node in sorted(set(a_all) | set(b_all)):
-            a, b = a_all.get(node, {}), b_all.get(node, {})
-            for name in sorted(set(a) | set(b)):
-                ta, tb = a.get(name), b.get(name)
-                if what == "files":
-                    ta, tb = ta and ta[0], tb and tb[0]
-                if ta != tb:
-                    out += difflib.unified_diff((ta or "").splitlines(), (tb or "").splitlines(),
-                                                f"{prev.number}/{node}/{name}", f"{new.number}/{node}/{name}",
-                                                lineterm="")
-    return out
 
 
 # ---- decisions: pure -------------------------------------------------------------------------------
@@ -434,17 +365,6 @@ def begin(state_dir, fields, keep, now=None, **carry):
     for n in to_prune([*history, release], keep, serving):
         shutil.rmtree(folder(state_dir, n), ignore_errors=True)
     return release
-
-
-class IllegalMove(ValueError):
-    """A transition MOVES does not allow: a bug, or two processes carrying one release on."""
-
-
-def check_move(old, to):
-    """None when `old` -> `to` is one of MOVES; else IllegalMove naming both."""
-    if to not in MOVES.get(old, ()):
-        raise IllegalMove(f"a release {old} cannot become {to} (the moves: "
-                          + "; ".join(f"{a} -> {' | '.join(b)}" for a, b in MOVES.items()) + ")")
 
 
 def transition(state_dir, number, to, now=None, **fields):
