@@ -6,7 +6,8 @@ engine's package (dsv41/vllm/) is chosen in one place (head/core/engine.py) and 
 no module anywhere is part of an import cycle; head/ has two levels, the doit verbs on top (none
 imports another) and the machinery in head/core/ (which imports no verb); the decision and the
 watchdog's judgement import nothing that does I/O; and the import graph stays small (its arrows and
-its longest chain are counted). Every import counts, including those inside functions."""
+its longest chain are counted). Every import counts, including those inside functions. No module and no
+function grows past the length one reads whole (MAX_MODULE_LINES, MAX_FUNCTION_LINES)."""
 import ast
 import functools
 import importlib.util
@@ -37,6 +38,7 @@ PURE_STDLIB = {"collections", "dataclasses", "enum", "functools", "hashlib", "it
 # of one job each brought it back under 3.2.
 MAX_ARROWS_PER_MODULE = 3.2
 MAX_CHAIN = 8
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 480, 60     # a module's lines; a function's, def to last line
 
 
 def modules(lib):
@@ -209,6 +211,43 @@ def test_the_import_graph_stays_small():
     assert arrows / count <= MAX_ARROWS_PER_MODULE, (
         f"{arrows} import arrows among {count} modules ({arrows / count:.2f} a module); keep dependencies few "
         "(see docs/layout.md)")
+
+
+def too_long(lib):
+    """'path:line name: N lines' for each module under lib/dsv41 over MAX_MODULE_LINES and each function or
+    method over MAX_FUNCTION_LINES (its def line to its last, decorators aside), in file and line order."""
+    out = []
+    for name, path in modules(lib).items():
+        text = path.read_text()
+        where = path.relative_to(lib.parent)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            out.append(f"{where}:1 {name}: {len(text.splitlines())} lines")
+        defs = sorted((node.lineno, node.end_lineno - node.lineno + 1, node.name)
+                      for node in ast.walk(ast.parse(text, str(path)))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        out += [f"{where}:{line} {fn}: {n} lines" for line, n, fn in defs if n > MAX_FUNCTION_LINES]
+    return out
+
+
+def test_no_module_or_function_grows_past_what_is_read_whole():
+    found = too_long(LIB)
+    assert found == [], (f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function: split it "
+                         "into parts of one job each (see docs/layout.md):\n" + "\n".join(found))
+
+
+def test_the_length_check_names_a_long_module_and_a_long_function(tmp_path):
+    lib = tmp_path / "lib"
+    shutil.copytree(LIB / "dsv41", lib / "dsv41", ignore=shutil.ignore_patterns("__pycache__"))
+    errors = lib / "dsv41/errors.py"
+    errors.write_text(errors.read_text() + "#\n" * MAX_MODULE_LINES)
+    names = lib / "dsv41/names.py"
+    body = "".join(f"    x = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))
+    line = len(names.read_text().splitlines()) + 4                # two blank lines and the decorator above
+    names.write_text(names.read_text() + f"\n\n@staticmethod\ndef long():\n{body}    return x\n"     # one over
+                     f"\n\ndef short():\n{body}")                                            # at the bound
+    lines = len(errors.read_text().splitlines())
+    assert too_long(lib) == [f"lib/dsv41/errors.py:1 dsv41.errors: {lines} lines",
+                             f"lib/dsv41/names.py:{line} long: {MAX_FUNCTION_LINES + 1} lines"]
 
 
 def test_the_verbs_stand_on_the_machinery():
