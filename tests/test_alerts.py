@@ -376,6 +376,42 @@ def test_a_healed_fault_is_one_firing_and_one_resolved_notification(running):
     assert mail["Subject"].startswith("[RESOLVED] sparks:") and names_the_incident(text_of(mail))
 
 
+def test_a_release_the_watchdog_cannot_read_pages_a_person_once_and_touches_nothing(running, monkeypatch):
+    """A release a killed launch left rolling out, whose recorded settings this version cannot read (PORT
+    "abc"): the watchdog never carries it on with today's settings. It pages DSV41NeedsAPerson naming the
+    record once, however many looks it lasts, and leaves the record as it was; the alert resolves once the
+    release is final."""
+    from dsv41.head import watchdog
+    from dsv41.head.core import releases as rel
+    from dsv41.settings.resolved import resolved
+    cfg, hook = running["cfg"], running["hook"]
+    cfg = dataclasses.replace(cfg, metrics_dir=str(running["tmp"] / "prom"), scrape_interval_s=2)
+    carried = []
+    monkeypatch.setattr(watchdog.rollout, "carry_on", lambda *a: carried.append(a))
+    fields = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": {**resolved(cfg), "port": "abc"},
+              "node_versions": {}, "units": {"head": {"dsv41-r0.service": "x\n"}}, "files": {}, "secret_files": {}}
+    rel.begin(cfg.state_dir, fields, 10, carrier={"by": "doit launch", "pid": 1, "since": time.time()})
+    record = os.path.join(rel.folder(cfg.state_dir, 1), rel.RECORD)
+    before = open(record, "rb").read()
+    lines = []
+    w = watchdog.Watchdog(cfg, log=lines.append)
+    for _ in range(3):
+        assert w.carry_on() is False
+        time.sleep(1)
+    wait(running, "the page", lambda: hook.posts)
+    time.sleep(5)                                      # two group intervals more: still one page
+    assert carried == [] and open(record, "rb").read() == before
+    assert [p["body"]["status"] for p in hook.posts] == ["firing"], hook.posts
+    (alert,) = hook.posts[0]["body"]["alerts"]
+    assert alert["labels"]["alertname"] == "DSV41NeedsAPerson" and alert["labels"]["release"] == "release 1"
+    assert alert["annotations"]["description"].startswith(f"{record}: release 1's settings cannot be read")
+    assert sum("NEEDS A PERSON: release 1 cannot be carried on" in ln for ln in lines) == 1, lines
+    rel.finish(cfg.state_dir, 1, rel.INTERRUPTED, "interrupted")        # a person settled it
+    assert w.carry_on() is False
+    wait(running, "the resolved notification", lambda: len(hook.posts) == 2, timeout=60)
+    assert hook.posts[1]["body"]["status"] == "resolved"
+
+
 def test_a_silence_stops_notifications_and_unsilence_ends_it(running):
     cfg, hook, box = running["cfg"], running["hook"], running["box"]
     base = am.url(cfg)

@@ -385,8 +385,9 @@ def test_a_release_a_dead_launch_left_rolling_out_is_carried_on_by_the_watchdog_
     monkeypatch.setattr(watchdog.rollout, "carry_on", lambda cfg, r, by: carried.append(
         (r.number, r.state, by, runlock.holder(str(tmp_path)))))
     unit = {"head": {"dsv41-r0.service": "x\n"}}
-    fields = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": {}, "node_versions": {}, "units": unit,
-              "files": {}, "secret_files": {}}
+    from dsv41.settings.resolved import resolved
+    fields = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": resolved(w.cfg), "node_versions": {},
+              "units": unit, "files": {}, "secret_files": {}}
     rel.begin(str(tmp_path), fields, 10, carrier={"by": "doit launch", "pid": 1, "since": START})
     lock = str(tmp_path / runlock.LOCK)
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "

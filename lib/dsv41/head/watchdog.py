@@ -30,7 +30,7 @@ import time
 
 from dsv41.errors import UserError, cli, one_line
 from dsv41.settings.resolved import from_resolved
-from dsv41.head.core import observe, record, recovery, rollout, runlock, statefiles
+from dsv41.head.core import incident_page, observe, record, recovery, rollout, runlock, statefiles
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import RECOVERING, TOKEN, VERDICTS, Health, Memory
 from dsv41.node import gateway as node_gateway
@@ -51,6 +51,7 @@ class Watchdog:
         self.state = cfg.state_dir
         self.last = None            # (verdict, evidence) last logged
         self.gateway_problem = None  # why the gateway's per-key use could not be read, as last logged
+        self.stuck = None           # (what, why, since): a release it cannot carry on, paged for a person
         self.stop = threading.Event()
 
     def say(self, verdict, evidence):
@@ -122,15 +123,23 @@ class Watchdog:
     def carry_on(self):
         """A release left rolling out or rolling back by a process that died (the run lock is free: its flock
         went with it) is finished from its record with launch's own code (core.rollout.carry_on), under the
-        lock; it pages as a launch would. Silences of ours whose release is final end (two scrapes from
-        now). -> True when it carried one on."""
+        lock; it pages as a launch would. One whose record (or the history) this version cannot read is
+        never run on today's settings: it pages that it needs a person (needs_person). Silences of ours
+        whose release is final end (two scrapes from now). -> True when it carried one on."""
         try:
             history, left = rollout.unfinished(self.state)
         except UserError as err:            # the next command names the file; the watchdog goes on
-            self.say("UNKNOWN", f"the release history cannot be read: {one_line(err, 200)}")
+            self.needs_person("the release history", one_line(err, 300))
             return False
+        if left is not None and not runlock.holder(self.state):
+            try:
+                rollout.rel.settings_of(left, self.cfg)       # a record this version cannot read is never run
+            except UserError as err:
+                self.needs_person(f"release {left.number}", one_line(err, 300))
+                return False
+        self.needs_person(None, None)
         if left is None:
-            line = rollout.end_final_silences(self.cfg, history)
+            line = incident_page.end_final_silences(self.cfg, history)
             if line:
                 self.log(line)
             return False
@@ -153,6 +162,20 @@ class Watchdog:
             self.mem = Memory(ran=True)
             self.publish_after()
         return True
+
+    def needs_person(self, what, why):
+        """A release it cannot carry on (what: "release N" or "the release history"; why: the line naming
+        the file): said once in the journal and paged as one alert (core.incident_page) for as long as it
+        lasts; nothing on a node is touched for it. (None, None): it can again, and the alert resolves."""
+        if self.stuck is not None and self.stuck[:2] != (what, why):
+            self.stuck[2].set()
+            self.log(f"{self.stuck[0]}: no longer needs a person")
+            self.stuck = None
+        if what is not None and self.stuck is None:
+            self.log(f"NEEDS A PERSON: {what} cannot be carried on: {why}")
+            now = self.clock()
+            post = lambda ends: incident_page.page_needs_person(self.cfg, what, why, now, ends)   # noqa: E731
+            self.stuck = (what, why, self.alert("needs-a-person", post, now))
 
     def recover(self, h):
         """Under the run lock: the one ordered restart (core.recovery.restart), RECOVERING published
@@ -208,30 +231,35 @@ class Watchdog:
             self.publish_after()
 
     def paging(self, inc):
-        """The incident's alert posted now and every INCIDENT_RESEND_S until the returned Event is set."""
-        done = threading.Event()
-        self.page(inc, say=True)
+        """The incident's alert (core.incident_page.page_incident) from the recovery's start until the
+        returned Event is set."""
+        return self.alert("incident-alert", lambda ends: incident_page.page_incident(self.cfg, inc, ends),
+                          inc["started"])
+
+    def alert(self, name, post, started):
+        """An alert of the watchdog's own, when monitoring is on (METRICS_DIR): post(ends) -> a line, called
+        now and every RESEND_S on a thread until the returned Event is set, then once more to resolve it as
+        soon as it may (a firing alert's end cannot be moved earlier, so the resolve waits for a group wait
+        and a scrape past its start). The first line is logged, and any other that differs from the last."""
+        done, said = threading.Event(), [None]
+
+        def send(ended=False):
+            if self.cfg.metrics_dir:
+                line = post(incident_page.alert_ends(self.cfg, started, self.clock(), ended))
+                if line != said[0]:
+                    self.log(line)
+                    said[0] = line
 
         def resend():
-            while not done.wait(rollout.INCIDENT_RESEND_S):
-                self.page(inc)
-            # ended: resolved as soon as it may be (a firing alert's end cannot be moved earlier, so its
-            # resolve is posted once a group wait and a scrape have passed since its start)
-            left = rollout.incident_alert_ends(self.cfg, inc, self.clock(), ended=True) - self.clock()
+            while not done.wait(incident_page.RESEND_S):
+                send()
+            left = incident_page.alert_ends(self.cfg, started, self.clock(), ended=True) - self.clock()
             if 0 < left < 3600:
                 time.sleep(left)
-            self.page(inc, ended=True)
-        threading.Thread(target=resend, name="incident-alert", daemon=True).start()
+            send(ended=True)
+        send()
+        threading.Thread(target=resend, name=name, daemon=True).start()
         return done
-
-    def page(self, inc, ended=False, say=False):
-        """The incident's alert (core.rollout.page_incident), when monitoring is on (METRICS_DIR); the
-        first post's line is logged, and any that did not reach Alertmanager."""
-        if self.cfg.metrics_dir:
-            ends = rollout.incident_alert_ends(self.cfg, inc, self.clock(), ended)
-            line = rollout.page_incident(self.cfg, inc, ends)
-            if say or line.startswith("not paged"):
-                self.log(line)
 
     def publish_after(self):
         try:

@@ -36,7 +36,6 @@ from dsv41.head.core.decide import Desired, Kind, Step, decide
 from dsv41.head.core.unit_install import control, gateway_step, install_unit
 
 
-RESOLVE_SLACK_S = 10                # past two scrapes: Prometheus's evaluation, then Alertmanager's
 BY_WATCHDOG = "dsv41-watchdog"      # who carries a release on when its process died
 
 
@@ -151,7 +150,7 @@ def settled(cl, ro, restarting):
     finally:
         quiet_s = 0
         if restarting and silences.silences(cfg):     # after the restart's alerts resolved (two scrapes)
-            quiet_s = 2 * cfg.scrape_interval_s + RESOLVE_SLACK_S
+            quiet_s = 2 * cfg.scrape_interval_s + silences.RESOLVE_SLACK_S
             say(cl.head, silences.end_soon(cfg, quiet_s))
         if outcome is not None:             # the failed release is an incident: it pages once
             n = ro.release.number
@@ -347,41 +346,6 @@ def unfinished(state_dir):
     """(the release history, the release it leaves unfinished or None)."""
     history = rel.load_all(state_dir)
     return history, rel.unfinished(history)
-
-
-def end_final_silences(cfg, history):
-    """Our silences set for a release that is final end two scrapes from now (core.silences.end_owned):
-    none outlives the work that made it. A line when one did, else None."""
-    final = {r.number for r in history if not r.unfinished}
-    return silences.end_owned(cfg, final, 2 * cfg.scrape_interval_s + RESOLVE_SLACK_S)
-
-
-INCIDENT_ALERT = "DSV41WatchdogRecovering"
-INCIDENT_RESEND_S = 10                  # while a recovery runs its alert is posted again this often
-
-
-def incident_alert_ends(cfg, inc, now, ended=False):
-    """When the incident's alert should end, posted at `now`: while the recovery runs, two resends ahead
-    (a watchdog that died lets it resolve by itself); once it ended, now, but never before a group wait
-    and a scrape past its start: Alertmanager sends nothing for a group resolved before its first
-    notification. Alertmanager never moves a firing alert's end earlier, so the end is only ever pushed."""
-    least = inc["started"] + cfg.alert_group_wait_s + cfg.scrape_interval_s + RESOLVE_SLACK_S
-    return max(least, now if ended else now + 2 * INCIDENT_RESEND_S)
-
-
-def page_incident(cfg, inc, ends):
-    """The watchdog's incident as one alert of its own, posted to Alertmanager from the recovery's start
-    (a page never depends on a scrape landing inside it), labelled with the incident (verdict, node,
-    fault_at, incident); the rank, API, decode and TTFT alerts are inhibited under it. A line."""
-    fault_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(inc["fault_at"])) if inc.get("fault_at") else ""
-    labels = {"verdict": inc.get("verdict") or "", "node": inc.get("node") or "", "fault_at": fault_at,
-              "incident": inc["id"]}
-    return silences.post(cfg, INCIDENT_ALERT,
-                         f"the watchdog is recovering from {labels['verdict']} on {labels['node'] or 'the cluster'} "
-                         f"(fault at {fault_at or '?'})",
-                         "It restarts the ranks; the rank, API, decode and TTFT alerts stay quiet meanwhile, and this "
-                         f"resolves when the recovery ended: `doit incidents show {inc['id']}`, `doit status`.",
-                         labels, inc["started"], ends)
 
 
 def carry_on_way_back(cfg, by):

@@ -13,6 +13,7 @@ import time
 from dsv41.head.core import alertmanager as am
 
 PREFIX = "dsv41 "                       # createdBy of every silence of ours: "dsv41 " + who set it
+RESOLVE_SLACK_S = 10                    # past two scrapes: Prometheus's evaluation, then Alertmanager's
 EXTEND_SLACK_S = 60                     # a silence ending within this of the wanted end is kept as it is
 ODD = (am.AmError, LookupError, TypeError, ValueError, AttributeError)   # no answer, or not the answer expected
 
