@@ -7,7 +7,7 @@ then fails naming each node it could not reach and what may still run there. It 
 what was installed but not running, and which node has nothing of dsv41 installed."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import runlock, silences
+from dsv41.head.core import recovery, runlock, silences
 from dsv41.head.core.cluster import Cluster, say
 
 RUNNING = ("active", "activating", "reloading", "deactivating", "")    # "": systemd did not say
@@ -42,10 +42,8 @@ def stop(cfg, free_port=False):
     # the watchdog first, before the run lock: a recovery it has in progress ends and frees the lock
     on(cl.head, names.WATCHDOG_UNIT, "the watchdog")
     runlock.take(cfg.state_dir)
-    if not cl.head.unreachable and cl.layout.door:      # new requests 503, those in flight finish (DRAIN_S)
-        line = cl.gateway.drain(cl.gateway.STOPPED)
-        if line:
-            say(cl.head, line)
+    if not cl.head.unreachable:             # new requests 503, those in flight finish (DRAIN_S)
+        recovery.door(cl, lambda line: say(cl.head, line), cl.gateway.STOPPED, drain=True)
     for spec, unit in cl.recipe.stop_order(cfg.nodes):
         on(cl.node(spec), unit, unit)
     for node in cl.nodes:

@@ -100,13 +100,12 @@ class Watchdog:
     def open_door_left_closed(self):
         """The gateway's door left closed while the cluster is ready (a command that died after its drain,
         a door that could not be opened) opens, unless a command runs or `doit stop` closed it."""
-        if not self.cfg.layout.door or runlock.holder(self.state):
+        if runlock.holder(self.state):
             return
         try:
-            st = self.cl.gateway.state()
-            if st["door"] == "closed" and st["reason"] != self.cl.gateway.STOPPED:
-                self.cl.gateway.open()
-                self.log(f"the gateway's door was left closed ({st['reason']}) with the engine ready: opened")
+            line = recovery.open_left_closed(self.cl, self.log)
+            if line:
+                self.log(line)
         except UserError as err:
             self.say("UNKNOWN", f"the gateway cannot be asked: {one_line(err, 200)}")
 
@@ -214,8 +213,7 @@ class Watchdog:
                 self.publish(Health(RECOVERING, (f"recovering from {h.verdict}: {i['phase']}",), h.node, h.fault_at,
                                     recovering=i))
         try:
-            recovery.restart(self.cl, fault=h, by=BY, log=self.log, on_phase=on_phase, clock=self.clock,
-                             expect_s=rollout.rel.last_startup_s(rollout.rel.load_all(self.state)))
+            recovery.restart(self.cl, fault=h, by=BY, log=self.log, on_phase=on_phase, clock=self.clock)
         except UserError:
             pass                    # the incident has the result
         finally:

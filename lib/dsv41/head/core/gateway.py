@@ -18,6 +18,7 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError
+from dsv41.head.core import release_history
 
 STOPPED = "stopped by `doit stop`"        # the door's reason after `doit stop`: nothing reopens it but a launch
 
@@ -50,10 +51,20 @@ class Gateway:
             raise UserError(f"gateway: {out['error']}")
         return out
 
-    def close(self, reason, expect_s=None):
-        """Every request is answered 503 naming `reason` from now until open(); expect_s: the seconds the
-        engine is expected to take (core.releases.last_startup_s; None: no estimate, as after `doit stop`)."""
+    def expect_s(self):
+        """The seconds the engine is expected to take to start: the last good release's measured start-up
+        (core.release_history.last_startup_s), None when there is none or the history cannot be read."""
+        try:
+            return release_history.last_startup_s(release_history.load_all(self.cl.cfg.state_dir))
+        except UserError:
+            return None
+
+    def close(self, reason, starting=False):
+        """Every request is answered 503 naming `reason` from now until open(); starting: the engine is
+        starting, so the 503s carry its expected start-up (expect_s) as Retry-After; else no estimate (a
+        stop, a restart that failed)."""
         if self.on:
+            expect_s = self.expect_s() if starting else None
             self._call({"op": "door", "door": "closed", "reason": reason,
                         "ready_at": int(time.time() + expect_s) if expect_s else 0})
 
@@ -61,14 +72,14 @@ class Gateway:
         if self.on:
             self._call({"op": "door", "door": "open", "reason": "", "ready_at": 0})
 
-    def drain(self, reason, expect_s=None):
+    def drain(self, reason, starting=False):
         """A planned restart's (or stop's) first step: the door closed (as close()), then the requests in
         flight finish, DRAIN_S at most. -> a line to say, or None (nothing was in flight, or GATEWAY=0); a
         gateway that cannot be asked is said and the restart goes on without a drain."""
         if not self.on:
             return None
         try:
-            self.close(reason, expect_s)
+            self.close(reason, starting)
             out = self._call({"op": "drain", "timeout_s": self.cl.cfg.drain_s})
         except UserError as err:
             return f"warning: no drain: {err}"

@@ -99,28 +99,46 @@ def wait_memory(cl, log=print):
 
 # ---- the restart ----------------------------------------------------------------------------------------
 
-def door(cl, log, closed_why=None, expect_s=None):
-    """The gateway's door closed (503 naming closed_why) or, without a reason, open; a gateway that cannot
-    be told is said and never stops a restart (its own health check still answers 503)."""
+def door(cl, log, closed_why=None, starting=False, drain=False):
+    """The gateway's door, opened and closed here only (the restart's steps, `doit stop`, the watchdog):
+    closed (503 naming closed_why; starting: with the expected start-up as Retry-After; drain: then the
+    requests in flight finish, DRAIN_S at most) or, without a reason, open. With GATEWAY=0 nothing is done.
+    A gateway that cannot be told is said and never stops a restart (its own health check answers 503)."""
     try:
-        if closed_why:
-            cl.gateway.close(closed_why, expect_s)
+        if closed_why and drain:
+            line = cl.gateway.drain(closed_why, starting)
+            if line:
+                log(line)
+        elif closed_why:
+            cl.gateway.close(closed_why, starting)
         else:
             cl.gateway.open()
     except UserError as err:
         log(f"warning: the gateway's door could not be {'closed' if closed_why else 'opened'}: {one_line(err, 200)}")
 
 
+def open_left_closed(cl, log):
+    """The door left closed while the engine is ready (a command that died after its drain, a door that
+    could not be opened) opens, unless `doit stop` closed it. -> a line, or None when it was open."""
+    if not cl.gateway.on:
+        return None
+    st = cl.gateway.state()
+    if st["door"] == "closed" and st["reason"] != cl.gateway.STOPPED:
+        door(cl, log)
+        return f"the gateway's door was left closed ({st['reason']}) with the engine ready: opened"
+    return None
+
+
 def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phase=None, clock=time.time,
-            within=None, why=None, expect_s=None):
+            within=None, why=None):
     """The ordered restart above. fault: the Health that calls for it (None: a planned restart, no
     incident). by: who restarts ("dsv41-watchdog" for the watchdog, whose restarts its budget counts).
     on_phase(incident) is called each time the incident moves on, and once it closed (the watchdog
     publishes it); clock
     times the incident (the caller's); within: the readiness wait's (seconds, what sets them), default
     START_TIMEOUT_MIN's (a rollout passes its deadline); why: what the gateway's 503s say meanwhile (default
-    "recovering from <verdict>" for a fault: its door closes at once, with no drain); expect_s: the start-up
-    its 503s expect (core.releases.last_startup_s; None: no estimate).
+    "recovering from <verdict>" for a fault: its door closes at once; core.rollout drains it before a planned
+    restart, outside the start-up it measures).
     -> the closed incident (None without a fault). Raises NeedsReboot (nothing started), or UserError
     when a step failed; the incident is closed with that result either way."""
     state_dir = cl.cfg.state_dir
@@ -137,7 +155,7 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
         on_phase(inc)
     result = "interrupted: the recovery was stopped"
     door(cl, log, why or (f"recovering from {fault.verdict.value}" if fault is not None else f"restarting ({by})"),
-         expect_s)
+         starting=True)
     try:
         stop_and_start(cl, fault, inc, phase, force=force, within=within, log=log)
         result = "READY"

@@ -42,34 +42,21 @@ import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import statefiles
+from dsv41.head.core.release_history import (RECORD, SCHEMA, folder, last_startup_s, load_all, load_one,
+                                              read_history, root, serving_number)
 from dsv41.head.core.release_record import (DOWN, FAILED, FAILURES, GOOD, INTERRUPTED, ROLLED_BACK, ROLLING_BACK,
                                             ROLLING_OUT, Release, check_move)
 from dsv41.settings.kinds import ConfigError
 from dsv41.settings.resolved import absent, from_resolved, resolved
 from dsv41.node.checkpoint_layout import MANIFEST
 
-SCHEMA = "dsv41.release/2"
-OLDER = ("dsv41.release/1",)        # read too: a failed release with rolled_back_to is ROLLED_BACK there
-DIR = names.RELEASES
-RECORD = names.RELEASE_RECORD
-CURRENT = names.RELEASE_CURRENT
-FOLDER_RE = re.compile(r"^\d{4,}$")
 SAME = ("image_ids", "units", "files", "settings")          # what makes two releases the same
-
-
-def root(state_dir):
-    return os.path.join(state_dir, DIR)
-
-
-def folder(state_dir, number):
-    return os.path.join(root(state_dir), f"{number:04d}")
 
 
 # ---- the record's content: pure ----------------------------------------------------------------------
@@ -77,8 +64,6 @@ def folder(state_dir, number):
 def record_fields(cfg, want, image_ids, checkpoint, node_versions):
     """The fields of a release from launch's Config and desired state (core.desired.desired): the
     secret key file is named, not stored; the settings are config.resolved (no secret)."""
-    from dsv41.settings.kinds import ConfigError
-    from dsv41.settings.resolved import from_resolved, resolved
     secret = {names.SECRET_KEY}
     files = {node: {rel: [text, mode] for rel, (text, mode) in fs.items() if rel not in secret}
              for node, fs in want.files.items()}
@@ -179,11 +164,6 @@ def checkpoint_warning(releases, checkpoint):
     return (f"warning: this launch runs checkpoint {checkpoint.get('repo')}@{checkpoint.get('revision') or '-'}, "
             f"not release {good.number}'s {good.checkpoint.get('repo')}@{good.checkpoint.get('revision') or '-'}: "
             "a failure cannot be rolled back past the checkpoint")
-
-
-def last_startup_s(releases):
-    """The last good release's measured start-up (None when none measured one)."""
-    return next((r.startup_s for r in reversed(releases) if r.state == GOOD and r.startup_s), None)
 
 
 def rollout_deadline_s(releases, start_timeout_s, min_timeout_s):
@@ -290,56 +270,6 @@ def to_prune(releases, keep, serving):
 
 # ---- storage: the only I/O ---------------------------------------------------------------------------
 
-def _load(state_dir, number):
-    data = statefiles.release_record(state_dir, f"{number:04d}")
-    if data is None:
-        return None
-    path = os.path.join(folder(state_dir, number), RECORD)
-    schema = data.pop("schema")
-    if schema not in (SCHEMA, *OLDER) or data["number"] != number:
-        raise statefiles.bad(path, f"is not a {SCHEMA} record of release {number}",
-                             "run the command again (the other releases stay)")
-    if schema in OLDER and data.get("state") == FAILED and data.get("rolled_back_to"):
-        data = {**data, "state": ROLLED_BACK, "back_to": data["rolled_back_to"]}
-    return Release(**{f.name: data.get(f.name, None if f.default is dataclasses.MISSING else f.default)
-                      for f in dataclasses.fields(Release)})
-
-
-def load_all(state_dir):
-    """Every release, oldest first; UserError (one line) naming a record that cannot be read, or a history that
-    makes no sense (a folder this version does not write, as 00002 beside 0002; two releases unfinished at
-    once): nothing acts on it. A folder without a record (a launch killed while creating it, before
-    anything changed) is skipped."""
-    folders = sorted(d for d in statefiles.listdir(root(state_dir)) if FOLDER_RE.match(d))
-    odd = next((d for d in folders if len(d) > 9 or d != f"{int(d):04d}"), None)
-    if odd:
-        raise statefiles.bad(os.path.join(root(state_dir), odd), "is not a release folder this version writes "
-                             "(release 2's is 0002)", "run the command again (the other releases stay)")
-    out = [r for r in (_load(state_dir, int(d)) for d in folders) if r is not None]
-    left = [r for r in out if r.unfinished]
-    if len(left) > 1:
-        raise UserError(f"{root(state_dir)}: releases {left[0].number} and {left[1].number} are both unfinished "
-                        f"({left[0].shown_state}; {left[1].shown_state}), which no run of dsv41 leaves: move the "
-                        f"folder of the one that did not run aside (to {left[-1].number:04d}.bad)")
-    return out
-
-
-def read_history(state_dir):
-    """(every release, oldest first, the number of the one in service or None): the history read once,
-    UserError as load_all, or when current.json names a release that is not kept, or not good."""
-    releases, serving = load_all(state_dir), statefiles.serving_number(state_dir)
-    named = next((r for r in releases if r.number == serving), None)
-    if serving is not None and (named is None or named.state != GOOD):
-        raise statefiles.bad(os.path.join(root(state_dir), CURRENT), f"names release {serving} as in service, which "
-                             + ("is not kept" if named is None else f"is {named.shown_state}"),
-                             "run `doit launch` (it records what serves)")
-    return releases, serving
-
-
-def serving_number(state_dir):
-    return statefiles.serving_number(state_dir)
-
-
 def _write(state_dir, release):
     statefiles.write_release(state_dir, f"{release.number:04d}", {"schema": SCHEMA, **dataclasses.asdict(release)})
 
@@ -371,7 +301,7 @@ def transition(state_dir, number, to, now=None, **fields):
     """Move release `number` to state `to`, checked against the state it leaves, with `fields`; durable
     (fsync'd) when it returns. GOOD makes it the release in service, ROLLED_BACK its back_to. FAILED
     records failed_at, every final state finished_at. -> the updated Release."""
-    old = _load(state_dir, number)
+    old = load_one(state_dir, number)
     if old is None:
         raise UserError(f"release {number} is not in {root(state_dir)}: `doit releases` lists them")
     check_move(old.state, to)
@@ -409,7 +339,7 @@ def rolled_back(state_dir, number, target, now=None):
 
 def down(state_dir, number, why, now=None):
     """Going back failed too: the cluster is down, and the record says why."""
-    old = _load(state_dir, number)
+    old = load_one(state_dir, number)
     return transition(state_dir, number, DOWN, now, result=f"{old.result}; going back failed: {why}" if old else why)
 
 
@@ -421,7 +351,7 @@ def carried(state_dir, number, by, now=None, **fields):
 
 
 def _update(state_dir, number, **changed):
-    old = _load(state_dir, number)
+    old = load_one(state_dir, number)
     if old is None:
         raise UserError(f"release {number} is not in {root(state_dir)}: `doit releases` lists them")
     release = dataclasses.replace(old, **changed)

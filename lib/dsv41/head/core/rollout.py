@@ -163,10 +163,8 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, be
     cfg = cl.cfg
     checked = ro.release is not None and (restarting or ro.resumed)
     if restarting and fault is None:        # planned: the requests in flight finish first (not timed)
-        line = cl.gateway.drain(f"release {ro.release.number} rolling out" if ro.release else f"restarting ({by})",
-                                rel.last_startup_s(rel.load_all(cfg.state_dir)))
-        if line:
-            say(cl.head, line)
+        recovery.door(cl, lambda line: say(cl.head, line), f"release {ro.release.number} rolling out" if ro.release
+                      else f"restarting ({by})", starting=True, drain=True)
     t = time.monotonic()
     try:
         if restarting and ro.release is not None:       # the deadline's clock, for whoever carries it on
@@ -399,8 +397,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
             owned = f"{by}, release {owner}" if owner else f"{by}, pid {os.getpid()}"    # whose work it is
             say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
             recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
-                             within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None),
-                             expect_s=rel.last_startup_s(rel.load_all(cl.cfg.state_dir)))
+                             within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None))
     for s in later:
         gateway_step(cl, s.kind)
     for s in steps:
