@@ -353,3 +353,46 @@ def test_docs_layout_names_every_module_once():
 def test_the_tree_reader_sees_a_missing_and_a_twice_named_module():
     text = "```\nlib/dsv41/\n  a.py  x\n  node/  y\n    b.py, a.py  z\n    c.py\n                 more on c\ndone\n```\n"
     assert layout_tree(text) == {"a.py": 1, "node/b.py": 1, "node/a.py": 1, "node/c.py": 1}
+
+
+def config_reads(lib, attr):
+    """["path:line"] where a module outside settings/ reads `attr` off a Config (cfg.X, self.cfg.X, cl.cfg.X)."""
+    out = []
+    for name, path in modules(lib).items():
+        if name.startswith("dsv41.settings"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == attr and (
+                    isinstance(node.value, ast.Name) and node.value.id == "cfg"
+                    or isinstance(node.value, ast.Attribute) and node.value.attr == "cfg"):
+                out.append(f"{path.relative_to(lib)}:{node.lineno}")
+    return out
+
+
+def door_writers(lib):
+    """{module} that call the gateway's close, open or drain (`<x>.gateway.close(...)`)."""
+    out = set()
+    for name, path in modules(lib).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            f = isinstance(node, ast.Call) and node.func
+            if isinstance(f, ast.Attribute) and f.attr in ("close", "open", "drain") and \
+                    isinstance(f.value, ast.Attribute) and f.value.attr == "gateway":
+                out.add(name)
+    return out
+
+
+def test_the_serving_layout_is_read_in_one_place_and_the_door_opened_in_one():
+    """Only the settings (settings/layout.py among them) read the raw GATEWAY switch: every other module
+    asks the Layout (cfg.layout, or the release in service's); only core/recovery.py opens, closes and
+    drains the door."""
+    assert config_reads(LIB, "gateway") == []
+    assert door_writers(LIB) == {"dsv41.head.core.recovery"}
+
+
+def test_the_layout_checks_find_a_raw_read_and_another_door_writer(tmp_path):
+    lib = tmp_path / "lib"
+    shutil.copytree(LIB / "dsv41", lib / "dsv41", ignore=shutil.ignore_patterns("__pycache__"))
+    stop = lib / "dsv41" / "head" / "stop.py"
+    stop.write_text(stop.read_text() + "\n\ndef odd(cl):\n    return cl.cfg.gateway and cl.gateway.open()\n")
+    assert config_reads(lib, "gateway") == [f"dsv41/head/stop.py:{len(stop.read_text().splitlines())}"]
+    assert door_writers(lib) == {"dsv41.head.core.recovery", "dsv41.head.stop"}
