@@ -184,6 +184,33 @@ def test_launch_restarts_in_the_recipes_order_and_waits_on_its_readiness_probe(t
     assert shown == {"fake-store-0.service", "fake-serve-0.service", "fake-store-1.service", "fake-serve-1.service"}
 
 
+def test_apply_runs_the_heads_services_in_their_order_the_gateway_after_the_ranks(tmp_path, recorded, monkeypatch):
+    """core.decide.HEAD_SERVICES is what apply follows: the watchdog before the ranks restart (never by the
+    watchdog itself), a gateway that was not running after them (rank 0 may hold PORT until it stops),
+    Debian's haproxy masked first; without a restart the gateway starts at once."""
+    from dsv41 import names
+    from dsv41.head.core.decide import Step
+    monkeypatch.setattr(rollout.recovery, "restart", lambda cl, **kw: recorded.append(("all", ["systemctl", "ranks", "all"])))
+    monkeypatch.setattr(rollout.silences, "silence", lambda cfg, owned: "silenced")
+    cl = fake_cluster(tmp_path)
+    w = want(cl, KEY, PLAN)
+    steps = [Step(Kind.START_WATCHDOG, "head", names.WATCHDOG_UNIT, ""), Step(Kind.START_GATEWAY, "head",
+             names.GATEWAY_UNIT, ""), Step(Kind.RESTART_RANKS, "all", "", "a change")]
+
+    def order():
+        out = [(a[1], a[-1]) for _, a in recorded if a[0] == "systemctl" and a[1] in ("start", "mask", "ranks")]
+        recorded.clear()
+        return out
+    rollout.apply(cl, w, steps, {})
+    assert order() == [("start", names.WATCHDOG_UNIT), ("ranks", "all"),
+                       ("mask", names.DEBIAN_HAPROXY_UNIT), ("start", names.GATEWAY_UNIT)]
+    rollout.apply(cl, w, steps, {}, by=names.WATCHDOG_BY)
+    assert order() == [("ranks", "all"), ("mask", names.DEBIAN_HAPROXY_UNIT), ("start", names.GATEWAY_UNIT)]
+    rollout.apply(cl, w, steps[:2], {})
+    assert order() == [("start", names.WATCHDOG_UNIT), ("mask", names.DEBIAN_HAPROXY_UNIT),
+                       ("start", names.GATEWAY_UNIT)]
+
+
 def test_doit_stop_stops_the_recipes_units_in_its_order(tmp_path, recorded, monkeypatch):
     cfg = config(tmp_path)
     monkeypatch.setattr(engine, "for_config", lambda c: FakeRecipe(c))

@@ -26,6 +26,7 @@ DEFAULT_STATE_DIR = "~/.dsv41-two-sparks"   # STATE_DIR's default, on every node
 UNIT_DIR = "/etc/systemd/system"
 MEMGUARD_UNIT = "dsv41-memguard.service"
 WATCHDOG_UNIT = "dsv41-watchdog.service"
+WATCHDOG_BY = "dsv41-watchdog"                     # who carries a release on when its process died
 RANK_PREFIX = "dsv41-r"
 RANK_NAME_RE = re.compile(rf"^{re.escape(RANK_PREFIX)}(\d+)$")
 RANK_UNIT_RE = re.compile(rf"\b{re.escape(RANK_PREFIX)}(\d+)\.service\b")

@@ -146,9 +146,11 @@ def unit_reasons(s, f, unit, container, changed):
 
 
 class HeadService(NamedTuple):
-    """A service the head runs besides its rank, as data: decide() and core.rollout.apply both read it. A
-    new head service is one entry of HEAD_SERVICES (and its unit in the head's desired units)."""
+    """A service the head runs besides its rank, as data: decide() takes its steps and core.rollout.apply
+    applies them, in the order of HEAD_SERVICES. A new head service is one entry here (and its unit in the
+    head's desired units)."""
     unit: str
+    what: str                   # what the lines call it
     start: Kind                 # started when it is desired and not running
     restart: Kind               # restarted when its unit or a file it reads at start changed
     stop: Kind                  # stopped and disabled when it is not desired
@@ -159,19 +161,27 @@ class HeadService(NamedTuple):
     not_running: str = ""
     restart_why: str = ""
     reload_why: str = ""
-    stops_before_ranks: bool = False   # stopped before the ranks start (core.rollout.apply), started after them
+    starts_after_ranks: bool = False   # when the ranks restart, started after them (not before)
+    masks: str = ""             # a unit that would take its place, masked before it starts
+    not_by: str = ""            # who never applies its steps (the watchdog does not restart itself)
+
+    @property
+    def kinds(self):
+        return (self.start, self.restart, self.stop, self.reload)
 
 
 HEAD_SERVICES = (
-    HeadService(names.WATCHDOG_UNIT, Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG,
+    # before the ranks restart, so that it is there to carry the release on
+    HeadService(names.WATCHDOG_UNIT, "watchdog", Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG,
                 reads=(names.WATCHDOG_SETTINGS,), off="WATCHDOG=0", not_running="the watchdog is not running",
-                restart_why="its unit or settings changed"),
-    # rank 0 may hold PORT until it stops: the gateway is stopped before the ranks start, started after them
-    HeadService(names.GATEWAY_UNIT, Kind.START_GATEWAY, Kind.RESTART_GATEWAY, Kind.STOP_GATEWAY,
+                restart_why="its unit or settings changed", not_by=names.WATCHDOG_BY),
+    # rank 0 may hold PORT until it stops: a gateway not running is started after the ranks restart
+    HeadService(names.GATEWAY_UNIT, "gateway", Kind.START_GATEWAY, Kind.RESTART_GATEWAY, Kind.STOP_GATEWAY,
                 Kind.RELOAD_GATEWAY, reads=(names.SECRET_KEY,), reloads=(names.GATEWAY_CONFIG,),
                 off="GATEWAY=0: rank 0 serves PORT itself", not_running="the gateway is not running",
                 restart_why="its unit or rank 0's key changed",
-                reload_why="its config changed (the ranks are left alone)", stops_before_ranks=True),
+                reload_why="its config changed (the ranks are left alone)", starts_after_ranks=True,
+                masks=names.DEBIAN_HAPROXY_UNIT),
 )
 # state files only the head's services read (besides the guard's): their change restarts no rank
 SERVICE_ONLY_FILES = (names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG)

@@ -32,11 +32,11 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import exporter, observe, progress, ranks, recovery, releases as rel, silences
 from dsv41.head.core.cluster import Cluster, engine_key, say
-from dsv41.head.core.decide import Desired, Kind, Step, decide
-from dsv41.head.core.unit_install import control, gateway_step, install_unit
+from dsv41.head.core.decide import HEAD_SERVICES, Desired, Kind, Step, decide
+from dsv41.head.core.unit_install import control, install_unit, service_step
 
 
-BY_WATCHDOG = "dsv41-watchdog"      # who carries a release on when its process died
+BY_WATCHDOG = names.WATCHDOG_BY     # who carries a release on when its process died
 
 
 class RolledBack(UserError):
@@ -362,10 +362,11 @@ def carry_on_way_back(cfg, by):
 # ---- applying the steps ----------------------------------------------------------------------------
 
 def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch", owner=None, why=None):
-    """decide()'s steps in order; the watchdog's before the ranks restart (so that it is there to carry the
-    release on; never by the watchdog itself); the ranks restart through recovery.restart (fault: the
-    Health that calls for it; within: the readiness wait's deadline; by: who restarts; owner: the release
-    whose restart it is, named by its silence and by the gateway's 503s unless why says otherwise)."""
+    """decide()'s steps in one ordered pass: state files, units, the memory guards, the head's services
+    (core.decide.HEAD_SERVICES, in their order and as each says), the ranks through recovery.restart, the
+    services that start after them, the exporters. fault: the Health that calls for the restart; within:
+    the readiness wait's deadline; by: who restarts; owner: the release whose restart it is, named by its
+    silence and by the gateway's 503s unless why says otherwise."""
     by_name = {n.name: n for n in cl.nodes}
     for s in steps:
         node = by_name.get(s.node)
@@ -383,14 +384,12 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
     for s in steps:
         if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
             control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
-    for s in steps:
-        if s.kind in WATCHDOG_STEPS and by != BY_WATCHDOG:
-            control(cl, cl.head, s.kind, names.WATCHDOG_UNIT, "watchdog")
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
-    later = [s for s in steps if s.kind is Kind.START_GATEWAY and restarting]    # rank 0 may hold PORT until then
-    for s in steps:
-        if s.kind in GATEWAY_STEPS and s not in later:
-            gateway_step(cl, s.kind)
+    services = [(svc, s) for svc in HEAD_SERVICES if by != svc.not_by for s in steps if s.kind in svc.kinds]
+    later = [(svc, s) for svc, s in services if restarting and svc.starts_after_ranks and s.kind is svc.start]
+    for svc, s in services:
+        if (svc, s) not in later:
+            service_step(cl, svc, s.kind)
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
@@ -398,15 +397,12 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
             say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
             recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
                              within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None))
-    for s in later:
-        gateway_step(cl, s.kind)
+    for svc, s in later:
+        service_step(cl, svc, s.kind)
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
             exporter.start(cl, by_name[s.node])
 
-
-WATCHDOG_STEPS = (Kind.START_WATCHDOG, Kind.RESTART_WATCHDOG, Kind.STOP_WATCHDOG)
-GATEWAY_STEPS = (Kind.START_GATEWAY, Kind.RESTART_GATEWAY, Kind.RELOAD_GATEWAY, Kind.STOP_GATEWAY)
 
 
 def rollback(cfg, history, target):

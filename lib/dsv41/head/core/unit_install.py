@@ -1,8 +1,7 @@
 """dsv41's own units on a node, as a rollout applies them (core/rollout.py apply()): a unit file installed
 (through `sudo -n` when the node's user is not root), a service started, restarted, reloaded or stopped
-and kept enabled while it runs, and the gateway's steps on the head."""
+and kept enabled while it runs, and a step of one of the head's services (core.decide.HEAD_SERVICES)."""
 from dsv41 import names
-from dsv41.head.core.decide import Kind
 from dsv41.head.core.nodes import say
 
 
@@ -27,9 +26,9 @@ def control(cl, node, kind, unit, what):
     say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
 
 
-def gateway_step(cl, kind):
-    """A gateway step on the head; Debian's own haproxy.service is masked first (it would take the same
-    config's place and port 80)."""
-    if kind is not Kind.STOP_GATEWAY:
-        cl.systemctl(cl.head, "mask", "--now", "--quiet", names.DEBIAN_HAPROXY_UNIT, check=False)
-    control(cl, cl.head, kind, names.GATEWAY_UNIT, "gateway")
+def service_step(cl, svc, kind):
+    """A step of a head service (core.decide.HeadService) on the head; what would take its place (Debian's
+    own haproxy.service: the same config's place and port 80) is masked first, unless it stops."""
+    if svc.masks and kind is not svc.stop:
+        cl.systemctl(cl.head, "mask", "--now", "--quiet", svc.masks, check=False)
+    control(cl, cl.head, kind, svc.unit, svc.what)
