@@ -262,16 +262,32 @@ def test_a_launch_killed_between_begin_and_finish_is_found_by_the_next(tmp_path)
     assert r.returncode == -9
     history = rel.load_all(d)
     assert rel.unfinished(history).number == 2
-    same = rel.resume(history, rel.fingerprint(fields(unit="new")))
+    same = rel.next_step(history, rel.fingerprint(fields(unit="new")))
     assert same.action == "finish" and same.release.number == 2
     assert same.line.startswith("release 2 was interrupted half-way (began ") and "finishes its rollout" in same.line
-    back = rel.resume(history, rel.fingerprint(fields()))
+    back = rel.next_step(history, rel.fingerprint(fields()))
     assert back.action == "roll back" and back.target.number == 1
-    other = rel.resume(history, rel.fingerprint(fields(unit="other")))
+    other = rel.next_step(history, rel.fingerprint(fields(unit="other")))
     assert other.action == "replace" and other.target is None
+    recorded = rel.next_step(history)                   # the watchdog and `doit rollback`: as recorded
+    assert recorded.action == "finish" and recorded.line.endswith("its rollout is finished as recorded")
     rel.finish(d, 2, rel.INTERRUPTED, other.line)
-    assert rel.resume(rel.load_all(d), rel.fingerprint(fields(unit="new"))) is None
+    assert rel.next_step(rel.load_all(d), rel.fingerprint(fields(unit="new"))) is None
     assert rel.in_service(d) == (rel.load_all(d)[0], None)
+
+
+def test_a_way_back_left_half_way_is_finished_first_whoever_asks(tmp_path):
+    """A release that failed and was going back when its process died: launch (whatever it would run),
+    rollback and the watchdog all get the same next step, its way back finished first."""
+    d = str(tmp_path)
+    launch(d, fields(), rel.GOOD)
+    r = rel.begin(d, fields(unit="new"), 10)
+    rel.finish(d, r.number, rel.FAILED, "not ready", back_to=1)
+    rel.rolling_back(d, r.number)
+    history = rel.load_all(d)
+    for fp in (None, rel.fingerprint(fields(unit="new")), rel.fingerprint(fields()), rel.fingerprint(fields(unit="x"))):
+        n = rel.next_step(history, fp)
+        assert (n.action, n.release.number) == ("go back", 2) and "its way back is finished first" in n.line
 
 
 def test_a_folder_left_by_a_kill_before_its_record_is_skipped_and_its_number_reused(tmp_path):

@@ -139,8 +139,9 @@ def rollback(cfg, words=()):
     said = rollout.carry_on_way_back(cfg, "doit rollback")    # a dead process's way back: finished first
     if said:
         print(said)
-    left = rel.unfinished(rel.load_all(cfg.state_dir))
-    if left is not None:                    # a rollout a dead process left: finished first, from its record
+    _, n = rollout.next_step(cfg.state_dir)
+    if n is not None:                       # a rollout a dead process left: finished first, from its record
+        left = n.release
         rollout.carry_on(cfg, left, "doit rollback")
         if left.rollback_of is not None and number in (None, left.rollback_of):
             print(f"release {left.rollback_of}'s state serves again as release {left.number}: the rollback a "

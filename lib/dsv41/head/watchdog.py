@@ -126,10 +126,11 @@ class Watchdog:
         never run on today's settings: it pages that it needs a person (needs_person). Silences of ours
         whose release is final end (two scrapes from now). -> True when it carried one on."""
         try:
-            history, left = rollout.unfinished(self.state)
+            history, n = rollout.next_step(self.state)
         except UserError as err:            # the next command names the file; the watchdog goes on
             self.needs_person("the release history", one_line(err, 300))
             return False
+        left = n and n.release              # carried on as recorded (core.releases.next_step), whatever its state
         if left is not None and not runlock.holder(self.state):
             try:
                 rollout.rel.settings_of(left, self.cfg)       # a record this version cannot read is never run
@@ -187,13 +188,13 @@ class Watchdog:
             self.publish(h)
             return
         try:
-            unfinished = rollout.unfinished(self.state)[1]
+            n = rollout.next_step(self.state)[1]
         except UserError as err:            # an unreadable history never stops a recovery
             self.log(f"warning: {one_line(err, 200)}")
-            unfinished = None
-        if unfinished is not None:          # begun since this look: carried on at the next, never healed
+            n = None
+        if n is not None:                   # begun since this look: carried on at the next, never healed
             runlock.release()
-            self.say(h.verdict, f"{h.evidence}; not acting: release {unfinished.number} is unfinished")
+            self.say(h.verdict, f"{h.evidence}; not acting: release {n.release.number} is unfinished")
             self.publish(h)
             return
         self.log(f"{h.why}: starting the ranks ({h.verdict}: {h.evidence})" if h.action == "start" else

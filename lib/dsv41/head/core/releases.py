@@ -19,7 +19,7 @@ How launch uses it, in order (the storage functions, at the end, are the only I/
 
     fields = record_fields(cfg, want, image_ids, checkpoint_on_disk(cfg), node_versions)
     history, fp = load_all(state_dir), fingerprint(fields)
-    r = resume(history, fp)      # a launch killed half-way: print r.line; "finish" goes on under
+    r = next_step(history, fp)   # a launch killed half-way: print r.line; "finish" goes on under
                                  # r.release.number (no begin); else finish(..., INTERRUPTED, r.line) first,
                                  # and "roll back" applies r.target as below
     refuse_flapping(history, fp, retry_failed, now)   # UserError when this is the release that just failed
@@ -224,29 +224,34 @@ def carrier_line(release, holder, watchdog_on):
 
 
 @dataclasses.dataclass(frozen=True)
-class Resume:
-    action: str                      # "finish", "roll back" or "replace"
+class NextStep:
+    action: str                      # "go back", "finish", "roll back" or "replace"
     release: Release                 # the unfinished one
     target: Release | None           # "roll back": the release to go back to
     line: str                        # what to tell the user
 
 
-def resume(releases, fp):
-    """What a launch does about a release a killed launch left unfinished (None: there is none):
-    "finish" it when this launch is that release (go on under its number: no begin(), finish() it);
-    "roll back" when this launch is the release in service before it (record the unfinished one
-    INTERRUPTED, apply the target as recorded, mark_serving); "replace" otherwise (record it
-    INTERRUPTED, then begin() a new release)."""
+def next_step(releases, fp=None):
+    """The one decision about a release a dead process left unfinished (None: there is none), for launch
+    (fp: the fingerprint of what it would run), `doit rollback` and the watchdog (fp None: as recorded).
+    A way back is finished first, whoever asks ("go back"). A rollout is finished from its record when fp
+    is None or is that release ("finish": no begin(), finish() it); "roll back" when fp is the release in
+    service before it (record the unfinished one INTERRUPTED, apply the target as recorded,
+    mark_serving); "replace" otherwise (record it INTERRUPTED, then begin() a new release)."""
     r = unfinished(releases)
-    if r is None or r.state != ROLLING_OUT:     # a way back is carried on before (core/rollout.py)
+    if r is None:
         return None
+    if r.state != ROLLING_OUT:
+        return NextStep("go back", r, None, f"release {r.number} was left {r.shown_state}: its way back is "
+                        "finished first")
     said = f"release {r.number} was interrupted half-way (began {when(r.time)})"
-    if fingerprint(r) == fp:
-        return Resume("finish", r, None, f"{said}: this launch finishes its rollout")
+    if fp is None or fingerprint(r) == fp:
+        return NextStep("finish", r, None, f"{said}: " + ("this launch finishes its rollout" if fp else
+                                                          "its rollout is finished as recorded"))
     back = next((x for x in releases if x.number == r.changes_from and x.state == GOOD), None)
     if back is not None and fingerprint(back) == fp:
-        return Resume("roll back", r, back, f"{said}: this launch goes back to release {back.number} as recorded")
-    return Resume("replace", r, None, f"{said}: it is recorded as interrupted and this launch replaces it")
+        return NextStep("roll back", r, back, f"{said}: this launch goes back to release {back.number} as recorded")
+    return NextStep("replace", r, None, f"{said}: it is recorded as interrupted and this launch replaces it")
 
 
 def recorded_state(release, key):

@@ -89,7 +89,8 @@ def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
     warn = rel.checkpoint_warning(history, fields["checkpoint"])
     if warn:
         lines.append(warn)
-    r = rel.resume(history, fp)
+    r = rel.next_step(history, fp)
+    r = None if r is not None and r.action == "go back" else r     # finished before: carry_on_way_back
     if r is not None:
         lines.append(r.line)
         if r.action == "finish":
@@ -340,20 +341,21 @@ def carry_on(cfg, release, by, clock=time.time):
     return run(cl, ro, want, steps, states, by=by, began=release.time)
 
 
-def unfinished(state_dir):
-    """(the release history, the release it leaves unfinished or None)."""
+def next_step(state_dir):
+    """(the release history, what to do about the release it leaves unfinished: core.releases.next_step as
+    recorded, or None)."""
     history = rel.load_all(state_dir)
-    return history, rel.unfinished(history)
+    return history, rel.next_step(history)
 
 
 def carry_on_way_back(cfg, by):
     """A way back that a dead process left half-way is finished before anything else (a launch's or a
     rollback's first step): its outcome is said, not raised. -> the line, or None when there was none."""
-    left = rel.unfinished(rel.load_all(cfg.state_dir))
-    if left is None or left.state == rel.ROLLING_OUT:
+    _, n = next_step(cfg.state_dir)
+    if n is None or n.action != "go back":
         return None
     try:
-        carry_on(cfg, left, by)
+        carry_on(cfg, n.release, by)
     except (RolledBack, Down) as err:
         return str(err)
     return None
