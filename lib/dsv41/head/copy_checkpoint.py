@@ -95,7 +95,7 @@ def copy(cfg):
     if sending:
         for t in sending:
             print(f"copy: {len(t.send)} file(s), {gb(t.need)} to {t.node.label}:{t.mdir}", file=sys.stderr)
-            t.node.run(["mkdir", "-p", t.mdir])
+            t.node.run(commands.mkdir(t.mdir))
         _rsync(sending, cfg.model_dir, files)
         _drop_cache(cfg.model_dir, {r for t in sending for r in t.send})
     checks = [_start_verify(t.node, t.mdir, t.sdir, cfg) for t in todo]

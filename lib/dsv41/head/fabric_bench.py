@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import preflight
+from dsv41.head.core import commands, preflight
 from dsv41.head.core.cluster import Cluster
 
 EXPECTED_WRITE_GBPS = 112.0        # ib_write_bw on one HCA, as reported between two Sparks
@@ -46,15 +46,13 @@ def fabric_bench(cfg, seconds=10, progress=None):
     fab = gathered.fabric(cfg)
     h, wk = fab[0], fab[w.rank]
     hca_h, hca_w = h.hcas[0].split(":")[0], wk.hcas[0].split(":")[0]
-    base = ["ib_write_bw", "-F", "--report_gbits", "-D", str(seconds)]
-    server = cl.workers[0].argv_for(
-        ["timeout", str(seconds + 60), *base, "-d", hca_w, "-x", str(wk.gid_index)])
+    server = cl.workers[0].argv_for(["timeout", str(seconds + 60), *commands.ib_write_bw(seconds, hca_w, wk.gid_index)])
     say(f"fabric-bench: {seconds} s ib_write_bw {cfg.head.name} {hca_h} -> {w.name} {hca_w} ({wk.ip})")
     srv = subprocess.Popen(server, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     try:
         time.sleep(2)
-        r = cl.head.run([*base, "-d", hca_h, "-x", str(h.gid_index), wk.ip], check=False, timeout=seconds + 60)
+        r = cl.head.run(commands.ib_write_bw(seconds, hca_h, h.gid_index, wk.ip), check=False, timeout=seconds + 60)
     finally:
         try:
             srv.wait(timeout=30)

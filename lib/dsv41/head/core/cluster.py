@@ -27,12 +27,10 @@ def ship_code(node, state_dir):
     """Copy the node code to <state_dir>/lib on a node, the head included (services run it from there:
     workers may have no internet or venv, and the checkout may move); returns node_python's prefix."""
     dest = f"{state_dir}/{names.LIB}/"
-    node.run(["mkdir", "-p", dest])
+    node.run(commands.mkdir(dest))
     ssh = [] if node.is_local else ["-e", shlex.join(node.ssh_command())]
     includes = [f"--include={p}" if not p.endswith("/") else f"--include={p}***" for p in SHIPPED]
-    Node("head").run(["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/",
-                      "--include=dsv41/", *includes, "--exclude=*", *ssh, "--", f"{LIB_DIR}/dsv41",
-                      node.rsync_target(dest)])
+    Node("head").run(commands.rsync_code(f"{LIB_DIR}/dsv41", includes, ssh, node.rsync_target(dest)))
     return commands.node_python(state_dir)
 
 
@@ -166,7 +164,7 @@ class Cluster:
     def uid(self, node):
         """The node user's uid: from its probe, else asked (never assumed)."""
         if node.name not in self._uid:
-            self._uid[node.name] = int(node.run(["id", "-u"]).stdout.strip())
+            self._uid[node.name] = int(node.run(commands.uid()).stdout.strip())
         return self._uid[node.name]
 
     def priv(self, node, argv):

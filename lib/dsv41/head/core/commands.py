@@ -121,3 +121,43 @@ def mkdir(*paths, mode=None):
 
 def rm_f(*paths):
     return ["rm", "-f", *paths]
+
+
+def uid():
+    return ["id", "-u"]
+
+
+def chmod(mode, *paths):
+    return ["chmod", mode, *paths]
+
+
+def can_read_dir(user, path):
+    """Whether `user` can list and enter path (exit 0)."""
+    return ["runuser", "-u", user, "--", "test", "-r", path, "-a", "-x", path]
+
+
+def is_executable(path):
+    return ["test", "-x", path]
+
+
+def install_unit_file(tmp, path):
+    """A unit file (or a drop-in, -D: its dir) put in place through sudo -n by a user that is not root."""
+    return ["sudo", "-n", "install", "-D", "-m", "0644", tmp, path]
+
+
+def rsync_code(lib_dsv41, includes, ssh, target):
+    """The node code (lib/dsv41, only what `includes` names) mirrored to target, over ssh when given."""
+    return ["rsync", "-a", "--delete", "--delete-excluded", "--exclude=__pycache__/", "--include=dsv41/", *includes,
+            "--exclude=*", *ssh, "--", lib_dsv41, target]
+
+
+def haproxy_check(config):
+    """`haproxy -c` of a gateway config; its engine key is a placeholder (the config reads it from the
+    environment)."""
+    return ["env", "DSV41_ENGINE_KEY=check", "haproxy", "-c", "-q", "-f", config]
+
+
+def ib_write_bw(seconds, hca, gid_index, peer=None):
+    """ib_write_bw, the server side without a peer; the client side connects to peer."""
+    return ["ib_write_bw", "-F", "--report_gbits", "-D", str(seconds), "-d", hca, "-x", str(gid_index),
+            *([peer] if peer else [])]

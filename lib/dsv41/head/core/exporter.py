@@ -4,7 +4,6 @@ systemd collector for dsv41's units, then enabled and (re)started. Serving needs
 without the package only gets a note."""
 from dsv41 import names
 from dsv41.head.core import commands, units
-from dsv41.head.core.nodes import say
 
 BINARY = "/usr/bin/prometheus-node-exporter"
 USER = "prometheus"                  # the package's user: it must read METRICS_DIR
@@ -29,24 +28,21 @@ def dropin(cfg):
 
 def start(cl, node):
     """METRICS_DIR readable by the exporter's user, the exporter unmasked, enabled and restarted with
-    the drop-in. A node without the package, or whose METRICS_DIR the exporter cannot read, gets one
-    line saying so; serving goes on."""
+    the drop-in. -> the line to say on the node: what was started, or what it lacks (a node without the
+    package, or whose METRICS_DIR the exporter cannot read); serving goes on either way."""
     d = cl.cfg.metrics_dir
     unit = names.EXPORTER_UNIT
-    if node.run(["test", "-x", BINARY], check=False).code:
-        say(node, f"note: {BINARY} is missing, so Prometheus gets no node metrics from it: "
-                  "apt install prometheus-node-exporter (serving does not need it)")
-        return
-    for argv in (commands.mkdir(d), ["chmod", "a+rx", d],
+    if node.run(commands.is_executable(BINARY), check=False).code:
+        return (f"note: {BINARY} is missing, so Prometheus gets no node metrics from it: "
+                "apt install prometheus-node-exporter (serving does not need it)")
+    for argv in (commands.mkdir(d), commands.chmod("a+rx", d),
                  commands.systemctl("unmask", unit),                # a masked package service (the lab's)
                  commands.systemctl("enable", "--quiet", unit), commands.systemctl("restart", unit)):
         r = node.run(cl.priv(node, argv), check=False)
         if r.code:
-            say(node, f"note: `{' '.join(argv)}` failed ({r.stderr.strip()[-200:]}); Prometheus gets no "
-                      f"node metrics from it (`journalctl -u {unit}`; serving does not need it)")
-            return
-    readable = node.run(cl.priv(node, ["runuser", "-u", USER, "--", "test", "-r", d, "-a", "-x", d]), check=False)
-    if readable.code:
-        say(node, f"note: the exporter's user {USER} cannot read METRICS_DIR={d} (a parent directory is "
-                  "closed to it, e.g. a home): choose a METRICS_DIR such as /var/lib/dsv41/metrics")
-    say(node, f"started {unit}: textfile metrics from {d}, dsv41's units, on port {cl.cfg.exporter_port}")
+            return (f"note: `{' '.join(argv)}` failed ({r.stderr.strip()[-200:]}); Prometheus gets no "
+                    f"node metrics from it (`journalctl -u {unit}`; serving does not need it)")
+    if node.run(cl.priv(node, commands.can_read_dir(USER, d)), check=False).code:
+        return (f"note: the exporter's user {USER} cannot read METRICS_DIR={d} (a parent directory is "
+                "closed to it, e.g. a home): choose a METRICS_DIR such as /var/lib/dsv41/metrics")
+    return f"started {unit}: textfile metrics from {d}, dsv41's units, on port {cl.cfg.exporter_port}"

@@ -18,7 +18,7 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError
-from dsv41.head.core import release_history
+from dsv41.head.core import commands, release_history
 
 STOPPED = "stopped by `doit stop`"        # the door's reason after `doit stop`: nothing reopens it but a launch
 
@@ -116,7 +116,7 @@ class Gateway:
         # beside the config: the maps are named relative to its folder
         tmp = names.state_path(cl.paths(head).state_dir, names.GATEWAY_CONFIG + ".check")
         head.write_file(tmp, config_text)
-        r = head.run(["env", "DSV41_ENGINE_KEY=check", "haproxy", "-c", "-q", "-f", tmp], check=False)
+        r = head.run(commands.haproxy_check(tmp), check=False)
         cl.remove(head, tmp)
         if r.code == 127 or "not found" in (r.stderr or ""):
             raise UserError(f"haproxy is not installed on {head.label}: `sudo apt install haproxy` there "

@@ -46,13 +46,12 @@ import shutil
 import time
 
 from dsv41 import names
-from dsv41.errors import UserError, one_line
+from dsv41.errors import BadInput, UserError, one_line
 from dsv41.head.core import statefiles
 from dsv41.head.core.release_history import (RECORD, SCHEMA, folder, last_startup_s, load_all, load_one,
                                               read_history, root, serving_number)
 from dsv41.head.core.release_record import (DOWN, FAILED, FAILURES, GOOD, INTERRUPTED, ROLLED_BACK, ROLLING_BACK,
                                             ROLLING_OUT, Release, check_move)
-from dsv41.settings.kinds import ConfigError
 from dsv41.settings.resolved import absent, from_resolved, resolved
 from dsv41.node.checkpoint_layout import MANIFEST
 
@@ -386,7 +385,7 @@ def settings_of(release, cfg):
     release never runs on today's settings instead."""
     try:
         return dataclasses.replace(from_resolved(release.settings), hf_token=cfg.hf_token)
-    except ConfigError as err:
+    except BadInput as err:                 # settings.kinds.ConfigError: the record cannot be read
         raise UserError(f"{os.path.join(folder(cfg.state_dir, release.number), RECORD)}: release {release.number}'s "
                         f"settings cannot be read by this version ({err}): it is not run on today's settings; "
                         "`doit launch` records a release of them") from None

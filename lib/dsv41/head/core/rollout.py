@@ -403,7 +403,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
         service_step(cl, svc, s.kind)
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
-            exporter.start(cl, by_name[s.node])
+            say(by_name[s.node], exporter.start(cl, by_name[s.node]))
 
 
 

@@ -2,6 +2,7 @@
 (through `sudo -n` when the node's user is not root), a service started, restarted, reloaded or stopped
 and kept enabled while it runs, and a step of one of the head's services (core.decide.HEAD_SERVICES)."""
 from dsv41 import names
+from dsv41.head.core import commands
 from dsv41.head.core.nodes import say
 
 
@@ -13,7 +14,7 @@ def install_unit(cl, node, name, text):
     else:
         tmp = f"{cl.paths(node).state_dir}/{names.RUN}/.{name.replace('/', '_')}.tmp"
         node.write_file(tmp, text)
-        node.run(["sudo", "-n", "install", "-D", "-m", "0644", tmp, path])   # -D: a drop-in's dir
+        node.run(commands.install_unit_file(tmp, path))
     say(node, f"installed {path}")
 
 
