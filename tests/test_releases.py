@@ -135,6 +135,19 @@ def test_the_commands_that_use_what_runs_take_the_layout_of_the_release_in_servi
     assert r.returncode != 0 and "127.0.0.1:18997" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+def test_status_reads_the_history_once_for_the_layout_and_the_release_line(tmp_path, monkeypatch):
+    from dsv41.head.core import release_status, releases
+    from dsv41.settings.resolved import resolved
+    cfg = load_config({"WORKER": "u@w", "STATE_DIR": str(tmp_path), "IMG": PIN})
+    launch(str(tmp_path), {**fields(), "settings": resolved(cfg)}, rel.GOOD)
+    history = release_status.history_of(cfg.state_dir)
+    monkeypatch.setattr(release_status, "read_history", lambda sd: pytest.fail("the history read again"))
+    monkeypatch.setattr(releases, "read_history", lambda sd: pytest.fail("the history read again"))
+    assert release_status.as_served(cfg, history) == (cfg, None)
+    entry = release_status.service_entry(cfg.state_dir, None, history)
+    assert entry["serving"]["number"] == 1 and entry["failed"] is None and entry["rolling_out"] is None
+
+
 def test_a_release_whose_settings_this_version_cannot_read_never_runs_on_todays(tmp_path):
     """A recorded PORT of "abc", or a setting of a newer version: refused naming the record (a rollback, a
     way back), and status judges by the settings with that line instead of a traceback."""

@@ -101,7 +101,8 @@ class Table:
 
 
 def status(cfg, json=False):
-    cfg, served = release_status.as_served(cfg)
+    history = release_status.history_of(cfg.state_dir)      # read once: the layout and the release line
+    cfg, served = release_status.as_served(cfg, history)
     cl = Cluster(cfg)
     table = Table(not json)
     entries, states = {}, {}
@@ -119,7 +120,7 @@ def status(cfg, json=False):
                               api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
     h = assess(cfg, obs, Memory(), cl.recipe)
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name), problems)
-    release = release_status.service_entry(cfg.state_dir, wd)
+    release = release_status.service_entry(cfg.state_dir, wd, history)
     if served:
         release["layout"] = served
     for line in problems:

@@ -5,20 +5,29 @@ import dataclasses
 
 from dsv41.errors import UserError, one_line
 from dsv41.settings import layout
-from dsv41.head.core.releases import (ROLLING_OUT, carrier_line, in_service, load_all, settings_of, short_id,
+from dsv41.head.core.releases import (ROLLING_OUT, carrier_line, in_service, read_history, settings_of, short_id,
                                       unfinished, when)
 
 
 
-def as_served(cfg):
+def history_of(state_dir):
+    """The history as core.releases.read_history() reads it, once for a command: (releases, the number in
+    service), or the UserError saying why it cannot be read."""
+    try:
+        return read_history(state_dir)
+    except UserError as err:
+        return err
+
+
+def as_served(cfg, history=None):
     """(cfg, None), or, when the release in service runs another layout than the settings say (`doit
     rollback` to a release recorded before the gateway, or with GATEWAY=0; another PORT), (cfg with the
     release's GATEWAY, PORT and ENGINE_PORT, the line saying so): the commands that judge or use what runs
     (status, top, stop, keys, smoke, bench, pi, monitoring) take its layout."""
-    try:
-        serving, _ = in_service(cfg.state_dir)
-    except UserError:
+    history = history_of(cfg.state_dir) if history is None else history
+    if isinstance(history, UserError):
         return cfg, None                 # service_entry says why
+    serving, _ = in_service(cfg.state_dir, history)
     try:
         ran = settings_of(serving, cfg) if serving else cfg
     except UserError as err:
@@ -46,17 +55,16 @@ def step_of(r):
     return "the ranks starting, then the hold" if r.started_at else "applying (the ranks not restarted yet)"
 
 
-def service_entry(state_dir, watchdog=None):
+def service_entry(state_dir, watchdog=None, history=None):
     """What `doit status` and `doit top` show of the history: {"serving", "failed" (the newest that failed
     after it), "rolling_out" (an unfinished one, with its step, its carrier and who carries it on now)}
     (each a release's brief or None), or {"error": line}. watchdog: core.record.watchdog_entry() (whether
-    it runs, who holds the run lock)."""
-    try:
-        history = load_all(state_dir)
-        serving, failed = in_service(state_dir)
-        left = unfinished(history)
-    except UserError as err:
-        return {"error": str(err)}
+    it runs, who holds the run lock); history: history_of(state_dir), when the command read it already."""
+    history = history_of(state_dir) if history is None else history
+    if isinstance(history, UserError):
+        return {"error": str(history)}
+    serving, failed = in_service(state_dir, history)
+    left = unfinished(history[0])
     entry = {"serving": _brief(serving), "failed": _brief(failed), "rolling_out": _brief(left)}
     if left:
         w = watchdog or {}

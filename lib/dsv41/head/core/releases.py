@@ -368,11 +368,12 @@ def mark_serving(state_dir, number):
     statefiles.mark_serving(state_dir, number)
 
 
-def in_service(state_dir):
+def in_service(state_dir, read=None):
     """(the release in service or None, the newest release that failed after it or None): what `doit
-    status` and `doit top` name; UserError (one line) when a record cannot be read. A rollout under way
-    (or left unfinished) is unfinished(load_all(state_dir))."""
-    history, serving = read_history(state_dir)
+    status` and `doit top` name; UserError (one line) when a record cannot be read. read: the history as
+    read_history() gave it already (a command reads it once). A rollout under way (or left unfinished) is
+    unfinished(load_all(state_dir))."""
+    history, serving = read or read_history(state_dir)
     current = next((r for r in history if r.number == serving), None)
     failed = next((r for r in reversed(history) if r.state in FAILURES and r.number > (serving or 0)), None)
     return current, failed
