@@ -289,6 +289,22 @@ def test_a_launch_killed_between_begin_and_finish_is_found_by_the_next(tmp_path)
     assert rel.in_service(d) == (rel.load_all(d)[0], None)
 
 
+def test_the_release_in_service_is_read_from_the_records_alone_and_kept_through_pruning(tmp_path):
+    """Good 1 on one checkpoint, good 2 on another, then 3 on the first fails and goes back to 1 (the last
+    good on its checkpoint): 1 serves though 2 is the newest good, and pruning keeps 3, which says so."""
+    d = str(tmp_path)
+    launch(d, fields(), rel.GOOD)
+    launch(d, fields(unit="2\n", checkpoint=CK2), rel.GOOD)
+    r = rel.begin(d, fields(unit="3\n"), 10)
+    rel.finish(d, r.number, rel.FAILED, "not ready", back_to=1)
+    rel.rolling_back(d, r.number)
+    rel.rolled_back(d, r.number, 1)
+    assert rel.serving_number(d) == 1 and rel.in_service(d)[0].number == 1
+    for n in range(4, 8):                       # failed, going nowhere: 1 still serves
+        launch(d, fields(unit=f"{n}\n"), rel.FAILED, keep=2)
+    assert [x.number for x in rel.load_all(d)] == [1, 2, 3, 6, 7] and rel.serving_number(d) == 1
+
+
 def test_a_way_back_left_half_way_is_finished_first_whoever_asks(tmp_path):
     """A release that failed and was going back when its process died: launch (whatever it would run),
     rollback and the watchdog all get the same next step, its way back finished first."""

@@ -12,7 +12,7 @@ On every node, $STATE_DIR holds:
     secrets/api_key      rank 0 only: the API key, 0600, mounted read-only into its container
 and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db (doit's own
 record of what ran), doit.lock (the run lock), image.stamp (the image ids `doit image` saw), ssh/ (ssh
-master sockets), releases/ (one folder per release and current.json), incidents/ (one evidence folder per
+master sockets), releases/ (one folder per release), incidents/ (one evidence folder per
 incident), monitoring/, needs-reboot.json, and the watchdog's watchdog.json (its settings),
 watchdog.status.json (what it last saw), watchdog.gaveup (while it exists the watchdog is hands-off),
 incidents.jsonl and ready.json (when a readiness wait last saw a token). The head reads and writes its
@@ -56,9 +56,9 @@ DOIT_DB = "doit.db"                    # on the head: doit's record of what ran 
 DOIT_LOCK = "doit.lock"               # on the head: the run lock (core/runlock.py)
 IMAGE_STAMP = "image.stamp"           # on the head: the image ids every node held at the last `doit image`
 SSH = "ssh"                           # on the head: the ssh master sockets
-RELEASES = "releases"                 # on the head: releases/<NNNN>/release.json, releases/current.json
+RELEASES = "releases"                 # on the head: releases/<NNNN>/release.json
 RELEASE_RECORD = "release.json"
-RELEASE_CURRENT = "current.json"
+RELEASE_CURRENT = "current.json"      # what an older version kept of the release in service: removed
 INCIDENT_DIRS = "incidents"           # on the head: incidents/<UTC time>-<verdict>/summary.json, ...
 INCIDENT_SUMMARY = "summary.json"
 DOWNLOAD_DIR = os.path.join(".cache", "dsv41")   # in MODEL_DIR, on the head: partial downloads, and

@@ -1,7 +1,10 @@
 """The release history on disk, read (core/releases.py writes it and decides from it):
 
     $STATE_DIR/releases/<NNNN>/release.json   schema dsv41.release/2 (/1 still read), one per release
-    $STATE_DIR/releases/current.json          {"number": N}: the release in service
+
+Which release is in service is read from the records alone (serving_of), so it is stored once and
+committed with the record that makes it so (a release good, or one rolled back to another); a
+current.json an older version wrote is not read.
 
 Every record is loaded as a core/release_record.py Release and the whole is checked: a record that cannot
 be read, or a history that makes no sense, is one line naming the file, and nothing acts on it. Its
@@ -19,7 +22,6 @@ SCHEMA = "dsv41.release/2"
 OLDER = ("dsv41.release/1",)        # read too: a failed release with rolled_back_to is ROLLED_BACK there
 DIR = names.RELEASES
 RECORD = names.RELEASE_RECORD
-CURRENT = names.RELEASE_CURRENT
 FOLDER_RE = re.compile(r"^\d{4,}$")
 
 def root(state_dir):
@@ -70,17 +72,28 @@ def load_all(state_dir):
     return out
 
 
+def serving_of(releases):
+    """The number of the release in service, from the records alone: the newest release that put one in
+    service says which, a good one itself, one rolled back the release it went back to (None: none did).
+    A release that failed and is down, or was interrupted, leaves the one before in service."""
+    for r in reversed(releases):
+        if r.state == GOOD:
+            return r.number
+        if r.state == ROLLED_BACK:
+            return r.rolled_back_to
+    return None
+
+
 def read_history(state_dir):
     """(every release, oldest first, the number of the one in service or None): the history read once,
-    UserError as load_all, or when current.json names a release that is not kept, or not good."""
-    releases, serving = load_all(state_dir), statefiles.serving_number(state_dir)
-    named = next((r for r in releases if r.number == serving), None)
-    if serving is not None and (named is None or named.state != GOOD):
-        raise statefiles.bad(os.path.join(root(state_dir), CURRENT), f"names release {serving} as in service, which "
-                             + ("is not kept" if named is None else f"is {named.shown_state}"),
-                             "run `doit launch` (it records what serves)")
+    UserError as load_all, or when the release in service is not kept."""
+    releases = load_all(state_dir)
+    serving = serving_of(releases)
+    if serving is not None and not any(r.number == serving for r in releases):
+        raise UserError(f"{root(state_dir)}: release {serving}, in service by the records, is not kept: move the "
+                        "folders aside and run `doit launch` (it records what serves)")
     return releases, serving
 
 
 def serving_number(state_dir):
-    return statefiles.serving_number(state_dir)
+    return serving_of(load_all(state_dir))

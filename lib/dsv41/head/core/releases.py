@@ -1,7 +1,6 @@
 """Releases: what ran on the cluster after each launch that changed it, kept on the head.
 
     $STATE_DIR/releases/<NNNN>/release.json   schema dsv41.release/2 (/1 still read), one per release (dir 0700, file 0600)
-    $STATE_DIR/releases/current.json          {"number": N}: the release in service
 
 Each record is a core/release_record.py Release (what it holds, its states and the only moves between
 them). The newest RELEASES_KEEP are kept, never the one in service nor the last good one.
@@ -235,8 +234,8 @@ def next_step(releases, fp=None):
     (fp: the fingerprint of what it would run), `doit rollback` and the watchdog (fp None: as recorded).
     A way back is finished first, whoever asks ("go back"). A rollout is finished from its record when fp
     is None or is that release ("finish": no begin(), finish() it); "roll back" when fp is the release in
-    service before it (record the unfinished one INTERRUPTED, apply the target as recorded,
-    mark_serving); "replace" otherwise (record it INTERRUPTED, then begin() a new release)."""
+    service before it (record the unfinished one INTERRUPTED, which leaves the target in service, and apply
+    it as recorded); "replace" otherwise (record it INTERRUPTED, then begin() a new release)."""
     r = unfinished(releases)
     if r is None:
         return None
@@ -266,10 +265,11 @@ def recorded_state(release, key):
 
 
 def to_prune(releases, keep, serving):
-    """The numbers beyond the newest `keep`, never the release in service (number `serving`) nor the
-    newest good one."""
+    """The numbers beyond the newest `keep`, never the release in service (number `serving`), the newest
+    good one, nor the newest that put one in service (release_history.serving_of reads it)."""
     good = next((r.number for r in reversed(releases) if r.state == GOOD), None)
-    return [r.number for r in releases[:max(0, len(releases) - max(1, keep))] if r.number not in (serving, good)]
+    put = next((r.number for r in reversed(releases) if r.state in (GOOD, ROLLED_BACK)), None)
+    return [r.number for r in releases[:max(0, len(releases) - max(1, keep))] if r.number not in (serving, good, put)]
 
 
 # ---- storage: the only I/O ---------------------------------------------------------------------------
@@ -296,6 +296,7 @@ def begin(state_dir, fields, keep, now=None, **carry):
     serving = serving_number(state_dir)
     release = draft(history, serving, fields, now, **carry)
     _write(state_dir, release)
+    statefiles.forget_current(state_dir)     # an older version's pointer: the records say what serves
     for n in to_prune([*history, release], keep, serving):
         shutil.rmtree(folder(state_dir, n), ignore_errors=True)
     return release
@@ -303,7 +304,8 @@ def begin(state_dir, fields, keep, now=None, **carry):
 
 def transition(state_dir, number, to, now=None, **fields):
     """Move release `number` to state `to`, checked against the state it leaves, with `fields`; durable
-    (fsync'd) when it returns. GOOD makes it the release in service, ROLLED_BACK its back_to. FAILED
+    (fsync'd) when it returns. GOOD makes it the release in service, ROLLED_BACK its rolled_back_to (the
+    records say which: release_history.serving_of). FAILED
     records failed_at, every final state finished_at. -> the updated Release."""
     old = load_one(state_dir, number)
     if old is None:
@@ -314,11 +316,7 @@ def transition(state_dir, number, to, now=None, **fields):
     if to in (GOOD, INTERRUPTED, ROLLED_BACK, DOWN) or (to == FAILED and fields.get("back_to") is None):
         stamps["finished_at"] = now             # final: nothing is left to carry on
     release = dataclasses.replace(old, state=to, **stamps, **fields)
-    _write(state_dir, release)
-    if to == GOOD:
-        mark_serving(state_dir, number)
-    elif to == ROLLED_BACK:
-        mark_serving(state_dir, release.rolled_back_to)
+    _write(state_dir, release)              # GOOD or ROLLED_BACK: the commit point of what is in service
     return release
 
 
@@ -361,11 +359,6 @@ def _update(state_dir, number, **changed):
     release = dataclasses.replace(old, **changed)
     _write(state_dir, release)
     return release
-
-
-def mark_serving(state_dir, number):
-    """Name the release in service (after a good rollout, or a rollback that served again)."""
-    statefiles.mark_serving(state_dir, number)
 
 
 def in_service(state_dir, read=None):

@@ -58,7 +58,6 @@ class Rollout:
     target: rel.Release | None      # where a failure goes back to (None: nowhere)
     deadline: tuple                 # (seconds, what sets them) for the readiness wait
     resumed: bool = False           # a release a dead process left unfinished, carried on now
-    serving_after: int | None = None    # the release in service once ready (a killed launch's way back)
     lines: tuple = ()               # what to say before anything changes
     fields: dict | None = None      # the release to begin (core.releases.record_fields())
     rollback_of: int | None = None  # `doit rollback`: the release whose state it applies again
@@ -99,7 +98,7 @@ def prepare(cfg, want, states, image_ids, retry_failed=False, now=None):
                            lines=tuple(lines))
         rel.finish(sd, r.release.number, rel.INTERRUPTED, r.line)
         if r.action == "roll back":
-            return Rollout(None, None, deadline(history, cfg), serving_after=r.target.number, lines=tuple(lines))
+            return Rollout(None, None, deadline(history, cfg), lines=tuple(lines))   # r.target is in service
     current = next((x for x in history if x.number == serving), None)
     if r is None and current is not None and rel.fingerprint(current) == fp:
         return Rollout(None, None, deadline(history, cfg), lines=tuple(lines))
@@ -191,8 +190,6 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, be
                    "ready" + (f", healthy for {cfg.rollout_hold_s:.0f} s" if checked else ", no rank restarted"),
                    startup_s=startup)
         print(f"release {ro.release.number} is good and in service")
-    elif ro.serving_after is not None:
-        rel.mark_serving(cfg.state_dir, ro.serving_after)
     return startup
 
 

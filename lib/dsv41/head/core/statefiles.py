@@ -273,7 +273,6 @@ RELEASE = {"schema": str, "number": int, "time": TIME, "image": str, "image_ids"
            "startup_s": OPT_NUMBER, "result": str, "failed_at": OPT_TIME, "finished_at": OPT_TIME,
            "rolled_back_to": OPT_INT, "back_to": OPT_INT, "deadline_s": OPT_NUMBER, "started_at": OPT_TIME,
            "carrier": (None, {"by": str, "pid": int, "since": TIME}), "rollback_of": OPT_INT}
-CURRENT = {"number": int}
 DOWNLOAD_RECORDS = {str: {"etag": str, "size": int, "mtime_ns": int}}
 
 
@@ -382,15 +381,13 @@ def write_release(state_dir, folder_name, doc):
     fsync_dir(releases_dir(state_dir))
 
 
-def serving_number(state_dir):
-    doc = read_json(names.state_path(releases_dir(state_dir), names.RELEASE_CURRENT), CURRENT,
-                    "run the command again (the next good launch writes it again)")
-    return None if doc is None else doc["number"]
-
-
-def mark_serving(state_dir, number):
-    write_json(names.state_path(releases_dir(state_dir), names.RELEASE_CURRENT), {"number": number}, 0o600, indent=None,
-               durable_dir=True)
+def forget_current(state_dir):
+    """The pointer to the release in service an older version kept (releases/current.json) removed: the
+    records say which serves, and an older version run again would trust a stale one."""
+    try:
+        os.remove(names.state_path(releases_dir(state_dir), names.RELEASE_CURRENT))
+    except FileNotFoundError:
+        pass
 
 
 # ---- what `doit image` saw, the rendered units --------------------------------------------------------
