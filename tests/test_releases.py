@@ -13,7 +13,7 @@ from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
 from dsv41.head.core import releases as rel
-from dsv41.head.releases import text_diff
+from dsv41.head.core.release_status import text_diff
 from dsv41.head.core.desired import Desired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -51,7 +51,7 @@ class Watchdog:
         self.state = cfg.state_dir
         self.last = None            # (verdict, evidence) last logged
         self.gateway_problem = None  # why the gateway's per-key use could not be read, as last logged
-        self.stuck = None           # (what, why, since): a release it cannot carry on, paged for a person
+        self.stuck = None           # (what, why, its alert's Event): a release it cannot carry on, paged
         self.stop = threading.Event()
 
     def say(self, verdict, evidence):

@@ -8,8 +8,6 @@ import dataclasses
 
 from dsv41 import names
 
-SETTINGS = ("gateway", "port", "engine_port")    # the settings a layout is made of (a release records them)
-
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -19,6 +17,10 @@ class Layout:
     head_ip: str           # the head's address clients use ("" in a one-machine setup: 127.0.0.1)
     api_key_file: str      # the client key (the door's `default`)
     state_dir: str         # the head's state dir
+
+    def settings(self):
+        """{Config field: value} of the settings this layout is made of (a release records them)."""
+        return {"gateway": self.door, "port": self.port, "engine_port": self.engine_port}
 
     @property
     def api_url(self):

@@ -1,13 +1,14 @@
-"""The release history as `doit status` and `doit top` show it: one entry (the release in service,
-the newest that failed after it, one rolling out) and its line, and the door they judge: the one the release
-in service runs (as_served). The records are core.releases'."""
+"""The release history as people see it, in one place: `doit releases` (the list, one release with its
+text difference), and what `doit status` and `doit top` show (one entry: the release in service, the
+newest that failed after it, one rolling out, who carries it on) with the door they judge, the one the
+release in service runs (as_served). The records are core.releases'."""
 import dataclasses
+import difflib
+import re
 
 from dsv41.errors import UserError, one_line
-from dsv41.settings import layout
-from dsv41.head.core.releases import (ROLLING_OUT, carrier_line, in_service, read_history, settings_of, short_id,
+from dsv41.head.core.releases import (ROLLING_OUT, in_service, read_history, settings_of, short_id,
                                       unfinished, when)
-
 
 
 def history_of(state_dir):
@@ -32,15 +33,31 @@ def as_served(cfg, history=None):
         ran = settings_of(serving, cfg) if serving else cfg
     except UserError as err:
         return cfg, f"{one_line(err, 300)}; judged by the settings"
-    differs = [k for k in layout.SETTINGS if getattr(ran, k) != getattr(cfg, k)]
+    ran_with, said = ran.layout.settings(), cfg.layout.settings()
+    differs = [k for k in ran_with if ran_with[k] != said[k]]
     if not differs:
         return cfg, None
 
-    def shown(c):
-        return ", ".join(f"{k.upper()}={int(getattr(c, k))}" for k in differs)
-    return (dataclasses.replace(cfg, **{k: getattr(ran, k) for k in layout.SETTINGS}),
-            f"release {serving.number} in service runs with {shown(ran)} (the settings say {shown(cfg)}): "
+    def shown(values):
+        return ", ".join(f"{k.upper()}={int(values[k])}" for k in differs)
+    return (dataclasses.replace(cfg, **ran_with),
+            f"release {serving.number} in service runs with {shown(ran_with)} (the settings say {shown(said)}): "
             "judged as it runs; `doit launch` applies the settings")
+
+
+def carrier_line(release, holder, watchdog_on):
+    """Who carries an unfinished release on, for `doit status`: holder is the run lock's ("pid N: ...",
+    None when free), watchdog_on whether dsv41-watchdog runs."""
+    c = release.carrier or {}
+    who = f"`{c['by']}` pid {c['pid']}" if c.get("by", "").startswith("doit") else c.get("by") or "a doit run"
+    since = f" since {when(c['since'])}" if c.get("since") else ""
+    if holder:
+        return (f"carried on by {who}{since}" if holder.startswith(f"pid {c.get('pid')}:")
+                else f"the run lock is held ({holder}): that run carries it on")
+    if watchdog_on:
+        return f"left by {who}{since}, which ended: the watchdog carries it on at its next look"
+    return (f"left by {who}{since}, which ended; the watchdog is not running (WATCHDOG=0, or `doit stop`): "
+            "the next `doit launch` or `doit rollback` carries it on")
 
 
 def _brief(r):
@@ -86,3 +103,80 @@ def service_line(e):
     if u:
         line += f"; release {u['number']} {u['state']} ({u.get('step', '?')}): {u.get('carried', '?')}"
     return line
+
+
+# ---- `doit releases`: the list, one release, its text difference ---------------------------------
+
+def _image(r):
+    m = re.search(r"@sha256:([0-9a-f]{12})", r.image)
+    return m.group(1) if m else short_id(next(iter(r.image_ids.values()), None))
+
+
+def _secs(s):
+    return "-" if s is None else f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def list_lines(history, serving):
+    if not history:
+        return ["no releases yet: `doit launch` records one each time it changes what runs"]
+    lines = [f"  {'N':>4}  {'when (UTC)':<20}  {'image':<12}  {'revision':<12}  {'start-up':>8}  "
+             f"{'result':<28}  changes"]
+    for r in history:
+        mark = "*" if r.number == serving else " "
+        more = f" (+{len(r.changes) - 1} more)" if len(r.changes) > 1 else ""
+        first = r.changes[0] if r.changes else "-"
+        lines.append(f"{mark} {r.number:>4}  {when(r.time):<20}  {_image(r):<12}  "
+                     f"{one_line(r.checkpoint.get('revision') or 'latest', 12):<12}  {_secs(r.startup_s):>8}  "
+                     f"{one_line(r.shown_state, 28):<28}  {one_line(first, 80)}{more}")
+    lines.append("* in service" if serving is not None else "none in service")
+    return lines
+
+
+def show_lines(history, serving, number):
+    by = {r.number: r for r in history}
+    if number not in by:
+        raise UserError(f"no release {number}: {len(history)} kept in the release history "
+                        "(`doit releases` lists them)")
+    r = by[number]
+    ck = r.checkpoint
+    out = [f"release {r.number}: {r.shown_state}" + (" (in service)" if r.number == serving else ""),
+           f"  began       {when(r.time)}   finished {when(r.finished_at)}   start-up {_secs(r.startup_s)}",
+           f"  result      {r.result or '-'}" + (f"   failed at {when(r.failed_at)}" if r.failed_at else ""),
+           f"  image       {r.image}"]
+    out += [f"    on {node:<10} {image_id}" for node, image_id in sorted(r.image_ids.items())]
+    out.append(f"  checkpoint  {ck.get('repo')}@{ck.get('revision') or 'latest'}   "
+               f"manifest {ck.get('manifest_digest') or '-'}")
+    for node, v in sorted(r.node_versions.items()):
+        out.append(f"  {node:<11} kernel {v.get('kernel') or '-'}, driver {v.get('driver') or '-'}, "
+                   f"docker {v.get('docker') or '-'}")
+    for node in sorted(set(r.units) | set(r.files)):
+        out.append(f"  {node:<11} units {', '.join(sorted(r.units.get(node, {}))) or '-'}; "
+                   f"files {', '.join(sorted(r.files.get(node, {}))) or '-'}")
+    for node, secret in sorted(r.secret_files.items()):
+        out.append(f"  {node:<11} {', '.join(secret)}: written by launch, not stored here")
+    out.append("changes" + (f" against release {r.changes_from}:" if r.changes_from else ":"))
+    out += [f"  {line}" for line in r.changes]
+    prev = by.get(r.changes_from)
+    if prev is not None:
+        out += text_diff(prev, r)
+    elif r.changes_from:
+        out.append(f"  (release {r.changes_from} is no longer kept: no text difference)")
+    return out
+
+
+def text_diff(prev, new):
+    """Unified diffs of every unit and file that differs from `prev` to `new` (Releases)."""
+    out = []
+    for what in ("units", "files"):
+        a_all, b_all = getattr(prev, what), getattr(new, what)
+        for node in sorted(set(a_all) | set(b_all)):
+            a, b = a_all.get(node, {}), b_all.get(node, {})
+            for name in sorted(set(a) | set(b)):
+                ta, tb = a.get(name), b.get(name)
+                if what == "files":
+                    ta, tb = ta and ta[0], tb and tb[0]
+                if ta != tb:
+                    out += difflib.unified_diff((ta or "").splitlines(), (tb or "").splitlines(),
+                                                f"{prev.number}/{node}/{name}", f"{new.number}/{node}/{name}",
+                                                lineterm="")
+    return out

@@ -206,21 +206,6 @@ def unfinished(releases):
     return next((r for r in reversed(releases) if r.unfinished), None)
 
 
-def carrier_line(release, holder, watchdog_on):
-    """Who carries an unfinished release on, for `doit status`: holder is the run lock's ("pid N: ...",
-    None when free), watchdog_on whether dsv41-watchdog runs."""
-    c = release.carrier or {}
-    who = f"`{c['by']}` pid {c['pid']}" if c.get("by", "").startswith("doit") else c.get("by") or "a doit run"
-    since = f" since {when(c['since'])}" if c.get("since") else ""
-    if holder:
-        return (f"carried on by {who}{since}" if holder.startswith(f"pid {c.get('pid')}:")
-                else f"the run lock is held ({holder}): that run carries it on")
-    if watchdog_on:
-        return f"left by {who}{since}, which ended: the watchdog carries it on at its next look"
-    return (f"left by {who}{since}, which ended; the watchdog is not running (WATCHDOG=0, or `doit stop`): "
-            "the next `doit launch` or `doit rollback` carries it on")
-
-
 @dataclasses.dataclass(frozen=True)
 class NextStep:
     action: str                      # "go back", "finish", "roll back" or "replace"
