@@ -85,10 +85,10 @@ def test_a_release_is_unfinished_while_someone_must_carry_it_on(tmp_path):
 def test_the_serving_release_follows_good_and_rolled_back(tmp_path):
     d = str(tmp_path)
     n = at(d, rel.ROLLED_BACK)
-    assert rel.serving_number(d) == 1 and rel.load_all(d)[-1].shown_state == "failed, rolled back to 1"
+    assert rel.read_history(d)[1] == 1 and rel.load_all(d)[-1].shown_state == "failed, rolled back to 1"
     assert [r and r.number for r in rel.in_service(d)] == [1, n]     # serving 1, n failed after it
     n2 = at(d, rel.GOOD, n=n)
-    assert rel.serving_number(d) == n2
+    assert rel.read_history(d)[1] == n2
 
 
 def test_a_record_of_the_version_before_still_reads(tmp_path):
@@ -167,7 +167,7 @@ def test_a_rollout_whose_ranks_had_started_gets_what_was_left_of_its_deadline(tm
     rollout.carry_on(cfg, rel.load_all(d)[-1], "dsv41-watchdog", clock=lambda: T0 + 450)
     assert fake_nodes["deadline"] == (150, "what was left of the recorded rollout deadline")
     done = rel.load_all(d)[-1]
-    assert done.state == rel.GOOD and rel.serving_number(d) == r.number and done.carrier["by"] == "dsv41-watchdog"
+    assert done.state == rel.GOOD and rel.read_history(d)[1] == r.number and done.carrier["by"] == "dsv41-watchdog"
     assert fake_nodes.get("opened")                                # its restart is over: the door opens
 
     r2 = rel.begin(d, record_of(d, units={"head": {"dsv41-r0.service": "w\n"}}), 10, back_to=r.number, deadline_s=600)
@@ -234,7 +234,7 @@ def test_a_rollout_killed_mid_step_is_finished_by_another_process(tmp_path, fake
     finally:
         runlock.release()
     done = rel.load_all(cfg.state_dir)[-1]
-    assert done.number == left.number and done.state == rel.GOOD and rel.serving_number(cfg.state_dir) == done.number
+    assert done.number == left.number and done.state == rel.GOOD and rel.read_history(cfg.state_dir)[1] == done.number
     assert fake_nodes["pages"] == []
 
 
@@ -249,7 +249,7 @@ def test_doit_rollback_finishes_a_rollback_a_dead_one_left_and_stops_there(tmp_p
     called = []
     monkeypatch.setattr(rollout, "rollback", lambda *a: called.append(a))
     doit_releases.rollback(cfg)
-    assert rel.load_all(d)[-1].state == rel.GOOD and rel.serving_number(d) == three.number and called == []
+    assert rel.load_all(d)[-1].state == rel.GOOD and rel.read_history(d)[1] == three.number and called == []
     with pytest.raises(UserError, match="the one in service"):
         doit_releases.rollback(cfg, [str(three.number)])
 
@@ -266,7 +266,7 @@ def test_doit_rollback_applies_a_release_as_a_new_one_and_says_so(tmp_path, fake
     out = capsys.readouterr().out
     made = rel.load_all(d)[-1]
     assert made.number == 3 and made.state == rel.GOOD and made.rollback_of == 1 and made.back_to == 2
-    assert made.carrier["by"] == "doit rollback" and rel.serving_number(d) == 3
+    assert made.carrier["by"] == "doit rollback" and rel.read_history(d)[1] == 3
     assert "release 1's state serves again as release 3" in out, out
 
 

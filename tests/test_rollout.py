@@ -128,7 +128,7 @@ def test_a_release_left_rolling_out_is_finished_by_the_same_launch_or_recorded_i
     assert resumed.resumed and resumed.release.number == killed.number and resumed.target.number == first
     assert "finishes its rollout" in resumed.lines[-1]
     back = rollout.prepare(cfg, want(1), STATES, IDS)                  # the settings of the release before
-    assert back.release is None and rel.serving_number(cfg.state_dir) == first     # the records say so
+    assert back.release is None and rel.read_history(cfg.state_dir)[1] == first     # the records say so
     assert rel.load_all(cfg.state_dir)[-1].state == rel.INTERRUPTED
 
 
@@ -162,7 +162,7 @@ def test_a_good_change_is_in_service_with_its_start_up(tmp_path, nodes):
     ro = rollout.prepare(cfg, want(2), STATES, IDS)
     rollout.run(FakeCluster(cfg), ro, want(2), RESTART, STATES)
     r = rel.load_all(cfg.state_dir)[-1]
-    assert r.state == rel.GOOD and r.startup_s is not None and rel.serving_number(cfg.state_dir) == r.number
+    assert r.state == rel.GOOD and r.startup_s is not None and rel.read_history(cfg.state_dir)[1] == r.number
     assert nodes["pages"] == []
     assert nodes["drains"] == [f"release {r.number} rolling out"] and r.startup_s < 0.5   # the drain is not start-up
     assert nodes["opened"] == 1                                     # served: the door opens

@@ -157,7 +157,7 @@ def test_the_good_files_read_as_their_values(tmp_path, monkeypatch, capsys):
     assert record.gave_up(sd)["reason"] == "budget spent" and record.watchdog_status(sd)["verdict"] == "HEALTHY"
     [inc] = record.incidents(sd)
     assert inc["id"] == INCIDENT and inc["open"] and inc["started"] == T
-    assert [r.number for r in rel.load_all(sd)] == [1] and rel.serving_number(sd) == 1
+    assert [r.number for r in rel.load_all(sd)] == [1] and rel.read_history(sd)[1] == 1
     assert release_status.service_entry(sd)["serving"]["number"] == 1
     assert statefiles.server_flags(sd, STAMP["image"]) == ("--shutdown-timeout",)
     assert statefiles.server_flags(sd, "another image") == ()           # not asked yet: the units go without

@@ -24,6 +24,7 @@ DIR = names.RELEASES
 RECORD = names.RELEASE_RECORD
 FOLDER_RE = re.compile(r"^\d{4,}$")
 
+
 def root(state_dir):
     return os.path.join(state_dir, DIR)
 
@@ -93,7 +94,3 @@ def read_history(state_dir):
         raise UserError(f"{root(state_dir)}: release {serving}, in service by the records, is not kept: move the "
                         "folders aside and run `doit launch` (it records what serves)")
     return releases, serving
-
-
-def serving_number(state_dir):
-    return serving_of(load_all(state_dir))

@@ -32,8 +32,8 @@ How launch uses it, in order (the storage functions, at the end, are the only I/
         then, unless ROLLBACK=0 or target is None: decide() and apply Desired(*recorded_state(target,
         key)) with target.image_ids on each node; once it serves: rolled_back(state_dir, release.number, target.number)
 
-`doit status` and `doit top` show in_service(state_dir) through core/release_status.py; `doit releases`
-(the records and their text differences) is head/releases.py.
+`doit status` and `doit top` show in_service(state_dir), and `doit releases` (head/releases.py) the records
+and their text differences, through core/release_status.py.
 Two releases are "the same" when their fingerprint is: image ids, units, files and settings.
 """
 import dataclasses
@@ -48,7 +48,7 @@ from dsv41 import names
 from dsv41.errors import BadInput, UserError, one_line
 from dsv41.head.core import statefiles
 from dsv41.head.core.release_history import (RECORD, SCHEMA, folder, last_startup_s, load_all, load_one,
-                                              read_history, root, serving_number)
+                                              read_history, root, serving_of)
 from dsv41.head.core.release_record import (DOWN, FAILED, FAILURES, GOOD, INTERRUPTED, ROLLED_BACK, ROLLING_BACK,
                                             ROLLING_OUT, Release, check_move)
 from dsv41.settings.resolved import absent, from_resolved, resolved
@@ -278,7 +278,7 @@ def begin(state_dir, fields, keep, now=None, **carry):
     durable when it returns, so call it just before the first change on a node. Drops the oldest beyond
     `keep` (never the one in service or the last good one). -> the Release."""
     history = load_all(state_dir)
-    serving = serving_number(state_dir)
+    serving = serving_of(history)
     release = draft(history, serving, fields, now, **carry)
     _write(state_dir, release)
     statefiles.forget_current(state_dir)     # an older version's pointer: the records say what serves

@@ -408,7 +408,6 @@ def rollback(cfg, history, target):
     """`doit rollback [N]`: release `target` applied as recorded, through the checked rollout, as a new
     release; the last good release on this checkpoint is where its failure goes back."""
     began = time.time()
-    sd = cfg.state_dir
     on_disk = rel.checkpoint_on_disk(cfg)
     if not rel.same_checkpoint(target.checkpoint, on_disk):
         raise UserError(f"release {target.number} ran checkpoint {target.checkpoint.get('repo')}@"
@@ -420,7 +419,7 @@ def rollback(cfg, history, target):
     fields = {k: getattr(target, k) for k in ("image", "image_ids", "settings", "units", "files", "secret_files")}
     fields.update(checkpoint=on_disk, node_versions={n: states[n].versions or {} for n in states})
     back = rel.last_good(history, on_disk)
-    print(f"release {rel.draft(history, rel.serving_number(sd), fields).number}: release {target.number} as "
+    print(f"release {rel.draft(history, rel.serving_of(history), fields).number}: release {target.number} as "
           f"recorded; if it fails, back to release {back.number if back else '-'}")
     ro = Rollout(None, back, deadline(history, cl.cfg), fields=fields, rollback_of=target.number)
     run(cl, ro, want, steps, states, by="doit rollback", began=began)
