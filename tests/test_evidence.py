@@ -88,6 +88,22 @@ def test_rank_processes_are_the_main_process_and_its_descendants(sleeper):
     assert found[0] == p.pid and len(found) == 2 and procs[found[1]][0] == p.pid
 
 
+def test_a_stopped_process_below_a_ranks_main_process_is_reported_with_its_name(sleeper):
+    """What the node probe reports of each rank container (dsv41.node.facts.stopped_below): its processes
+    stopped (SIGSTOP), by pid and name; none while they run, and none again once continued."""
+    from dsv41.node.facts import processes, stopped_below
+    p = sleeper("with-child")
+    time.sleep(0.5)
+    child = evidence.descendants(p.pid, evidence.processes())[1]
+    assert stopped_below(p.pid, processes()) == []
+    os.kill(child, signal.SIGSTOP)
+    time.sleep(0.2)
+    assert stopped_below(p.pid, processes()) == [[child, processes()[child][1]]]
+    os.kill(child, signal.SIGCONT)
+    time.sleep(0.2)
+    assert stopped_below(p.pid, processes()) == []
+
+
 def test_size_cap_keeps_the_newest_lines_and_says_so(tmp_path):
     b = evidence.Budget(300)
     b.add("meminfo.txt", "MemTotal: 1 kB\n" * 5, keep="head")

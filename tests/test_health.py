@@ -32,6 +32,7 @@ class Api(ThreadingHTTPServer):
     # None; "probe": a chat request is never answered (a wedged engine); "stop at the probe": neither is
     # anything from that request on (a stopped process), which it marks by setting "all"
     hang = None
+    posts = 0
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -61,6 +62,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.posts += 1
+        if self.server.hang and getattr(self.server, "metrics_meanwhile", None):   # a long step ends meanwhile
+            self.server.metrics = self.server.metrics_meanwhile
         if self.server.hang:
             if self.server.hang == "stop at the probe":
                 self.server.hang = "all"
@@ -327,3 +331,63 @@ def test_every_caller_builds_its_observation_in_core_observe(cluster, monkeypatc
         before = len(built)
         call()
         assert len(built) > before, f"{name} built its observation elsewhere"
+
+
+def with_stopped(facts, node_name, rank, stopped):
+    """facts with the node's rank container running and these (pid, name) of its processes stopped."""
+    from dsv41 import names
+    c = {names.rank_name(rank): {"state": {"Status": "running", "Pid": 100}, "image": "sha256:x",
+                                 "stopped": [list(p) for p in stopped]}}
+    return {**facts, node_name: {**facts[node_name], "containers": c}}
+
+
+def test_a_rank_process_stopped_at_two_looks_while_work_stands_still_is_wedged_on_its_node_without_a_probe(
+        cluster, api):
+    """A worker's process stopped (SIGSTOP): the head's /metrics cannot say which rank holds the step up, the
+    worker's probe can. Work running, nothing moved since the look before and the same process stopped at
+    both looks: WEDGED naming worker1 at the second look, long before WATCHDOG_STALL_S, with no probe sent.
+    Seen at one look only, or while the engine still moves, it is not acted on."""
+    cfg, current = cluster
+    cfg = dataclasses.replace(cfg, watchdog_probe_s=1, watchdog_stall_s=3600)
+    set_up(cfg, "ready")
+    api.metrics = METRICS.replace('running{engine="0"} 0', 'running{engine="0"} 1')
+    current["states"] = states(with_stopped(SERVING, "worker1", 1, [(4242, "VLLM::Worker_TP1")]))
+    w = watchdog.Watchdog(cfg, log=lambda m: None)
+    w.cl.observe = lambda: current["states"]
+    first, second = w.look()[1], w.look()[1]
+    assert first.verdict == Verdict.BUSY, first.evidence
+    assert (second.verdict, second.node, second.action) == (Verdict.WEDGED, "worker1", "restart"), second.evidence
+    assert "VLLM::Worker_TP1 (pid 4242) on worker1 is stopped" in second.evidence and api.posts == 0
+    w = watchdog.Watchdog(cfg, log=lambda m: None)          # the engine moves: not acted on
+    w.cl.observe = lambda: current["states"]
+    w.look()
+    api.metrics = api.metrics.replace('generation_tokens_total{engine="0"} 50', 'generation_tokens_total{engine="0"} 51')
+    assert w.look()[1].verdict == Verdict.BUSY
+    current["states"] = states(SERVING)                    # stopped at one look only (a debugger's pause)
+    assert w.look()[1].verdict == Verdict.BUSY
+
+
+def test_a_long_step_that_ends_while_the_stalls_probe_waits_in_the_queue_is_progress(cluster, api):
+    """Work flat for WATCHDOG_STALL_S, then the probe waits in the engine's queue and gets no token in time,
+    but the step that held everything up ends meanwhile and the token totals move: BUSY, not WEDGED (the
+    look reads /metrics again after a stall's probe). The same probe with nothing moving is WEDGED."""
+    import time
+    cfg, current = cluster
+    cfg = dataclasses.replace(cfg, watchdog_probe_s=1, watchdog_stall_s=1)
+    set_up(cfg, "ready")
+    current["states"] = states(SERVING)
+    api.metrics = METRICS.replace('running{engine="0"} 0', 'running{engine="0"} 2')
+    w = watchdog.Watchdog(cfg, log=lambda m: None)
+    w.cl.observe = lambda: current["states"]
+    assert w.look()[1].verdict == Verdict.BUSY
+    time.sleep(1.2)
+    api.hang = "probe"
+    api.metrics_meanwhile = api.metrics.replace('generation_tokens_total{engine="0"} 50',
+                                                'generation_tokens_total{engine="0"} 90')
+    moved = w.look()[1]
+    assert (moved.verdict, moved.action) == (Verdict.BUSY, None) and "generation_tokens_total" in moved.evidence, \
+        moved.evidence
+    time.sleep(1.2)
+    api.metrics_meanwhile = None
+    wedged = w.look()[1]
+    assert wedged.verdict == Verdict.WEDGED and "the probe got no token" in wedged.evidence, wedged.evidence

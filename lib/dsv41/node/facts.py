@@ -33,6 +33,42 @@ def run_quiet(argv, timeout=20):
         return 124, "", f"{argv[0]}: no answer within {timeout} s"
 
 
+def processes():
+    """{pid: (ppid, comm, rss kB, uid, state)} of every process this node shows in /proc (state: R, S, D,
+    T stopped, t stopped by a tracer, Z, ...)."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                status = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        rss = status.get("VmRSS", "0 kB").split()[0]
+        out[int(name)] = (int(status.get("PPid", "0").strip() or 0), status.get("Name", "?").strip(),
+                          int(rss) if rss.isdigit() else 0, int(status.get("Uid", "0").split()[0]),
+                          (status.get("State", "?").split() or ["?"])[0])
+    return out
+
+
+def descendants(root, procs):
+    """root and every process below it, in order of discovery."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        if pid in procs and pid not in found:
+            found.append(pid)
+            todo += sorted(p for p, info in procs.items() if info[0] == pid)
+    return found
+
+
+def stopped_below(root, procs):
+    """[[pid, name]] of root and the processes below it that are stopped (SIGSTOP, or held by a tracer): a
+    rank's process that can make no progress however long it is given, whatever its peers' CPU shows."""
+    return [[p, procs[p][1]] for p in descendants(root, procs) if procs[p][4] in ("T", "t")]
+
+
 def _safe(fn, *args):
     try:
         return fn(*args)

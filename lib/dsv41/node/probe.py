@@ -14,7 +14,7 @@ import time
 
 from dsv41.names import UNIT_DIR
 from dsv41.node import statefiles
-from dsv41.node.facts import MEMINFO, memory_facts, run_quiet
+from dsv41.node.facts import MEMINFO, memory_facts, processes, run_quiet, stopped_below
 from dsv41.node.memguard.marker import describe_trip, read_trip
 
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState", "UnitFileState",
@@ -63,7 +63,9 @@ def system_state():
 
 
 def containers(names):
-    out = {}
+    """{name: {"state": docker's State, "image": its image ID, "stopped": [[pid, name]] of its processes
+    stopped (facts.stopped_below)} or None (no such container)}."""
+    out, procs = {}, None
     if not shutil.which("docker"):
         return {"error": "docker not found"}
     for name in names:
@@ -71,7 +73,11 @@ def containers(names):
                                 "{{json .State}}|{{.Image}}", name])
         if code == 0 and "|" in stdout:
             state, image = stdout.strip().split("|", 1)
-            out[name] = {"state": json.loads(state), "image": image}
+            state = json.loads(state)
+            if state.get("Pid") and procs is None:
+                procs = processes()
+            out[name] = {"state": state, "image": image,
+                         "stopped": stopped_below(state["Pid"], procs) if state.get("Pid") else []}
         else:
             out[name] = None
     return out

@@ -109,10 +109,10 @@ OWN = (
     S("METRICS_DIR", "path", "", "node_exporter textfile collector dir for the guard's and the watchdog's "
       "metrics", shown="(none)", to=expanded),
     S("WATCHDOG", "bool", True, "run `dsv41-watchdog` on the head (0: stopped and disabled)"),
-    S("WATCHDOG_INTERVAL_S", "int", 15, "how often the watchdog looks", lo=1, hi=3600),
-    S("WATCHDOG_STALL_S", "int", 120, "work running or waiting and no progress signal moved this long: the "
-      "watchdog sends its own one-token probe (a token: busy; none: wedged)", lo=1, hi=24 * 3600),
-    S("WATCHDOG_PROBE_S", "int", 60, "the one-token probe's deadline (idle, or after a stall)", lo=1, hi=3600),
+    S("WATCHDOG_INTERVAL_S", "int", 10, "how often the watchdog looks", lo=1, hi=3600),
+    S("WATCHDOG_STALL_S", "int", 30, "work running or waiting and no progress signal moved this long: the "
+      "watchdog sends its own one-token probe (a token, or a signal moving meanwhile: busy; neither: wedged)", lo=1, hi=24 * 3600),
+    S("WATCHDOG_PROBE_S", "int", 30, "the one-token probe's deadline (idle, or after a stall)", lo=1, hi=3600),
     S("WATCHDOG_MAX_RECOVERIES", "int", 2, "recoveries allowed per window before it gives up", lo=0, hi=100),
     S("WATCHDOG_WINDOW_MIN", "int", 60, "the window of `WATCHDOG_MAX_RECOVERIES`", lo=1, hi=7 * 24 * 60,
       field="watchdog_window_s", to=seconds),

@@ -94,6 +94,7 @@ class Memory:
     ready_start: float | None = None  # rank 0's start (its node's clock) for which a token came back
     fault_at: float | None = None    # when the current fault began (None: no fault)
     ran: bool = False                # every engine unit was seen active since the watchdog started
+    stopped: frozenset = frozenset()  # (node, pid, name) of the ranks' processes stopped at the last look
 
 
 FAULTS = (SUSPECT, DEGRADED, DEAD, WEDGED)
@@ -262,14 +263,17 @@ def _judge(cfg, obs, mem, recipe):
         mem.dead_streak += 1
         return (DEAD if mem.dead_streak >= 2 else SUSPECT), [f"{broken} ({mem.dead_streak} interval(s) in a row)"], head.name
     mem.dead_streak = 0
+    stopped = stopped_processes(cfg, obs, recipe)
+    held, mem.stopped = [p for p in stopped if p in mem.stopped], frozenset(stopped)
     if obs.metrics is not None:
-        busy = _by_the_work(cfg, obs, mem, recipe, r0_start)
+        busy = _by_the_work(cfg, obs, mem, recipe, r0_start, stopped, held)
         if busy is not None:
             return busy
     if obs.probe == NO_TOKEN:
         if starting:
             return STARTING, [f"ranks started {r0_age:.0f} s ago; no token yet"], head.name
-        return WEDGED, [f"the idle probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"], head.name
+        return WEDGED, [f"the idle probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"
+                        + _stopped_words(stopped)], (stopped[0][0] if stopped else head.name)
     if obs.probe == TOKEN:
         mem.ready_start = r0_start
     elif starting:
@@ -292,15 +296,29 @@ def _by_the_nodes(obs):
     return None
 
 
-def _by_the_work(cfg, obs, mem, recipe, r0_start):
+def stopped_processes(cfg, obs, recipe):
+    """[(node, pid, name)] of the ranks' processes stopped (SIGSTOP, a tracer) as the nodes report them."""
+    return [(s.name, pid, name) for s in cfg.nodes for c in recipe.containers(s)
+            for pid, name in getattr(obs.nodes[s.name].container(c), "stopped", ())]
+
+
+def _stopped_words(stopped):
+    return "".join(f"; {name} (pid {pid}) on {node} is stopped" for node, pid, name in stopped[:2])
+
+
+def _by_the_work(cfg, obs, mem, recipe, r0_start, stopped=(), held=()):
     """(verdict, conditions, node) while the engine has work (its metrics, read into mem's progress
     tracker each look): BUSY while a progress signal moves, or the probe got a token (r0_start then
-    counts as ready); WEDGED when neither; None when there is no work."""
+    counts as ready); WEDGED when neither (naming a node with a stopped process), or at once when nothing
+    moved since the last look and a rank's process was stopped at both (held); None when there is no work."""
     work = recipe.work(obs.metrics)
     flat = tracker(mem, recipe).update(obs.metrics)
     if not any(work):
         return None
     doing = ", ".join(f"{v:.0f} {word}" for v, word in zip(work, recipe.work_words))
+    if held and flat > 0:
+        return (WEDGED, [f"{doing}, no progress signal moved for {flat:.0f} s" + _stopped_words(held)
+                         + " (two looks in a row)"], held[0][0])
     if flat < cfg.watchdog_stall_s:
         moved = ", ".join(m.split(":")[-1] for m in mem.progress.moved)
         return BUSY, [f"{doing}, " + (f"progress: {moved}" if moved else f"progress seen {flat:.0f} s ago")], None
@@ -309,8 +327,8 @@ def _by_the_work(cfg, obs, mem, recipe, r0_start):
         mem.ready_start = r0_start
         return BUSY, [f"{still}, but the probe got a token: a long step, not a hang"], None
     if obs.probe == NO_TOKEN:
-        return (WEDGED, [f"{still}, and the probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"],
-                cfg.nodes[0].name)
+        return (WEDGED, [f"{still}, and the probe got no token within {cfg.watchdog_probe_s} s (WATCHDOG_PROBE_S)"
+                         + _stopped_words(stopped)], (stopped[0][0] if stopped else cfg.nodes[0].name))
     return BUSY, [f"{still}; a one-token probe confirms before anything is done"], None
 
 

@@ -31,7 +31,8 @@ def look(cl, states=None, scrape=True, probe=None, mem=None, api_error=None, pro
     when /health answered (scrape). probe: None, no token is asked; "idle", the watchdog's one-token
     probe, when no request runs or waits or when work made no progress for WATCHDOG_STALL_S
     (health.wants_probe, with the caller's Memory mem): a probe that got no token asks /health once
-    more, so a server that stopped between the two is down (DEAD), not a wedged engine; "ready", the
+    more, so a server that stopped between the two is down (DEAD), not a wedged engine, and after a stall
+    reads /metrics again, so a long step that ended while the probe waited in the queue is progress; "ready", the
     recipe's readiness, once every engine unit is active and a readiness wait saw this start of rank 0
     generate (launch and the hold: a start-up is left to the readiness wait). Never raises for a node
     or the API being down."""
@@ -40,19 +41,26 @@ def look(cl, states=None, scrape=True, probe=None, mem=None, api_error=None, pro
     client = cl.engine_client(read_timeout=cfg.watchdog_probe_s, problems=problems)
     health, snap, token = client.health(), None, None
     if scrape and health is not None:          # a server that did not answer /health would not answer this
-        try:
-            snap = cl.recipe.scrape(timeout=client.health_timeout)
-        except UserError:
-            pass
+        snap = scraped(cl, client)
     if health == 200 and probe == "idle" and wants_probe(cfg, mem, snap, cl.recipe):
         token = token_probe(client, cfg.served_model_name)
         if token == NO_TOKEN:
             again = client.health()
             if again != 200:
                 health, token = again, None
+            elif snap is not None and any(cl.recipe.work(snap)):
+                snap = scraped(cl, client) or snap     # a stall's probe: a signal that moved meanwhile is progress
     elif health == 200 and probe == "ready" and generated_since_start(cl, states, problems):
         token = TOKEN if cl.recipe.ready(client) else NO_TOKEN
     return observation(cfg, states, health, snap, token, api_error, problems)
+
+
+def scraped(cl, client):
+    """The engine's /metrics snapshot, None when it could not be read."""
+    try:
+        return cl.recipe.scrape(timeout=client.health_timeout)
+    except UserError:
+        return None
 
 
 def judged(cl, mem=None, **how):

@@ -49,6 +49,7 @@ ABSENT = UnitState()
 class ContainerState:
     status: str                             # docker's State.Status ("running", "exited", ...)
     image: str                              # the image ID it runs
+    stopped: tuple = ()                     # (pid, name) of its processes stopped (SIGSTOP or a tracer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,8 @@ def parse(report, node="node"):
     try:
         containers = report.get("containers")
         containers = None if not isinstance(containers, dict) or "error" in containers else {
-            name: ContainerState(c["state"]["Status"], c["image"]) if c else None for name, c in containers.items()}
+            name: ContainerState(c["state"]["Status"], c["image"], tuple(tuple(p) for p in c.get("stopped") or ()))
+            if c else None for name, c in containers.items()}
         return NodeState(
             uid=report.get("uid"), time=float(report.get("time") or 0.0),
             units={name: _unit(u) for name, u in (report.get("units") or {}).items()},
