@@ -289,6 +289,32 @@ def rules(cfg):
     return {r["alert"]: r for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
 
 
+def test_a_killed_launch_the_watchdog_carries_on_is_one_page_naming_it_and_one_resolve(running, monkeypatch):
+    """A release a killed launch left rolling out: while the watchdog carries it on, one alert of its own
+    names the release and what the watchdog does (the subject says so), and resolves once it is done; the
+    rank alert of the restart under it pages nothing."""
+    from dsv41.head import watchdog
+    from dsv41.head.core import releases as rel
+    from dsv41.settings.resolved import resolved
+    cfg, hook, box = running["cfg"], running["hook"], running["box"]
+    cfg = dataclasses.replace(cfg, metrics_dir=str(running["tmp"] / "prom"), scrape_interval_s=2)
+    monkeypatch.setattr(watchdog.rollout, "carry_on", lambda *a: (am.post_alerts(am.url(cfg), rank_down(cfg)),
+                                                                 time.sleep(3)))
+    fields = {"image": "i", "image_ids": {}, "checkpoint": {}, "settings": resolved(cfg), "node_versions": {},
+              "units": {"head": {"dsv41-r0.service": "x\n"}}, "files": {}, "secret_files": {}}
+    rel.begin(cfg.state_dir, fields, 10, carrier={"by": "doit launch", "pid": 1, "since": time.time()})
+    w = watchdog.Watchdog(cfg, log=lambda line: None)
+    assert w.carry_on() is True
+    wait(running, "the page", lambda: box.messages)
+    am.post_alerts(am.url(cfg), rank_down(cfg, resolved=True))
+    wait(running, "the resolved notification", lambda: len(box.messages) == 2, timeout=60)
+    time.sleep(5)                                      # group intervals more: nothing else
+    subjects = [m["Subject"] for m in box.messages]
+    assert subjects == ["[FIRING] sparks: incident release-1: release 1 was left rolling out by doit launch, which "
+                        "ended: the watchdog carries it on ",
+                        "[RESOLVED] sparks: incident release-1: release 1 was left rolling out by doit launch, which "
+                        "ended: the watchdog carries it on "], subjects
+
 def as_prometheus_sends(cfg, name, labels, resolved=False, ago=60):
     """One alert as Prometheus 2.42 POSTs it: the series' labels, the rule's, the external cluster label,
     annotations expanded; startsAt when it became active (`ago`), a firing one ends 4 resend delays ahead,
@@ -359,9 +385,10 @@ def test_a_healed_fault_is_one_firing_and_one_resolved_notification(running):
     assert alert["labels"]["alertname"] == "DSV41WatchdogRecovering"
     assert {k: alert["labels"][k] for k in INCIDENT} == INCIDENT
     assert "`doit incidents show 20261201T200102Z-DEAD`" in alert["annotations"]["description"]
-    assert "DEAD on worker1 (fault at 2026-12-01T20:01:02Z)" in alert["annotations"]["summary"]
+    assert alert["annotations"]["summary"] == "DEAD on worker1: the watchdog restarts the ranks (fault at 2026-12-01T20:01:02Z)"
     mail = box.messages[0]
-    assert mail["Subject"].startswith("[FIRING] sparks: DSV41WatchdogRecovering") and names_the_incident(text_of(mail))
+    assert mail["Subject"].startswith("[FIRING] sparks: incident 20261201T200102Z-DEAD: DEAD on worker1: the watchdog "
+                                      "restarts the ranks") and names_the_incident(text_of(mail)), mail["Subject"]
     assert "DSV41RankDown" not in mail["Subject"]
     assert box.logins and set(box.logins) == {b"alerts"}
 
@@ -373,7 +400,8 @@ def test_a_healed_fault_is_one_firing_and_one_resolved_notification(running):
     assert resolved["status"] == "resolved" and {a["status"] for a in resolved["alerts"]} == {"resolved"}
     assert "DSV41WatchdogRecovering" in {a["labels"]["alertname"] for a in resolved["alerts"]}
     mail = box.messages[1]
-    assert mail["Subject"].startswith("[RESOLVED] sparks:") and names_the_incident(text_of(mail))
+    assert mail["Subject"].startswith("[RESOLVED] sparks: incident 20261201T200102Z-DEAD: DEAD on worker1") \
+        and names_the_incident(text_of(mail)), mail["Subject"]
 
 
 def test_a_release_the_watchdog_cannot_read_pages_a_person_once_and_touches_nothing(running, monkeypatch):
@@ -485,6 +513,8 @@ def test_a_release_that_failed_pages_once_on_every_receiver(running):
     assert post["body"]["status"] == "firing" and alert["labels"]["release"] == "4"
     assert alert["labels"]["cluster"] == "sparks" and "rolled back to release 3" in alert["annotations"]["summary"]
     assert len(box.messages) == 1 and "DSV41ReleaseFailed" in text_of(box.messages[0])
+    assert box.messages[0]["Subject"] == ("[FIRING] sparks: release 4 failed (dsv41-r0.service failed); rolled back "
+                                          "to release 3 "), box.messages[0]["Subject"]
 
 
 def test_a_release_page_outlives_the_restarts_silence_however_short_the_alert_window(running):

@@ -391,3 +391,29 @@ def test_a_long_step_that_ends_while_the_stalls_probe_waits_in_the_queue_is_prog
     api.metrics_meanwhile = None
     wedged = w.look()[1]
     assert wedged.verdict == Verdict.WEDGED and "the probe got no token" in wedged.evidence, wedged.evidence
+
+
+def test_a_look_still_waiting_on_its_probe_publishes_the_sign_before_the_verdict(cluster, api, tmp_path):
+    """An idle engine stopped: the probe waits out WATCHDOG_PROBE_S. Within a few seconds of the look's
+    start, while it still waits, dsv41_watchdog_judging is 1 in METRICS_DIR (the symptom alerts wait), not
+    left at the idle look's 0 until the verdict."""
+    import time
+    cfg, current = cluster
+    cfg = dataclasses.replace(cfg, watchdog_probe_s=watchdog.LOOK_SLOW_S + 4, metrics_dir=str(tmp_path / "prom"))
+    set_up(cfg, "ready")
+    current["states"] = states(SERVING)
+    w = watchdog.Watchdog(cfg, log=lambda m: None)
+    w.cl.observe = lambda: current["states"]
+    prom = tmp_path / "prom" / watchdog.METRICS_FILE
+
+    def judging():
+        return [line for line in prom.read_text().splitlines() if line.startswith("dsv41_watchdog_judging ")]
+    w.publish(w.look()[1])                                  # idle and healthy: the probe got its token
+    assert judging() == ["dsv41_watchdog_judging 0.0"]
+    api.hang = "probe"
+    looking = threading.Thread(target=lambda: w.publish(w.look()[1]))
+    looking.start()
+    time.sleep(watchdog.LOOK_SLOW_S + 1.5)
+    assert looking.is_alive() and judging() == ["dsv41_watchdog_judging 1.0"]
+    looking.join()
+    assert w.published[0].verdict == Verdict.WEDGED and judging() == ["dsv41_watchdog_judging 1.0"]

@@ -4,6 +4,7 @@ that went the checkpoint's way: downloaded from the Hub stand-in with its split 
 verified on the head, copied to the worker and verified there, mounted at /model on both. Only what
 conf/lab-vllm.toml lists differs from a Spark's units; these tests run it without torch.compile
 (conf/lab-vllm-eager.toml: nothing they prove depends on compiled kernels), but for the warm-cache figure."""
+import contextlib
 import json
 import re
 import subprocess
@@ -19,6 +20,7 @@ from labctl import CACHE, LAB_DIR, DoorClient, only_503s
 
 from dsv41.client import metrics
 from dsv41.head.core import hang
+from dsv41.settings import schema
 from dsv41.vllm.recipe import Vllm
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
@@ -315,11 +317,12 @@ def test_a_launch_killed_while_the_real_engine_starts_is_finished_by_the_watchdo
 # The watchdog's short settings for these tests (the defaults are measured by the chaos soak: docs/faults.md).
 # A step of the tiny model takes milliseconds and a chunked prefill's longest flat stretch is about 3 s
 # (test_a_long_chunked_prefill_is_progress_though_no_token_total_moves), so 15 s of no progress is a hang.
-WATCHED = {"WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "5", "WATCHDOG_STALL_S": "15", "WATCHDOG_PROBE_S": "10",
-           "WATCHDOG_BACKOFF_S": "5", "WATCHDOG_MAX_RECOVERIES": "10", "SSH_TIMEOUT_S": "5"}
-_S = {k: int(v) for k, v in WATCHED.items()}
-HANG_BOUND_S = _S["WATCHDOG_STALL_S"] + _S["WATCHDOG_PROBE_S"] + _S["WATCHDOG_INTERVAL_S"]
-DOWN_BOUND_S = 2 * _S["WATCHDOG_INTERVAL_S"] + 5      # two intervals + the /health timeout
+# The watchdog's look, stall and probe at their defaults (the hang bound is the defaults' promise); only its
+# budget and backoff are loosened, so that one test's recoveries never hold up the next's
+WATCHED = {"WATCHDOG": "1", "WATCHDOG_BACKOFF_S": "5", "WATCHDOG_MAX_RECOVERIES": "10", "SSH_TIMEOUT_S": "5"}
+DEFAULTS = {s.name: s.default for s in schema.OWN if s.name.startswith("WATCHDOG_")}
+HANG_BOUND_S = 90                     # a hang under load, seen at the defaults (70 s after the last progress)
+DOWN_BOUND_S = 2 * DEFAULTS["WATCHDOG_INTERVAL_S"] + 5      # two intervals + the /health timeout
 SLACK_S = 10                          # a probe round trip and an ssh look on 2 busy cores
 
 
@@ -348,7 +351,8 @@ def recovered(lab, t0, what, timeout=900):
         if done:
             inc = done[0]
             print(f"real engine, {what}: {inc['verdict']} seen after {inc['started'] - t0:.0f} s, serving again "
-                  f"after {inc['ended'] - t0:.0f} s ({', '.join(f'{k} {v}' for k, v in WATCHED.items() if k != 'WATCHDOG')})")
+                  f"after {inc['ended'] - t0:.0f} s (the watchdog's defaults: "
+                  f"{', '.join(f'{k} {v}' for k, v in DEFAULTS.items() if k.endswith('_S'))})")
             return inc
         assert time.monotonic() < deadline, incidents_since(lab, t0)
         time.sleep(3)
@@ -366,18 +370,30 @@ def stopped_until_recovered(lab, node, process, what):
         lab.on(node, f"kill -CONT {pid}", check=False)
 
 
-def engine_core_stopped_under_load(lab, vllm):
-    """Rank 0's EngineCore stopped (SIGSTOP) while a long request streams (curl on the head), until the
-    watchdog recovered -> (its pid, when it was stopped, the incident)."""
-    stream = lab.popen("head", ["curl", "-sS", "-N", "-m", "300", "http://127.0.0.1:8000/v1/completions",
-                                "-H", f"Authorization: Bearer {vllm.key}", "-H", "Content-Type: application/json",
-                                "-d", json.dumps({"model": "deepseek-v4.1-flash", "prompt": "Count to a thousand:",
-                                                  "max_tokens": 4000, "ignore_eos": True, "stream": True})])
-    time.sleep(5)                                               # tokens flowing
+LOAD = ("while :; do curl -sS -o /dev/null -m 300 http://127.0.0.1:8000/v1/completions -H 'Content-Type: "
+        "application/json' -H \"Authorization: Bearer $(cat {key_file})\" -d '{{\"model\": \"deepseek-v4.1-flash\", "
+        "\"prompt\": \"Count to a thousand:\", \"max_tokens\": 300, \"ignore_eos\": true}}'; done")
+
+
+@contextlib.contextmanager
+def under_load(lab, clients=3):
+    """clients loops on the head, each asking 300 tokens at a time (the lab's MAX_SEQS 2: two run, one
+    waits), until the block ends."""
+    loops = [lab.popen("head", ["bash", "-c", LOAD.format(key_file=f"{STATE}/api_key")]) for _ in range(clients)]
+    time.sleep(8)                                               # tokens flowing, one request waiting
     try:
-        return stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load")
+        yield
     finally:
-        stream.kill()
+        for p in loops:
+            p.kill()
+        lab.on("head", "pkill -f 'curl -sS -o /dev/null -m 300'", check=False)
+
+
+def engine_core_stopped_under_load(lab, vllm):
+    """Rank 0's EngineCore stopped (SIGSTOP) under three clients' load, until the watchdog recovered ->
+    (its pid, when it was stopped, the incident)."""
+    with under_load(lab):
+        return stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load")
 
 
 def serves(lab, vllm, env):
@@ -403,12 +419,13 @@ def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm, watc
 
 
 def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_stack(lab, vllm, watched):
-    """Rank 0's EngineCore stopped (SIGSTOP) while a long request streams: /health answers, the request
-    counts as running, no progress signal moves and no token comes back. WEDGED within the bound; the
+    """Rank 0's EngineCore stopped (SIGSTOP) under three clients' load: /health answers, the requests count
+    as running and waiting, no progress signal moves and no token comes back. WEDGED within 90 s at the
+    watchdog's defaults (its probe reports the stopped process at two looks in a row); the
     incident folder is saved before the restart, with the stopped process's stack (a vllm frame) and no
     key; `doit incidents` shows the outage from the fault, not from its detection."""
     pid, t0, inc = engine_core_stopped_under_load(lab, vllm)
-    assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
+    assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S, inc
     assert "no progress signal moved" in inc["evidence"]
     assert abs(inc["fault_at"] - t0) <= 10                      # the last progress seen, not the detection
     folder = f"{STATE}/incidents/{inc['folder']}" if inc.get("folder") else None
@@ -462,7 +479,7 @@ def test_a_stopped_engine_core_mails_one_firing_naming_the_incident_and_one_reso
         print(f"real engine: a stopped EngineCore mailed {[m[0] for m in got]}; the resolve {resolved_s:.0f} s "
               f"after the fault (recovered after {inc['ended'] - t0:.0f} s)")
         assert [m[0].split("]")[0] + "]" for m in got] == ["[FIRING]", "[RESOLVED]"], got
-        assert "DSV41WatchdogRecovering" in got[0][0] and "DecodeSlow" not in got[0][0] + resolved[0][0]
+        assert f"incident {inc['id']}: WEDGED on " in got[0][0] and "DecodeSlow" not in got[0][0] + resolved[0][0]
         assert all(f"incident={inc['id']}" in body for _, body in got), got
     finally:
         smtp.terminate()
@@ -470,11 +487,14 @@ def test_a_stopped_engine_core_mails_one_firing_naming_the_incident_and_one_reso
         lab.doit("launch", watched, timeout=1800)
 
 
-def test_the_watchdog_repairs_a_stopped_worker_process(lab, vllm, watched):
-    """The worker's VLLM::Worker_TP1 stopped: rank 0's next step never ends (or vLLM notices and exits).
-    An incident (WEDGED or DEGRADED/DEAD) within the hang bound, serving again by itself."""
-    _, t0, inc = stopped_until_recovered(lab, "worker1", "VLLM::Worker_TP", "Worker_TP1 stopped")
-    assert inc["verdict"] in ("WEDGED", "DEGRADED", "DEAD") and inc["started"] - t0 <= HANG_BOUND_S + SLACK_S, inc
+def test_the_watchdog_repairs_a_stopped_worker_process_under_load_naming_the_worker(lab, vllm, watched):
+    """The worker's VLLM::Worker_TP1 stopped under three clients' load: rank 0's step never ends, its /metrics
+    stand still and /health answers. WEDGED on worker1 (its probe reports the stopped process) within 90 s
+    at the watchdog's defaults, serving again by itself."""
+    with under_load(lab):
+        pid, t0, inc = stopped_until_recovered(lab, "worker1", "VLLM::Worker_TP", "Worker_TP1 stopped under load")
+    assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S, inc
+    assert inc["node"] == "worker1" and f"(pid {pid}) on worker1 is stopped" in inc["evidence"], inc
     serves(lab, vllm, watched)
 
 

@@ -22,6 +22,7 @@ METRICS_DIR (with the gateway, each client key's use to dsv41_gateway.prom), rem
     python -m dsv41.head.watchdog --state-dir DIR
 """
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -39,6 +40,7 @@ SCHEMA = "dsv41.watchdog/2"
 METRICS_FILE = "dsv41_watchdog.prom"
 GATEWAY_FILE = "dsv41_gateway.prom"     # each client key's use at the gateway (GATEWAY=1), by the key's name
 BY = rollout.BY_WATCHDOG
+LOOK_SLOW_S = 5     # a look still waiting after this (a probe with no token yet, a node slow to answer) is a sign
 
 
 # ---- acting ---------------------------------------------------------------------------------------
@@ -52,6 +54,8 @@ class Watchdog:
         self.last = None            # (verdict, evidence) last logged
         self.gateway_problem = None  # why the gateway's per-key use could not be read, as last logged
         self.stuck = None           # (what, why, its alert's Event): a release it cannot carry on, paged
+        self.published = None       # (Health, the other figures) last written to METRICS_DIR
+        self.writing = threading.Lock()  # one writer of METRICS_DIR's file at a time (the look's timer, publish)
         self.stop = threading.Event()
 
     def say(self, verdict, evidence):
@@ -65,7 +69,14 @@ class Watchdog:
         """One observation (core.observe.look: the one-token probe when idle or stalled) and its Health. A
         token for a start of rank 0 no readiness wait saw generate (a recovery whose watchdog was killed)
         marks it ready, as that wait would have: `doit status`, which sends no probe, then agrees."""
-        obs, h = observe.judged(self.cl, self.mem, probe="idle")
+        slow = threading.Timer(LOOK_SLOW_S, self.judging_meanwhile)
+        slow.daemon = True
+        slow.start()
+        try:
+            obs, h = observe.judged(self.cl, self.mem, probe="idle")
+        finally:
+            with self.writing:
+                slow.cancel()
         if obs.probe == TOKEN and self.mem.ready_start is not None and (obs.ready_at or 0) < self.mem.ready_start:
             record.mark_ready(self.state, max(self.clock(), self.mem.ready_start))
         return obs, h
@@ -152,12 +163,16 @@ class Watchdog:
         by = (left.carrier or {}).get("by", "a doit run")
         self.log(f"release {left.number} was left {left.shown_state} by {by}, which ended: carrying it on")
         self.last = None
+        now = self.clock()
+        pager = self.alert("carry-on-alert", lambda ends: incident_page.page_carry_on(
+            self.cfg, left.number, left.shown_state, by, now, ends), now)
         try:
             rollout.carry_on(self.cfg, left, BY)
             self.log(f"release {left.number} carried on: good and in service")
         except (rollout.RolledBack, rollout.Down, UserError) as err:
             self.log(f"release {left.number} carried on: {one_line(err, 400)}")
         finally:
+            pager.set()
             runlock.release()
             self.mem = Memory(ran=True)
             self.publish_after()
@@ -266,6 +281,15 @@ class Watchdog:
         except Exception as err:  # noqa: BLE001 - the next interval publishes again
             self.log(f"error: {type(err).__name__}: {one_line(err, 300)}")
 
+    def judging_meanwhile(self):
+        """A look that has not ended in LOOK_SLOW_S (its probe waits for a token, a node is slow to answer) is
+        a sign the watchdog has not ruled on: published as judging at once, so that no symptom alert pages
+        before the verdict does, even while that look waits out WATCHDOG_PROBE_S."""
+        with self.writing:
+            if self.published is not None and self.cfg.metrics_dir and not slow_ended(threading.current_thread()):
+                h, args = self.published
+                write_metrics(self.cfg.metrics_dir, dataclasses.replace(h, judging=True), *args)
+
     def publish(self, h):
         now = self.clock()
         past = record.incidents(self.state)
@@ -278,8 +302,10 @@ class Watchdog:
         record.publish_status(self.state, status)
         if self.cfg.metrics_dir:
             ends = [i["ended"] for i in restarts if i.get("ended")]
-            write_metrics(self.cfg.metrics_dir, h, len(restarts), bool(status["gave_up"]), now,
-                          max(ends, default=0))
+            args = (len(restarts), bool(status["gave_up"]), now, max(ends, default=0))
+            with self.writing:
+                write_metrics(self.cfg.metrics_dir, h, *args)
+                self.published = (h, args)
             if self.cfg.layout.door:
                 self.publish_gateway()
 
@@ -312,6 +338,11 @@ class Watchdog:
             except Exception as err:  # noqa: BLE001 - the watchdog never dies from its own error
                 self.log(f"error: {type(err).__name__}: {one_line(err, 300)}")
             self.stop.wait(max(1.0, c.watchdog_interval_s - (time.monotonic() - t0)))
+
+
+def slow_ended(timer):
+    """A look's timer (threading.Timer) cancelled since it fired: its look ended, so it writes nothing."""
+    return isinstance(timer, threading.Timer) and timer.finished.is_set()
 
 
 def write_metrics(directory, h, recoveries, gave_up, now, last_end=0):

@@ -37,11 +37,23 @@ def page_incident(cfg, inc, ends):
     labels = {"verdict": inc.get("verdict") or "", "node": inc.get("node") or "", "fault_at": fault_at,
               "incident": inc["id"]}
     return silences.post(cfg, INCIDENT_ALERT,
-                         f"the watchdog is recovering from {labels['verdict']} on {labels['node'] or 'the cluster'} "
+                         f"{labels['verdict']} on {labels['node'] or 'the cluster'}: the watchdog restarts the ranks "
                          f"(fault at {fault_at or '?'})",
                          "It restarts the ranks; the rank, API, decode and TTFT alerts stay quiet meanwhile, and this "
                          f"resolves when the recovery ended: `doit incidents show {inc['id']}`, `doit status`.",
                          labels, inc["started"], ends)
+
+
+def page_carry_on(cfg, number, left, by, started, ends):
+    """A release a dead process left unfinished, while the watchdog carries it on: one alert of the same
+    name as a recovery's (the restart's rank and API alerts are inhibited under it), named by the release.
+    A line."""
+    return silences.post(cfg, INCIDENT_ALERT, f"release {number} was left {left} by {by}, which ended: the watchdog "
+                                              "carries it on",
+                         f"It finishes the release from its record (or goes back as recorded); this resolves when it "
+                         f"is done: `doit releases show {number}`, `doit status`.",
+                         {"verdict": "UNFINISHED", "node": "", "fault_at": "", "incident": f"release-{number}"},
+                         started, ends)
 
 
 def page_needs_person(cfg, what, why, started, ends):
