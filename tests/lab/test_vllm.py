@@ -320,7 +320,8 @@ def test_a_launch_killed_while_the_real_engine_starts_is_finished_by_the_watchdo
 # The watchdog's look, stall and probe at their defaults (the hang bound is the defaults' promise); only its
 # budget and backoff are loosened, so that one test's recoveries never hold up the next's
 WATCHED = {"WATCHDOG": "1", "WATCHDOG_BACKOFF_S": "5", "WATCHDOG_MAX_RECOVERIES": "10", "SSH_TIMEOUT_S": "5"}
-DEFAULTS = {s.name: s.default for s in schema.OWN if s.name.startswith("WATCHDOG_")}
+DEFAULTS = {s.name: s.default for s in schema.OWN if s.name in ("WATCHDOG_INTERVAL_S", "WATCHDOG_STALL_S",
+                                                                  "WATCHDOG_PROBE_S")}
 HANG_BOUND_S = 90                     # a hang under load, seen at the defaults (70 s after the last progress)
 DOWN_BOUND_S = 2 * DEFAULTS["WATCHDOG_INTERVAL_S"] + 5      # two intervals + the /health timeout
 SLACK_S = 10                          # a probe round trip and an ssh look on 2 busy cores
@@ -352,7 +353,7 @@ def recovered(lab, t0, what, timeout=900):
             inc = done[0]
             print(f"real engine, {what}: {inc['verdict']} seen after {inc['started'] - t0:.0f} s, serving again "
                   f"after {inc['ended'] - t0:.0f} s (the watchdog's defaults: "
-                  f"{', '.join(f'{k} {v}' for k, v in DEFAULTS.items() if k.endswith('_S'))})")
+                  f"{', '.join(f'{k} {v}' for k, v in DEFAULTS.items())})")
             return inc
         assert time.monotonic() < deadline, incidents_since(lab, t0)
         time.sleep(3)
@@ -435,6 +436,43 @@ def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_sta
     listed = lab.doit("incidents", watched).stdout.splitlines()
     assert "WEDGED" in listed[1] and "READY" in listed[1], listed
     serves(lab, vllm, watched)
+
+
+@pytest.mark.soak           # the false-restart cases: long work that outlasts the hang bound, at the defaults
+def test_long_work_that_outlasts_the_hang_bound_is_never_restarted_at_the_watchdogs_defaults(lab, vllm, watched):
+    """With the watchdog at its defaults, each of these runs longer than the hang bound (90 s) and none is an
+    incident: the longest prefill the lab's context allows (about 7400 tokens) alone in chunks of BATCH 16;
+    one stream of many tokens; and a request queued behind two long streams (MAX_SEQS 2)."""
+    env = {**watched, "BATCH": "16"}
+    lab.doit("launch", env, timeout=1800)
+    t0 = time.time()
+    r = lab.on("head", f"/opt/dsv41-venv/bin/python {lab.repo}/bench/prefill_signals.py --words 7000 "
+               f"--metrics-url http://127.0.0.1:18000/metrics", timeout=900)
+    prefill = json.loads(r.stdout.splitlines()[-1])
+    probe = DoorClient(lab, vllm.key)
+    probe.stream(32, exact=True)
+    [timed] = probe.end()["streams"]
+    per_token = (timed["ended"] - timed["started"]) / 32
+    n = int(1.3 * HANG_BOUND_S / per_token)              # a stream of 1.3 bounds
+    one = DoorClient(lab, vllm.key)
+    one.stream(n, exact=True)
+    [stream] = one.end()["streams"]
+    long = DoorClient(lab, vllm.key)                     # two long streams fill MAX_SEQS, a third request waits
+    for _ in range(2):
+        long.stream(n, exact=True)
+    waited = lab.on("head", ["curl", "-sS", "-o", "/dev/null", "-m", "600", "-w", "%{http_code} %{time_total}",
+                             "http://127.0.0.1:8000/v1/completions", "-H", f"Authorization: Bearer {vllm.key}",
+                             "-H", "Content-Type: application/json", "-d", json.dumps(
+                                 {"model": "deepseek-v4.1-flash", "prompt": "Hi", "max_tokens": 8})], timeout=700)
+    code, queued_s = waited.stdout.split()
+    streams = long.end()["streams"]
+    print(f"real engine at the watchdog's defaults: a {prefill['prompt_tokens']}-token prefill in BATCH 16 took "
+          f"{prefill['took_s']:.0f} s; a {n}-token stream {stream['ended'] - stream['started']:.0f} s; a request queued "
+          f"behind two such streams answered {code} after {float(queued_s):.0f} s; incidents: {incidents_since(lab, t0)}")
+    assert incidents_since(lab, t0) == []
+    assert prefill["took_s"] > HANG_BOUND_S and stream["whole"] and stream["ended"] - stream["started"] > HANG_BOUND_S
+    assert all(s["whole"] for s in streams) and code == "200" and float(queued_s) > HANG_BOUND_S, (streams, waited.stdout)
+    lab.doit("launch", watched, timeout=1800)          # the other tests' settings again
 
 
 # E-mail at the alert defaults (scrape 15 s, ALERT_FOR_S 60 s, group wait 30 s, group interval 120 s): an SMTP

@@ -66,7 +66,16 @@ def descendants(root, procs):
 def stopped_below(root, procs):
     """[[pid, name]] of root and the processes below it that are stopped (SIGSTOP, or held by a tracer): a
     rank's process that can make no progress however long it is given, whatever its peers' CPU shows."""
-    return [[p, procs[p][1]] for p in descendants(root, procs) if procs[p][4] in ("T", "t")]
+    return [[p, _title(p) or procs[p][1]] for p in descendants(root, procs) if procs[p][4] in ("T", "t")]
+
+
+def _title(pid):
+    """The process's first argument (its title: VLLM::EngineCore, which /proc's 15-character name cuts)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))[:60]
+    except OSError:
+        return ""
 
 
 def _safe(fn, *args):
