@@ -181,7 +181,7 @@ def status_json(cfg):
         except SystemExit as e:
             code = e.code
     doc = json.loads(out.getvalue())
-    assert doc["exit_code"] == code and doc["schema"] == "dsv41.status/5"
+    assert doc["exit_code"] == code and doc["schema"] == "dsv41.status/6"
     return doc
 
 

@@ -332,6 +332,9 @@ def project_series(tmp_path):
     cfg = cfg_for(tmp_path, METRICS_DIR=str(tmp_path / "metrics"), WORKERS="")
     os.makedirs(cfg.state_dir, exist_ok=True)
     from dsv41.head.core.health import Health, Verdict
+    from dsv41.head.core import record
+    record.set_startup(cfg.state_dir, {"time": 1_900_000_000, "kind": "recovery", "of": "20300317T174650Z-DEAD",
+                                       "total": 98.2, "phases": [{"phase": "weights", "seconds": 2.8, "cache": None}]})
     watchdog.Watchdog(cfg, log=lambda m: None).publish(Health(Verdict.RECOVERING, ("test",), recovering={
         "id": "20300317T174650Z-DEAD", "verdict": "DEAD", "node": "worker1", "fault_at": 1_900_000_000}))
     lines += (tmp_path / "metrics" / "dsv41_watchdog.prom").read_text().splitlines()

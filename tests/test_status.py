@@ -24,12 +24,13 @@ def test_nothing_deployed_is_not_running_exit_3_with_the_versioned_json(tmp_path
     doc = json.loads(r.stdout)
     assert r.returncode == 3 and doc["state"] == "NOT RUNNING" and doc["exit_code"] == 3
     assert set(doc) == {"schema", "state", "exit_code", "health", "nodes", "api", "gateway", "stale", "watchdog",
-                        "release", "silenced"}
+                        "release", "silenced", "startup"}
     assert doc["gateway"]["unit"] == "not installed" and doc["gateway"]["health"] is None
     assert doc["release"] == {"serving": None, "failed": None, "rolling_out": None} and doc["silenced"] is None
+    assert doc["startup"] is None                       # set only while the ranks start
     plain = doit(["status"], tmp_path)
     assert "release: none in service yet (`doit launch` records one)" in plain.stdout
-    assert doc["schema"] == "dsv41.status/5" and list(doc["nodes"]) == ["head"]
+    assert doc["schema"] == "dsv41.status/6" and list(doc["nodes"]) == ["head"]
     assert doc["health"]["verdict"] == "STOPPED" and doc["health"]["word"] == "NOT RUNNING"
     head = doc["nodes"]["head"]
     assert set(head) == {"memguard", "rank_unit", "rank_state", "since", "container", "mem_available_gib",

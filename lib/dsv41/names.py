@@ -51,6 +51,7 @@ WATCHDOG_GAVEUP = "watchdog.gaveup"
 INCIDENTS = "incidents.jsonl"
 READY = "ready.json"                  # on the head: when a readiness wait last saw a token
 MEM_BASELINE = "mem-baseline.json"    # on every node: its MemAvailable before its first rank started
+STARTUP = "startup.json"              # on the head: the last start-up's phases (core/startup.py)
 NEEDS_REBOOT = "needs-reboot.json"    # on the head: a restart stopped because a node's memory did not come back
 DOIT_DB = "doit.db"                    # on the head: doit's record of what ran (sqlite)
 DOIT_LOCK = "doit.lock"               # on the head: the run lock (core/runlock.py)

@@ -83,7 +83,7 @@ def test_a_good_change_is_a_new_release_and_the_same_launch_records_none(lab, go
     again = lab.doit("launch", {"KV_BYTES": "2600000000"})
     assert "nothing changed" in again.stdout and serving(lab) == new
     status = json.loads(lab.doit("status --json").stdout)
-    assert status["schema"] == "dsv41.status/5" and status["release"]["serving"]["number"] == new
+    assert status["schema"] == "dsv41.status/6" and status["release"]["serving"]["number"] == new
 
 
 def test_doit_rollback_goes_back_to_the_last_good_release_before_the_one_in_service(lab, good):

@@ -86,7 +86,7 @@ def test_smoke_passes_against_the_stand_in_engine(lab, launched):
 def test_status_shows_every_node(lab, launched):
     r = lab.doit("status --json")
     report = json.loads(r.stdout)
-    assert (report["schema"], report["state"], report["exit_code"]) == ("dsv41.status/5", "READY", 0)
+    assert (report["schema"], report["state"], report["exit_code"]) == ("dsv41.status/6", "READY", 0)
     for name in ("head", "worker1"):
         e = report["nodes"][name]
         assert e["memguard"] == "active" and e["container"] == "running"

@@ -7,12 +7,12 @@ import sys
 import time
 
 from dsv41 import names
-from dsv41.head.core import observe, release_status, silences
+from dsv41.head.core import observe, release_status, silences, startup
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.health import MEANING, Memory, assess, stale_workers
-from dsv41.head.core.record import watchdog_entry, watchdog_line
+from dsv41.head.core.health import MEANING, STARTING, Memory, assess, stale_workers
+from dsv41.head.core.record import last_startup, watchdog_entry, watchdog_line
 
-SCHEMA = "dsv41.status/5"
+SCHEMA = "dsv41.status/6"
 
 
 def _when(stamp):
@@ -69,6 +69,25 @@ def door_status(cl, head_state, problems):
     return out
 
 
+def starting(cl, problems, now=None):
+    """While the ranks start: the phase under way, read from rank 0's journal, for how long, and what it
+    took the last time (the last start-up's record): {"line", "phase", "for_s", "last_s"}; None when the
+    recipe reads no phases or the journal cannot be read."""
+    units = cl.engine_units(cl.head)
+    try:
+        r = cl.journal(cl.head, units[0], check=False, since_s=cl.cfg.start_timeout_s + 300) if units else None
+    except Exception:  # noqa: BLE001 - a journal it cannot read only leaves the line out
+        r = None
+    s = cl.recipe.startup(r.stdout) if r is not None and r.code == 0 else None
+    if s is None:
+        return None
+    now = time.time() if now is None else now
+    last = startup.from_record((last_startup(cl.cfg.state_dir, problems) or {}).get("phases"))
+    return {"line": startup.under_way(s.current, s.since, now, last), "phase": s.current,
+            "for_s": None if s.since is None else round(now - s.since, 1),
+            "last_s": startup.seconds_of(last, s.current)}
+
+
 def door_line(door):
     if door["unit"] != "active":
         return f"gateway {door['url']}: {door['unit']} (`doit launch` starts it)"
@@ -119,6 +138,7 @@ def status(cfg, json=False):
     obs = observe.observation(cfg, states, api["health"], problems=problems,
                               api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
     h = assess(cfg, obs, Memory(), cl.recipe)
+    started = starting(cl, problems) if h.verdict == STARTING else None
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name), problems)
     release = release_status.service_entry(cfg.state_dir, wd, history)
     if served:
@@ -129,7 +149,7 @@ def status(cfg, json=False):
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": h.word, "exit_code": h.exit_code, "health": h.as_json(),
                            "nodes": entries, "api": api, "gateway": door, "stale": stale, "watchdog": wd, "release": release,
-                           "silenced": quiet}, indent=2))
+                           "silenced": quiet, "startup": started}, indent=2))
     else:
         for line in stale + ([served] if served else []):
             print(line)
@@ -145,6 +165,8 @@ def status(cfg, json=False):
         if h.word == "NOT RUNNING" and foreign:
             print(f"(something that is not dsv41 answers on port {cfg.port}: stop it, or set PORT, before `doit launch`)")
         print(f"{h.verdict}: {h.evidence}" + (f" ({h.why})" if h.why and h.verdict.value in ("DEGRADED", "DEAD", "WEDGED") else ""))
+        if started:
+            print(f"start-up: {started['line']}")
         print(f"{h.word}: {MEANING[h.word].format(memory=cl.recipe.memory_settings)}")
     if h.exit_code:
         raise SystemExit(h.exit_code)

@@ -302,7 +302,7 @@ class Watchdog:
         record.publish_status(self.state, status)
         if self.cfg.metrics_dir:
             ends = [i["ended"] for i in restarts if i.get("ended")]
-            args = (len(restarts), bool(status["gave_up"]), now, max(ends, default=0))
+            args = (len(restarts), bool(status["gave_up"]), now, max(ends, default=0), record.last_startup(self.state))
             with self.writing:
                 write_metrics(self.cfg.metrics_dir, h, *args)
                 self.published = (h, args)
@@ -345,10 +345,11 @@ def slow_ended(timer):
     return isinstance(timer, threading.Timer) and timer.finished.is_set()
 
 
-def write_metrics(directory, h, recoveries, gave_up, now, last_end=0):
+def write_metrics(directory, h, recoveries, gave_up, now, last_end=0, started=None):
     """dsv41_watchdog.prom for node_exporter's textfile collector, through prometheus_client (imported
     here: only a watchdog with METRICS_DIR needs it). While a recovery runs, dsv41_watchdog_recovering
-    names it (verdict, node, fault_at, incident), so that the alerts of its rank and API stay quiet."""
+    names it (verdict, node, fault_at, incident), so that the alerts of its rank and API stay quiet.
+    started: the last start-up ($STATE_DIR/startup.json): a gauge per phase known, and the whole."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, write_to_textfile
     disable_created_metrics()           # no *_created series: the counter counts from the incidents file
     reg = CollectorRegistry()
@@ -369,8 +370,25 @@ def write_metrics(directory, h, recoveries, gave_up, now, last_end=0):
     Gauge("dsv41_watchdog_gave_up", "Whether the watchdog gave up (hands off until doit launch).",
           registry=reg).set(int(gave_up))
     Gauge("dsv41_watchdog_last_check_timestamp_seconds", "When the watchdog last looked.", registry=reg).set(now)
+    if started:
+        startup_gauges(reg, Gauge, started)
     os.makedirs(directory, exist_ok=True)
     write_to_textfile(os.path.join(directory, METRICS_FILE), reg)
+
+
+def startup_gauges(reg, Gauge, started):
+    """dsv41_startup_phase_seconds{phase, kind, cache} of each phase known of the last start-up (kind:
+    launch, rollback, recovery, restart; cache: the compile's hit or miss, "" when none is known), and
+    dsv41_startup_seconds{kind}, its whole; an unknown phase has no series, never a made-up figure."""
+    kind = started.get("kind") or "?"
+    g = Gauge("dsv41_startup_phase_seconds", "Seconds each phase of the last start-up of the ranks took, as rank "
+              "0's journal shows it.", ["phase", "kind", "cache"], registry=reg)
+    for p in started.get("phases") or ():
+        if p.get("seconds") is not None:
+            g.labels(p["phase"], kind, p.get("cache") or "").set(p["seconds"])
+    if started.get("total") is not None:
+        Gauge("dsv41_startup_seconds", "Seconds the last start-up of the ranks took, from rank 0's unit start to "
+              "the API.", ["kind"], registry=reg).labels(kind).set(started["total"])
 
 
 def write_gateway_metrics(directory, use):

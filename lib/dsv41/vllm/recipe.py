@@ -9,6 +9,7 @@ from pathlib import Path
 from dsv41 import names
 from dsv41.client import metrics
 from dsv41.head.core.recipe import Part, Recipe
+from dsv41.vllm import startup
 from dsv41.vllm.argv import RANK_TEMPLATE, rank_vars
 
 HERE = Path(__file__).resolve().parent
@@ -66,6 +67,10 @@ class Vllm(Recipe):
 
     def dashboard_panels(self):
         return json.loads((HERE / "panels.json").read_text())
+
+    def startup(self, journal):
+        """The last start-up's phases in rank 0's journal (vllm/startup.py reads vLLM 0.32's lines)."""
+        return startup.startup(journal)
 
     def gpu_memory_wanted(self, total_bytes):
         """GPU_UTIL of the node's memory (unified on a Spark), and the setting that says so."""

@@ -180,9 +180,9 @@ class Cluster:
         r = node.run(commands.systemctl("show", "-p", ",".join(props), unit), check=False)
         return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
 
-    def journal(self, node, unit, lines=None, follow=False, fg=False, check=True):
-        """A unit's journal on the node (fg: straight to the terminal)."""
-        return node.run(commands.journalctl(unit, follow=follow, lines=lines), check=check, fg=fg)
+    def journal(self, node, unit, lines=None, follow=False, fg=False, check=True, since_s=None):
+        """A unit's journal on the node (fg: straight to the terminal; since_s: its last seconds, timed)."""
+        return node.run(commands.journalctl(unit, follow=follow, lines=lines, since_s=since_s), check=check, fg=fg)
 
     def docker_kill(self, node, name):
         """docker kill of a container on the node (as root); its failure (no such container) is ignored."""

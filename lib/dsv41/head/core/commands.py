@@ -108,8 +108,11 @@ def systemctl(*args):
     return [SYSTEMCTL, *map(str, args)]
 
 
-def journalctl(unit, follow=False, lines=None):
-    argv = [JOURNALCTL, "-u", unit, "--no-pager", "-o", "cat"]
+def journalctl(unit, follow=False, lines=None, since_s=None):
+    """since_s: the last seconds of it, each line with its time (for core/startup.py's phases)."""
+    argv = [JOURNALCTL, "-u", unit, "--no-pager", "-o", "cat" if since_s is None else "short-iso-precise"]
+    if since_s is not None:
+        argv += [f"--since=-{max(1, int(since_s))}s"]
     if lines is not None:
         argv += ["-n", str(lines)]
     return argv + (["-f"] if follow else [])

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from dsv41.errors import UserError, one_line
 from dsv41 import names
-from dsv41.head.core import record, statefiles
+from dsv41.head.core import record, startup, statefiles
 
 SCHEMA = "dsv41.incident/1"
 DIR = names.INCIDENT_DIRS
@@ -186,6 +186,7 @@ def entries(state_dir):
         out.append({**summary, "time": inc.get("started"), "verdict": inc.get("verdict"),
                     "evidence": inc.get("evidence"), "fault_at": inc.get("fault_at"), "ended": inc.get("ended"),
                     "outage_s": outage, "name": inc.get("id"), "folder": path, "action": inc.get("action"),
+                    "startup": inc.get("startup"),
                     "result": ("open: " + (inc.get("phase") or "?")) if inc.get("open") else inc.get("result")})
     for path in folders(state_dir):
         if os.path.basename(path) not in named:
@@ -226,6 +227,8 @@ def show(state_dir, n=1):
            f"  verdict   {s.get('verdict') or '?'}: {s.get('evidence') or '-'}",
            f"  seen      {_when(s.get('time'))}   fault began {_when(s.get('fault_at'))}",
            f"  result    {s.get('result') or '-'}   served again {_when(s.get('ended'))}   outage {_secs(s.get('outage_s'))}"]
+    if s.get("startup"):                    # a recovery that served (an older record has none)
+        out += startup.lines(s.get("startup"))
     for node, g in (s.get("nodes") or {}).items():
         if "error" in g:
             out.append(f"  {node}: no evidence: {g['error']}")

@@ -4,6 +4,7 @@ import time
 
 from dsv41.errors import UserError
 from dsv41.head.core import progress, record
+from dsv41.head.core import startup as core_startup
 from dsv41.head.core.nodes import say
 
 
@@ -60,6 +61,30 @@ def wait_ready(cl, within=None):
                 raise UserError(f"the API did not become ready within {limit / 60:.3g} min "
                                 f"({what}); the ranks' journals are above")
             time.sleep(2)
+
+
+def startup(cl, since_s=3600.0):
+    """The last start-up in rank 0's journal of the last since_s seconds, as the recipe reads it
+    (core.startup.Startup), or None: the recipe reads none, or the journal cannot be read."""
+    try:
+        units = cl.engine_units(cl.head)
+        r = cl.journal(cl.head, units[0], check=False, since_s=since_s) if units else None
+        return cl.recipe.startup(r.stdout) if r is not None and r.code == 0 else None
+    except Exception:  # noqa: BLE001 - the phases are told, never a reason for a served start-up to fail
+        return None
+
+
+def measured(cl, kind, of, began):
+    """The start-up that began at `began` (the head's clock: unix time) and was just served, read from
+    rank 0's journal, kept as the last start-up (record.set_startup) -> {"phases", "total"} for the record
+    of what started it (a release, an incident), or None when no phase could be read."""
+    s = startup(cl, time.time() - began + 120)
+    if s is None:
+        return None
+    rows = core_startup.to_record(s.phases)
+    total = None if s.total is None else round(s.total, 1)
+    record.set_startup(cl.cfg.state_dir, {"time": time.time(), "kind": kind, "of": of, "phases": rows, "total": total})
+    return {"phases": rows, "total": total}
 
 
 def ranks_down(cl):

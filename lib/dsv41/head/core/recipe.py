@@ -96,6 +96,12 @@ class Recipe:
         """Grafana panels of the engine's series, placed before dsv41's own."""
         return []
 
+    def startup(self, journal):
+        """The last start-up in rank 0's journal (`journalctl -o short-iso-precise`) as a
+        core.startup.Startup: its phases, each with its seconds (None: unknown), the whole, and the phase
+        under way while it starts. None: this recipe reads no phases."""
+        return None
+
     def gpu_memory_wanted(self, total_bytes):
         """(bytes, the setting that decides it) of a node's memory a rank takes, for preflight's memory
         check."""

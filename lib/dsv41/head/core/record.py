@@ -2,6 +2,7 @@
 are read and written, their shapes checked, by core/statefiles.py).
 
     $STATE_DIR/ready.json             when a readiness wait last saw a token (the head's clock)
+    $STATE_DIR/startup.json           the last start-up of the ranks: its kind, phases and whole (core/startup.py)
     $STATE_DIR/needs-reboot.json      a restart stopped: a node's memory did not come back ({time, line})
     $STATE_DIR/watchdog.gaveup        the watchdog gave up: hands off until `doit launch` ({time, reason})
     $STATE_DIR/watchdog.status.json   what the watchdog last judged (for status and top)
@@ -35,6 +36,20 @@ def mark_ready(state_dir, now=None):
 def ready_at(state_dir, problems=None):
     """When a readiness wait last saw a token, or None (problems: statefiles.seen)."""
     return statefiles.seen(problems, statefiles.ready_at, state_dir)
+
+
+def set_startup(state_dir, doc):
+    """The last start-up's phases ({"time", "kind", "of", "phases", "total"}); one that cannot be written
+    never fails the start-up."""
+    try:
+        statefiles.set_startup(state_dir, doc)
+    except (OSError, statefiles.BadStateFile):
+        pass
+
+
+def last_startup(state_dir, problems=None):
+    """The last start-up's phases as set_startup wrote them, or None (problems: statefiles.seen)."""
+    return statefiles.seen(problems, statefiles.last_startup, state_dir)
 
 
 def needs_reboot(state_dir):

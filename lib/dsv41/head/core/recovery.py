@@ -7,7 +7,8 @@
        memory checked against it (core.hang.memory_returned): when a node's did not come back nothing
        starts, $STATE_DIR/needs-reboot.json names it (NeedsReboot; --force starts anyway)
     4. every engine unit started in the recipe's start order
-    5. the readiness wait: a generated token (core.ranks.wait_ready)
+    5. the readiness wait: a generated token (core.ranks.wait_ready); then the start-up's phases, read
+       from rank 0's journal, kept in the incident (`startup`) and as the last start-up (core.startup)
 
 Each step is written to the incident before it is taken, so `doit status` shows what a recovery waits
 for, and an incident whose process died mid-way is found open and closed as interrupted."""
@@ -204,9 +205,13 @@ def stop_and_start(cl, fault, inc, phase, *, force, within, log):
         log(f"warning: {check.line()}; starting anyway")
     record.clear_needs_reboot(state_dir)
     phase("starting the ranks in order")
+    began = time.time()
     ranks.start_ranks(cl)
     phase(f"waiting for a token ({within[1] if within else 'START_TIMEOUT_MIN'})")
     ranks.wait_ready(cl, within)
+    measured = ranks.measured(cl, "recovery" if fault is not None else "restart", inc and inc["id"], began)
+    if measured:
+        phase("served", startup=measured)
 
 
 def closed(state_dir, inc, result, ended, on_phase):

@@ -5,7 +5,8 @@ A record holds when it began, the image reference and the image id on each node,
 revision, manifest digest), every rendered unit and state file launch writes on each node (the API key
 file is never stored: only its name, in `secret_files`), the resolved settings (config.resolved: no
 secret), each node's kernel, driver and Docker version, what changed against the release it replaced
-(`changes_from`), the start-up time, the state and a result line.
+(`changes_from`), the start-up time and its phases (and those of the going back after a failure), the
+state and a result line.
 
     rolling out  -> good | failed | interrupted      begin(): just before the first change on a node
     failed       -> rolling back                     only when `back_to` names where it goes back
@@ -47,6 +48,8 @@ class Release:
     started_at: float | None = None     # when the ranks began to restart: the deadline's clock
     carrier: dict | None = None     # {"by": "doit launch", "pid": N, "since": t}: who carries it on
     rollback_of: int | None = None  # made by `doit rollback N`: N's state applied again
+    startup_phases: dict | None = None  # its start-up's {"phases": [...], "total"} (core/startup.py); older: None
+    back_phases: dict | None = None     # the same of the going back, when it rolled back
 
     @property
     def shown_state(self):

@@ -7,6 +7,7 @@ import difflib
 import re
 
 from dsv41.errors import UserError, one_line
+from dsv41.head.core import startup
 from dsv41.head.core.releases import (ROLLING_OUT, in_service, read_history, settings_of, short_id,
                                       unfinished, when)
 
@@ -141,8 +142,12 @@ def show_lines(history, serving, number):
     ck = r.checkpoint
     out = [f"release {r.number}: {r.shown_state}" + (" (in service)" if r.number == serving else ""),
            f"  began       {when(r.time)}   finished {when(r.finished_at)}   start-up {_secs(r.startup_s)}",
-           f"  result      {r.result or '-'}" + (f"   failed at {when(r.failed_at)}" if r.failed_at else ""),
-           f"  image       {r.image}"]
+           f"  result      {r.result or '-'}" + (f"   failed at {when(r.failed_at)}" if r.failed_at else "")]
+    if r.startup_phases:                    # an older record has none
+        out += startup.lines(r.startup_phases)
+    if r.back_phases:
+        out += startup.lines(r.back_phases, f"back to {r.rolled_back_to}")
+    out.append(f"  image       {r.image}")
     out += [f"    on {node:<10} {image_id}" for node, image_id in sorted(r.image_ids.items())]
     out.append(f"  checkpoint  {ck.get('repo')}@{ck.get('revision') or 'latest'}   "
                f"manifest {ck.get('manifest_digest') or '-'}")

@@ -305,12 +305,14 @@ def transition(state_dir, number, to, now=None, **fields):
     return release
 
 
-def finish(state_dir, number, state, result, startup_s=None, now=None, back_to=None):
+def finish(state_dir, number, state, result, startup_s=None, now=None, back_to=None, phases=None):
     """A rollout's end: GOOD (then it is the release in service), FAILED (back_to: where it goes back
-    next, None when it goes nowhere) or INTERRUPTED. -> the updated Release."""
+    next, None when it goes nowhere) or INTERRUPTED; phases: its start-up's (core/startup.py to_record()).
+    -> the updated Release."""
     return transition(state_dir, number, state, now, result=result,
                       **({"back_to": back_to} if state == FAILED else {}),
-                      **({} if startup_s is None else {"startup_s": round(startup_s, 1)}))
+                      **({} if startup_s is None else {"startup_s": round(startup_s, 1)}),
+                      **({} if phases is None else {"startup_phases": phases}))
 
 
 def rolling_back(state_dir, number, now=None):
@@ -318,10 +320,12 @@ def rolling_back(state_dir, number, now=None):
     return transition(state_dir, number, ROLLING_BACK, now)
 
 
-def rolled_back(state_dir, number, target, now=None):
+def rolled_back(state_dir, number, target, now=None, phases=None):
     """The ranks of failed release `number` went back to release `target` and it serves again: both
-    recorded (the failed one says where it went, the target is in service). -> the failed Release."""
-    return transition(state_dir, number, ROLLED_BACK, now, rolled_back_to=target)
+    recorded (the failed one says where it went, and the going back's start-up phases; the target is in
+    service). -> the failed Release."""
+    return transition(state_dir, number, ROLLED_BACK, now, rolled_back_to=target,
+                      **({} if phases is None else {"back_phases": phases}))
 
 
 def down(state_dir, number, why, now=None):

@@ -165,7 +165,7 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, be
     if restarting and fault is None:        # planned: the requests in flight finish first (not timed)
         recovery.door(cl, lambda line: say(cl.head, line), f"release {ro.release.number} rolling out" if ro.release
                       else f"restarting ({by})", starting=True, drain=True)
-    t = time.monotonic()
+    t, t_wall, phases = time.monotonic(), time.time(), None
     try:
         if restarting and ro.release is not None:       # the deadline's clock, for whoever carries it on
             rel.carried(cfg.state_dir, ro.release.number, by, started_at=time.time())
@@ -173,6 +173,9 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, be
               owner=ro.release and ro.release.number)
         ranks.wait_ready(cl, ro.deadline if checked else None)
         startup = time.monotonic() - t if restarting else None
+        if restarting:
+            phases = ranks.measured(cl, "rollback" if ro.rollback_of else "launch",
+                                    f"release {ro.release.number}" if ro.release else by, t_wall)
         if checked:
             hold(cl, cfg.rollout_hold_s)
     except recovery.NeedsReboot as err:
@@ -188,7 +191,7 @@ def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, be
     if ro.release is not None:
         rel.finish(cfg.state_dir, ro.release.number, rel.GOOD,
                    "ready" + (f", healthy for {cfg.rollout_hold_s:.0f} s" if checked else ", no rank restarted"),
-                   startup_s=startup)
+                   startup_s=startup, phases=phases)
         print(f"release {ro.release.number} is good and in service")
     return startup
 
@@ -290,15 +293,17 @@ def go_back(cl, failed, target, *, began, by):
     try:
         back = Cluster(rel.settings_of(target, cl.cfg))
         want, steps, states = recorded(back, target)
+        t0 = time.time()
         apply(back, want, steps, states, fault=fault, by=by, owner=failed.number,
               why=f"release {failed.number} failed: going back to release {target.number}")
         ranks.wait_ready(back)
+        phases = ranks.measured(back, "rollback", f"release {failed.number} back to {target.number}", t0)
     except UserError as err:
         rel.down(sd, failed.number, one_line(err, 200))
         raise Down(f"release {failed.number} failed ({why}) and going back to release {target.number} failed too "
                    f"({one_line(err, 200)}): the cluster is down; `doit incidents show 1` has the evidence, "
                    "`doit releases` the history") from None
-    rel.rolled_back(sd, failed.number, target.number)
+    rel.rolled_back(sd, failed.number, target.number, phases=phases)
     now = time.time()
     since = f"this {by}" if by.startswith("doit") else f"release {failed.number}"     # carried on: the release
     raise RolledBack(f"release {failed.number} failed ({why}); rolled back to release {target.number}, serving "

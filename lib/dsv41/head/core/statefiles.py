@@ -235,11 +235,14 @@ READY = {"time": TIME}
 NEEDS_REBOOT = {"time": TIME, "line": str}
 GAVE_UP = {"time": TIME, "reason": str}
 # an incidents.jsonl line: "open", "phase" or "close" (or an earlier version's whole incident: no event)
+PHASES = ([{"phase": str, "seconds": OPT_NUMBER, "cache": OPT_STR}], None)   # core/startup.py to_record()
+STARTED = ({"phases": PHASES, "total": OPT_NUMBER}, None)       # a start-up in a release's or incident's record
 INCIDENT_EVENT = {"event": OPT_STR, "id": OPT_STR, "started": OPT_TIME, "verdict": OPT_STR, "evidence": OPT_STR,
                   "fault_at": OPT_TIME, "node": OPT_STR, "action": OPT_STR, "by": OPT_STR, "pid": OPT_INT,
                   "phase": OPT_STR, "folder": OPT_STR, "incident": OPT_STR, "result": OPT_STR, "ended": OPT_TIME,
-                  "took_s": OPT_NUMBER}
+                  "took_s": OPT_NUMBER, "startup": STARTED}
 INCIDENT = {**INCIDENT_EVENT, "id": str, "open": bool}
+STARTUP = {"time": TIME, "kind": str, "of": OPT_STR, "phases": PHASES, "total": OPT_NUMBER}
 WATCHDOG_STATUS = {"time": TIME, "verdict": str, "evidence": str, "health": (dict, None),
                    "recoveries_in_window": OPT_INT, "max_recoveries": OPT_INT, "gave_up": (GAVE_UP, None),
                    "last_incident": (INCIDENT, None)}
@@ -272,7 +275,8 @@ RELEASE = {"schema": str, "number": int, "time": TIME, "image": str, "image_ids"
            "files": {str: {str: FILE_ENTRY}}, "secret_files": {str: [str]}, "changes": [str], "changes_from": OPT_INT,
            "startup_s": OPT_NUMBER, "result": str, "failed_at": OPT_TIME, "finished_at": OPT_TIME,
            "rolled_back_to": OPT_INT, "back_to": OPT_INT, "deadline_s": OPT_NUMBER, "started_at": OPT_TIME,
-           "carrier": (None, {"by": str, "pid": int, "since": TIME}), "rollback_of": OPT_INT}
+           "carrier": (None, {"by": str, "pid": int, "since": TIME}), "rollback_of": OPT_INT,
+           "startup_phases": STARTED, "back_phases": STARTED}
 DOWNLOAD_RECORDS = {str: {"etag": str, "size": int, "mtime_ns": int}}
 
 
@@ -298,6 +302,14 @@ def set_needs_reboot(state_dir, line, now):
 
 def clear_needs_reboot(state_dir):
     return remove(names.state_path(state_dir, names.NEEDS_REBOOT))
+
+
+def last_startup(state_dir):
+    return read_json(names.state_path(state_dir, names.STARTUP), STARTUP)
+
+
+def set_startup(state_dir, doc):
+    write_json(names.state_path(state_dir, names.STARTUP), doc)
 
 
 def gave_up(state_dir):
