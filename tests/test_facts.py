@@ -139,3 +139,59 @@ def test_system_uid_max_and_ipc_facts_of_this_machine(tmp_path):
     assert facts.system_uid_max(str(tmp_path / "missing")) == 999
     ipc = run_facts()["ipc"]
     assert isinstance(ipc["remove_ipc"], bool) and ipc["rank_uids"] == {}
+
+
+# ---- the engine's caches (node.probe's "caches", read by status and before the ranks start) -------------
+
+def cache_tree(root, files):
+    """files: {path under root: bytes}."""
+    for rel, size in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"k" * size)
+
+
+def run_probe_caches(state_dir, key):
+    req = {"state_dir": str(state_dir), "caches": key}
+    r = subprocess.run([PY, "-m", "dsv41.node.probe", json.dumps(req)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": LIB})
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["caches"]
+
+
+def test_the_probe_reports_each_librarys_cache_and_two_ranks_holding_the_same_kernels_match(tmp_path):
+    """Sizes and file counts per library folder; a fingerprint that is the same on two ranks holding the
+    same kernels (vLLM's per-rank folder named alike, a compile's temporary and lock files left out) and
+    differs when one rank holds a kernel the other does not, or a file of another size."""
+    key = "5668e35e5ee0"
+    same = {"triton/ab/k.cubin": 1000, "triton/ab/k.json": 24, "flashinfer/.cache/flashinfer/121/op.so": 500}
+    cache_tree(tmp_path / "r0/cache" / key, {**same, "vllm/torch_compile_cache/f00/rank_0_0/backbone/a.py": 70,
+                                             "deep_gemm/tmp/9f/kernel.cu": 5, "triton/ab/.k.cubin.tmp.pid_7": 9,
+                                             "flashinfer/.cache/flashinfer/121/op.lock": 0})
+    cache_tree(tmp_path / "r1/cache" / key, {**same, "vllm/torch_compile_cache/f00/rank_1_0/backbone/a.py": 70})
+    cache_tree(tmp_path / "r1/cache", {"0123456789ab/triton/old.cubin": 3, "b12x/left.o": 1})
+    r0, r1 = run_probe_caches(tmp_path / "r0", key), run_probe_caches(tmp_path / "r1", key)
+    assert r0["key"] == key and list(r0["libraries"]) == ["vllm", "torchinductor", "triton", "flashinfer",
+                                                         "tilelang", "cutedsl", "deep_gemm", "b12x", "b12x-roce"]
+    assert {k: (v["bytes"], v["files"]) for k, v in r0["libraries"].items() if v["files"]} == {
+        "vllm": (70, 1), "triton": (1024, 2), "flashinfer": (500, 1)}
+    assert r0["libraries"]["tilelang"] == r1["libraries"]["tilelang"] == {
+        "bytes": 0, "files": 0, "fingerprint": r0["libraries"]["cutedsl"]["fingerprint"]}    # absent: empty
+    assert all(r0["libraries"][f] == r1["libraries"][f] for f in r0["libraries"])
+    assert (r0["others"], r1["others"]) == ([], ["0123456789ab", "b12x"])
+    cache_tree(tmp_path / "r1/cache" / key, {"triton/cd/k2.cubin": 1000, "flashinfer/.cache/flashinfer/121/op.so": 501})
+    r1 = run_probe_caches(tmp_path / "r1", key)
+    for folder in ("triton", "flashinfer"):
+        assert r0["libraries"][folder]["fingerprint"] != r1["libraries"][folder]["fingerprint"], folder
+    assert r0["libraries"]["vllm"] == r1["libraries"]["vllm"]
+
+
+def test_a_cache_walk_cut_short_gives_no_fingerprint(tmp_path):
+    from dsv41.node.facts import cache_report
+    cache_tree(tmp_path / "k", {f"triton/{i}.cubin": 1 for i in range(5)} | {"vllm/a.py": 1})
+    short = cache_report(str(tmp_path), "k", files_max=3)["libraries"]      # vLLM's folder is walked first
+    assert short["vllm"]["fingerprint"] and short["triton"] == {"bytes": 2, "files": 2, "fingerprint": None}
+    cut = cache_report(str(tmp_path), "k", walk_s=-1)["libraries"]
+    assert cut["vllm"]["fingerprint"] is None and cut["tilelang"]["fingerprint"] is not None   # nothing to walk
+    whole = cache_report(str(tmp_path), "k")["libraries"]
+    assert whole["triton"]["files"] == 5 and whole["triton"]["fingerprint"] is not None

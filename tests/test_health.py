@@ -138,7 +138,7 @@ def cluster(tmp_path, api, monkeypatch):
                        "API_KEY_FILE": str(tmp_path / "key"), "WATCHDOG_PROBE_S": "5", "SSH_TIMEOUT_S": "2"})
     current = {}
 
-    def probe(self, n):
+    def probe(self, n, versions=False, caches=False):
         f = current["states"][n.name]
         if f.error:
             raise record_error(f.error)

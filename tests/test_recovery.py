@@ -2,6 +2,7 @@
 memory is back or --force, which units make a broken cluster (evidence first), and `doit incidents` for
 real on saved folders. The nodes' answers are probe states here; tests/lab/test_self_healing.py does it on
 real nodes."""
+import os
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,54 @@ def test_an_incident_is_open_before_its_evidence_and_a_killed_recovery_is_closed
     assert len(record.recoveries(cl.cfg.state_dir)) == 1
     r = doit(["incidents"], Path(cl.cfg.state_dir).parent, STATE_DIR=cl.cfg.state_dir)
     assert "interrupted" in r.stdout and "DEGRADED" in r.stdout, r.stdout
+
+
+# ---- the engine's caches before the ranks start ------------------------------------------------------------
+
+class LocalNode(Node):
+    """A node whose commands run here, in its own state dir (the rm the head sends is real)."""
+    def run(self, argv, check=True, **kw):
+        import subprocess
+        from types import SimpleNamespace
+        r = subprocess.run(argv, capture_output=True, text=True)
+        return SimpleNamespace(code=r.returncode, stdout=r.stdout, stderr=r.stderr)
+
+
+def test_a_librarys_cache_that_differs_between_the_ranks_is_cleared_everywhere_and_old_images_go(cl, monkeypatch,
+                                                                                                  tmp_path):
+    """Before the ranks start: Triton's cache on the head only is cleared on both nodes, said in one line;
+    what both hold alike stays; another image's folder goes unless a kept release runs that image."""
+    from types import SimpleNamespace
+    from dsv41 import names
+    from dsv41.head.core import caches, release_history
+    from dsv41.node.facts import cache_report
+    from test_facts import cache_tree
+    nodes = [LocalNode("head"), LocalNode("worker1")]
+    monkeypatch.setattr(type(cl), "nodes", property(lambda self: nodes), raising=False)
+    monkeypatch.setattr(cl, "paths", lambda n: SimpleNamespace(state_dir=str(tmp_path / n.name)))
+    kept = "aaaaaaaaaaaa"                          # the image of a release the history keeps
+    monkeypatch.setattr(release_history, "load_all", lambda sd: [SimpleNamespace(image=f"r@sha256:{kept}{'0' * 52}")])
+    key = names.cache_key(cl.cfg.image)
+    for n in ("head", "worker1"):
+        cache_tree(tmp_path / n / "cache", {f"{key}/vllm/torch_compile_cache/f/rank_{n == 'worker1':d}_0/a.py": 9,
+                                            f"{key}/flashinfer/.cache/flashinfer/op.so": 5, f"{kept}/triton/x": 1,
+                                            "bbbbbbbbbbbb/triton/y": 1, "b12x/from-an-earlier-version.o": 1})
+    cache_tree(tmp_path / "head/cache", {f"{key}/triton/k.cubin": 2000})
+
+    def look():
+        return {n: parse({"caches": cache_report(str(tmp_path / n / "cache"), key)}) for n in ("head", "worker1")}
+    lines = caches.tidy(cl, look(), log=lambda m: None)
+    assert lines[0] == ("caches differ between the ranks: Triton (head 1 files, 0.0 MB, worker1 0 files, 0.0 MB): "
+                        "cleared on every node before the ranks start, so every rank compiles them again, in step "
+                        "(a cold start for those)")
+    assert lines[1:] == [f"caches on {n}: removed b12x, bbbbbbbbbbbb: no kept release runs that image"
+                         for n in ("head", "worker1")]
+    for n in ("head", "worker1"):
+        assert sorted(os.listdir(tmp_path / n / "cache")) == sorted([key, kept])
+        assert not (tmp_path / n / "cache" / key / "triton").exists()
+        assert (tmp_path / n / "cache" / key / "flashinfer/.cache/flashinfer/op.so").exists()
+        assert os.listdir(tmp_path / n / "cache" / key / "vllm/torch_compile_cache/f")
+    assert caches.tidy(cl, look(), log=lambda m: None) == []           # the same now: nothing to say
+    worker_silent = {**look(), "worker1": parse({})}
+    assert caches.tidy(cl, worker_silent, log=lambda m: None) == [
+        "caches: not compared before the start: worker1 did not report them"]

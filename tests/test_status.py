@@ -34,12 +34,30 @@ def test_nothing_deployed_is_not_running_exit_3_with_the_versioned_json(tmp_path
     assert doc["health"]["verdict"] == "STOPPED" and doc["health"]["word"] == "NOT RUNNING"
     head = doc["nodes"]["head"]
     assert set(head) == {"memguard", "rank_unit", "rank_state", "since", "container", "mem_available_gib",
-                         "gpu_memory", "tripped"}
+                         "gpu_memory", "tripped", "caches"}
     assert head["rank_unit"] == "dsv41-r0.service" and head["mem_available_gib"] > 0
     assert set(doc["api"]) == {"url", "health", "models", "error"} and doc["api"]["health"] is None
     assert doc["watchdog"]["enabled"] is True and doc["watchdog"]["unit"] in ("not installed", "inactive")
     r = doit(["status"], tmp_path)
     assert r.returncode == 3 and "NOT RUNNING: nothing is running: start it with `doit launch`" in r.stdout
+
+
+def test_status_shows_each_librarys_cache_of_the_image_on_each_node(tmp_path):
+    key = "5668e35e5ee0"                                      # the default image's digest, first 12 hex
+    r = doit(["status"], tmp_path)
+    assert f"caches of image {key}: empty (its first start compiles every kernel)" in r.stdout
+    for rel, size in (("triton/ab/k.cubin", 123456), ("flashinfer/.cache/flashinfer/op.so", 2_500_000),
+                      ("vllm/torch_compile_cache/f/rank_0_0/a.py", 900)):
+        path = tmp_path / "state/cache" / key / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"k" * size)
+    r = doit(["status"], tmp_path)
+    assert (f"caches of image {key}: vLLM 900 B, Triton 123 KB, FlashInfer 2.5 MB; 2.6 MB in all (6 empty)"
+            in r.stdout), r.stdout
+    doc = json.loads(doit(["status", "--json"], tmp_path).stdout)
+    assert doc["nodes"]["head"]["caches"] == {"image": key, "bytes": {
+        "vLLM": 900, "torch inductor": 0, "Triton": 123456, "FlashInfer": 2_500_000, "TileLang": 0, "CuTeDSL": 0,
+        "DeepGEMM": 0, "b12x": 0, "b12x RoCE": 0}}
 
 
 def test_something_else_on_the_port_is_not_our_deployment(tmp_path):

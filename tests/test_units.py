@@ -19,9 +19,11 @@ from dsv41.vllm import argv as vllm
 from dsv41.vllm.recipe import Vllm
 from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
-from test_commands import HEAD, WORKER, spec_args, spec_env, values_for
+from test_commands import HEAD, WORKER, rank_env, spec_args, spec_env, values_for
 
 KEY = "sk-dsv41-never-in-a-unit-7f3a9c"
+IMAGE_KEY = "5668e35e5ee0"        # the default image's digest, first 12 hex: its caches' folder
+CACHE_DIRS = ("vllm", "torchinductor", "triton", "flashinfer", "tilelang", "cutedsl", "deep_gemm", "b12x", "b12x-roce")
 TWO = {"WORKER": "root@198.51.100.13"}
 FOUR = {"WORKERS": "root@198.51.100.12,root@198.51.100.13,root@198.51.100.14"}
 FABRICS = {0: HEAD, 1: WORKER,
@@ -281,7 +283,7 @@ def test_container_environment_is_exactly_the_measured_one(two):
     for rank in (0, 1):
         _, _, _, order, _, _ = container(by_rank[rank][f"dsv41-r{rank}.service"])
         want = [(k, str(FABRICS[rank]["gid_index"]) if k == "NCCL_IB_GID_INDEX" else v)
-                for k, v in spec_env(values_for(FABRICS[rank]))]
+                for k, v in rank_env(values_for(FABRICS[rank]))]
         assert order == [("DSV41_RANK", str(rank))] + want
 
 
@@ -367,7 +369,7 @@ def test_container_options(two):
         quoted = md.replace('"', '""')
         assert mounts == [f'type=bind,"source={quoted}",target=/model,readonly',
                           f"type=bind,source={st}/plans,target=/plans,readonly",
-                          f"type=bind,source={st}/cache,target=/cache"] + (
+                          f"type=bind,source={st}/cache/{IMAGE_KEY},target=/cache"] + (
             [f"type=bind,source={st}/secrets/api_key,target=/run/secrets/dsv41_api_key,readonly"] if rank == 0 else [])
         assert env["DSV41_RANK"] == str(rank)
         assert image == "ghcr.io/0xsero/deepseek-v4.1-flash-spark@sha256:" \
@@ -394,7 +396,7 @@ def test_unit_lifecycle_settings(two):
             ("", ["systemctl", "is-active", "--quiet", "dsv41-memguard.service"]),
             ("-", ["docker", "rm", "-f", f"dsv41-r{rank}"]),
             ("-", ["rm", "-f", f"{st}/run/dsv41-r{rank}.cid"]),
-            ("", ["mkdir", "-p", f"{st}/run", f"{st}/cache/b12x", f"{st}/cache/b12x-roce"])]
+            ("", ["mkdir", "-p", f"{st}/run", *(f"{st}/cache/{IMAGE_KEY}/{d}" for d in CACHE_DIRS)])]
         [(prefix, stop)] = execs(text, "ExecStop")
         assert stop[:3] == ["docker", "stop", "-t"] and stop[4] == f"dsv41-r{rank}"
         assert int(svc["TimeoutStopSec"]) > int(stop[3])
@@ -526,12 +528,12 @@ def test_docker_cli_receives_exactly_the_configured_container(tmp_path):
         else:
             assert (req["Entrypoint"], req["Cmd"]) == (["vllm"], ["serve", *args])
         want_env = [f"{k}={str(FABRICS[rank]['gid_index']) if k == 'NCCL_IB_GID_INDEX' else v}"
-                    for k, v in spec_env(values_for(FABRICS[rank]))]
+                    for k, v in rank_env(values_for(FABRICS[rank]))]
         assert sorted(req["Env"]) == sorted([f"DSV41_RANK={rank}"] + want_env)  # the CLI merges env in its own order
         hc = req["HostConfig"]
         assert [(m["Source"], m["Target"], m.get("ReadOnly", False)) for m in hc["Mounts"]] == [
             (paths["model_dir"], "/model", True), (f"{st}/plans", "/plans", True),
-            (f"{st}/cache", "/cache", False)] + ([(f"{st}/secrets/api_key", "/run/secrets/dsv41_api_key", True)]
+            (f"{st}/cache/{IMAGE_KEY}", "/cache", False)] + ([(f"{st}/secrets/api_key", "/run/secrets/dsv41_api_key", True)]
                                                  if rank == 0 else [])
         assert (hc["AutoRemove"], hc["Init"], hc["Privileged"], hc["NetworkMode"], hc["IpcMode"],
                 hc["ShmSize"], hc["ContainerIDFile"]) == (

@@ -7,7 +7,8 @@ On every node, $STATE_DIR holds:
     memguard.log         the guard's log (also in the journal)
     checkpoint-receipt.json  what was verified in the model dir (size, mtime, sha256)
     plans/<plan>         the EXL3 plan with bank paths rewritten for the container (/plans)
-    cache/               kernel and compile caches (/cache in the container)
+    cache/<key>/         the engine's kernel and compile caches, one folder per image (/cache in the
+                         container; <key>: cache_key(image)), one subfolder per library (ENGINE_CACHES)
     run/                 cidfiles of the rank containers
     secrets/api_key      rank 0 only: the API key, 0600, mounted read-only into its container
 and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db (doit's own
@@ -19,6 +20,7 @@ incidents.jsonl and ready.json (when a readiness wait last saw a token). The hea
 files through dsv41.head.core.statefiles, each into a typed value whose shape is checked. In MODEL_DIR,
 .cache/dsv41/download.json records what `doit download` fetched (each file's etag, size and mtime).
 """
+import hashlib
 import os
 import re
 
@@ -39,6 +41,21 @@ GUARD_LOG = "memguard.log"
 RECEIPT = "checkpoint-receipt.json"
 PLANS = "plans"
 CACHE = "cache"
+CONTAINER_CACHE = "/cache"            # where a rank's container sees its image's cache folder
+# Every cache the engine keeps across a restart: (library, the variable the library reads, its folder under
+# cache/<key>/), each variable pointing the library at /cache/<folder> (docs/operating.md says where each
+# library reads it). XDG_CACHE_HOME=/cache stays for whatever else follows it.
+ENGINE_CACHES = (
+    ("vLLM", "VLLM_CACHE_ROOT", "vllm"),
+    ("torch inductor", "TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+    ("Triton", "TRITON_CACHE_DIR", "triton"),
+    ("FlashInfer", "FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+    ("TileLang", "TILELANG_CACHE_DIR", "tilelang"),
+    ("CuTeDSL", "CUTE_DSL_CACHE_DIR", "cutedsl"),
+    ("DeepGEMM", "DG_JIT_CACHE_DIR", "deep_gemm"),
+    ("b12x", "B12X_COMPILE_CACHE_DIR", "b12x"),
+    ("b12x RoCE", "B12X_ROCE_CACHE_DIR", "b12x-roce"),
+)
 RUN = "run"
 SECRET_KEY = "secrets/api_key"        # rank 0 only: its key, 0600, mounted read-only into its container and
                                       # read by the gateway (the engine key; the client key with GATEWAY=0)
@@ -112,6 +129,14 @@ def cidfile(rank):
 
 
 CIDFILE_RE = re.compile(rf"^{re.escape(RANK_PREFIX)}(\d+)\.cid$")
+
+
+def cache_key(image):
+    """The folder of cache/ that belongs to an image: the first 12 hex digits of its digest, so another image
+    never reuses a cache; an unpinned tag (ALLOW_UNPINNED_IMAGE): "tag-" and 12 of the reference's sha256
+    (a tag moved to another build keeps its caches)."""
+    _, _, digest = image.partition("@sha256:")
+    return digest[:12] if digest else "tag-" + hashlib.sha256(image.encode()).hexdigest()[:12]
 
 
 def state_path(state_dir, *parts):

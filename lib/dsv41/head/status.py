@@ -35,7 +35,36 @@ def node_entry(recipe, spec, f):
         "since": _when(u.active_enter if u.active == "active" else u.inactive_enter),
         "container": c.status if c else "none",
         "mem_available_gib": round(f.mem_available_kib / 2**20, 3),
-        "gpu_memory": f.gpu_memory, "tripped": f.tripped}
+        "gpu_memory": f.gpu_memory, "tripped": f.tripped,
+        "caches": cache_entry(f.caches)}
+
+
+def cache_entry(report):
+    """A node's engine caches (node.facts.cache_report) as status shows them: {"image": the image's key,
+    "bytes": {library: bytes}} (names.ENGINE_CACHES), or None when the node did not report them."""
+    if not report:
+        return None
+    library = {folder: name for name, _, folder in names.ENGINE_CACHES}
+    return {"image": report["key"], "bytes": {library[f]: v["bytes"] for f, v in report["libraries"].items()}}
+
+
+def _size(n):
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:.0f} {unit}"
+    return f"{n} B"
+
+
+def cache_line(e):
+    """One node's caches in a line: the libraries that hold something, and the total."""
+    if not e:
+        return "caches: not reported"
+    held = [f"{k} {_size(v)}" for k, v in e["bytes"].items() if v]
+    if not held:
+        return f"caches of image {e['image']}: empty (its first start compiles every kernel)"
+    empty = len(e["bytes"]) - len(held)
+    return (f"caches of image {e['image']}: {', '.join(held)}; {_size(sum(e['bytes'].values()))} in all"
+            + (f" ({empty} empty)" if empty else ""))
 
 
 def api_status(cl, problems=None):
@@ -117,6 +146,7 @@ class Table:
               + f" {e['mem_available_gib']:>6.1f} GiB  {e['gpu_memory'] or '-'}", flush=True)
         if e["tripped"]:
             print(f"{'':<10} memory guard {e['tripped']['line']}", flush=True)
+        print(f"{'':<10} {cache_line(e['caches'])}", flush=True)
 
 
 def status(cfg, json=False):
@@ -128,7 +158,7 @@ def status(cfg, json=False):
     for i, node in enumerate(cl.nodes):
         if i == 1:
             cl.connect()                 # the workers at once, after the head's row is out
-        states[node.name] = f = cl.look(node)
+        states[node.name] = f = cl.look(node, caches=True)
         entries[node.name] = {"error": f.error} if f.error else node_entry(cl.recipe, cl.spec(node), f)
         table.row(node.name, entries[node.name])
     problems = []                        # state files that cannot be read: said, and read as absent

@@ -6,6 +6,7 @@ Runs on a node with the standard library only:
 Nothing is changed; each section that cannot be read carries an "error" instead of stopping the rest.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import sys
 import time
 
 from dsv41.errors import UserError, cli, one_line
-from dsv41.names import MEMGUARD_UNIT, RANK_NAME_RE, RANK_PREFIX, UNIT_DIR
+from dsv41.names import ENGINE_CACHES, MEMGUARD_UNIT, RANK_NAME_RE, RANK_PREFIX, UNIT_DIR
 from dsv41.node import fabric
 
 TOOLS = ("python3", "rsync", "curl", "docker", "ethtool", "ping", "nvidia-smi", "ib_write_bw", "systemctl", "haproxy")
@@ -150,6 +151,58 @@ def disk_facts(model_dir):
                 present += s.st_size if not os.path.islink(os.path.join(root, name)) else 0
     return {"model_dir": path, "checked": probe, "free_bytes": st.f_bavail * st.f_frsize,
             "model_bytes": present}
+
+
+CACHE_FILES_MAX = 200000        # a cache report walks at most this many files and CACHE_WALK_S seconds,
+CACHE_WALK_S = 10.0             # then says "partial" and gives no fingerprint
+RANK_PART_RE = re.compile(r"rank_\d+")          # vLLM keeps a folder per rank (rank_0_0): the same on each
+
+
+def _volatile(name, is_dir):
+    """A file or folder a library writes while it compiles and removes or renames after: never compared
+    (a dot folder is kept: FlashInfer's cache is .cache/flashinfer)."""
+    if is_dir:
+        return name == "tmp" or name.startswith("tmp.")
+    return name.startswith((".", "tmp.")) or name.endswith((".lock", ".tmp"))
+
+
+def cache_tree(path, deadline, budget):
+    """(bytes, files, fingerprint or None when the walk was cut short) of one library's cache folder. The
+    fingerprint hashes each file's path (rank folders named alike) and size, sorted: the same on two ranks
+    that hold the same kernels."""
+    total, entries, todo = 0, [], [path]
+    while todo:
+        try:
+            with os.scandir(todo.pop()) as it:
+                for e in it:
+                    if e.is_symlink() or _volatile(e.name, e.is_dir()):
+                        continue
+                    if e.is_dir():
+                        todo.append(e.path)
+                        continue
+                    if len(entries) >= budget or time.monotonic() > deadline:
+                        return total, len(entries), None
+                    size = e.stat().st_size
+                    total += size
+                    entries.append(f"{RANK_PART_RE.sub('rank_N', os.path.relpath(e.path, path))}\t{size}")
+        except OSError:
+            continue
+    return total, len(entries), hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
+
+
+def cache_report(cache_dir, key, walk_s=CACHE_WALK_S, files_max=CACHE_FILES_MAX):
+    """The caches of the image `key` under the state dir's cache/ folder: {"key", "libraries": {folder:
+    {"bytes", "files", "fingerprint"}}, "others": what else cache/ holds (other images' folders)}."""
+    deadline, libraries = time.monotonic() + walk_s, {}
+    for _, _, folder in ENGINE_CACHES:
+        size, files, fp = cache_tree(os.path.join(cache_dir, key, folder), deadline, files_max)
+        libraries[folder] = {"bytes": size, "files": files, "fingerprint": fp}
+        files_max -= files
+    try:
+        keys = sorted(n for n in os.listdir(cache_dir) if n != key)
+    except OSError:
+        keys = []
+    return {"key": key, "libraries": libraries, "others": keys}
 
 
 MEMINFO = {"MemTotal": "total_bytes", "MemAvailable": "available_bytes", "SwapTotal": "swap_total_bytes",

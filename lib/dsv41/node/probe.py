@@ -4,7 +4,8 @@
 "containers": [...], "files": [...], "versions": bool} prints: installed unit files (text and sha256), systemd states,
 containers, the image ID, the trip marker, when the model dir last changed, MemAvailable, GPU memory,
 state file hashes, memory and swap from /proc/meminfo, and the memory guard's settings (memguard.json:
-its floor and mode), and with "versions" the kernel, driver and Docker versions. Launch, plan, status and top read a node through this one call."""
+its floor and mode), with "versions" the kernel, driver and Docker versions, and with "caches": <image
+key> the engine's caches of that image (facts.cache_report: each library's size and fingerprint). Launch, plan, status and top read a node through this one call."""
 import hashlib
 import json
 import os
@@ -12,9 +13,9 @@ import shutil
 import sys
 import time
 
-from dsv41.names import UNIT_DIR
+from dsv41.names import CACHE, UNIT_DIR
 from dsv41.node import statefiles
-from dsv41.node.facts import MEMINFO, memory_facts, processes, run_quiet, stopped_below
+from dsv41.node.facts import MEMINFO, cache_report, memory_facts, processes, run_quiet, stopped_below
 from dsv41.node.memguard.marker import describe_trip, read_trip
 
 SHOW = ("ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "LoadState", "UnitFileState",
@@ -184,6 +185,7 @@ def main():
         "guard_settings": guard_settings(state),
         "mem_baseline_bytes": baseline, "mem_baseline_boot": baseline_boot, "boot_id": boot_id(),
         **({"versions": versions()} if req.get("versions") else {}),
+        **({"caches": cache_report(os.path.join(state, CACHE), req["caches"])} if req.get("caches") else {}),
     }))
 
 

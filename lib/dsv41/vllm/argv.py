@@ -15,7 +15,7 @@ RANK_TEMPLATE = "dsv41-rank.service.j2"
 # rank 0's entrypoint: read the key from the mounted secret, then exec the server (ENGINE_CMD and its
 # arguments follow as "$@"); a missing key file stops the container before the server starts
 KEY_WRAPPER = f'VLLM_API_KEY=$(cat {names.CONTAINER_SECRET}) && export VLLM_API_KEY && exec "$@"'
-RANK_DIRS = (names.RUN, f"{names.CACHE}/b12x", f"{names.CACHE}/b12x-roce")   # made before a rank starts
+RANK_DIRS = (names.RUN,)                    # made before a rank starts, with its image's cache folders
 DEFAULT_GID_INDEX = 3              # the measured value, used only when neither detected nor set
 LIMIT_MM = '{"image":1}'
 ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": False,
@@ -33,7 +33,7 @@ def rank_vars(cfg, spec, fabric, paths, master_addr=None, server_flags=()):
         "memguard": names.MEMGUARD_UNIT, "tripped": tripped_marker(state),
         "guard_active": systemctl("is-active", "--quiet", names.MEMGUARD_UNIT),
         "docker_rm": docker_rm(name), "rm_cidfile": rm_f(cidfile(state, rank)),
-        "mkdir_state": mkdir(*(names.state_path(state, d) for d in RANK_DIRS)),
+        "mkdir_state": mkdir(*(names.state_path(state, d) for d in RANK_DIRS + cache_dirs(cfg.image))),
         "docker_run": docker_run_groups(cfg, spec, fabric, paths, master_addr)
         + ([["--shutdown-timeout", str(drain_s)]] if drain_s else []),
         "docker_stop": docker_stop(name, STOP_GRACE_S + drain_s), "stop_timeout_s": STOP_GRACE_S + drain_s + 30,
@@ -41,6 +41,21 @@ def rank_vars(cfg, spec, fabric, paths, master_addr=None, server_flags=()):
 
 
 # ---- the container: argv and environment ---------------------------------------------------------------------------------
+
+def cache_dirs(image):
+    """The image's cache folders under the state dir (names.ENGINE_CACHES), made before a rank starts."""
+    key = names.cache_key(image)
+    return tuple(f"{names.CACHE}/{key}/{folder}" for _, _, folder in names.ENGINE_CACHES)
+
+
+def cache_env(env):
+    """env with every library's cache variable (names.ENGINE_CACHES) that it does not set yet, after
+    XDG_CACHE_HOME: each points into /cache, the image's own folder on the host."""
+    have = dict(env)
+    mine = [(var, f"{names.CONTAINER_CACHE}/{folder}") for _, var, folder in names.ENGINE_CACHES if var not in have]
+    at = [k for k, _ in env].index("XDG_CACHE_HOME") + 1
+    return env[:at] + mine + env[at:]
+
 
 def cap(e):
     """The largest CUDA-graph capture size: MAX_SEQS x (NSPEC + 1)."""
@@ -76,7 +91,7 @@ def _need(fabric, name, rank):
 def container_env(cfg, fabric, rank=None):
     """The container's environment, in the measured order, with the engine profile's changes. The API
     key is not here."""
-    return engine_env(cfg, measured_env(cfg, fabric, rank), rank)
+    return engine_env(cfg, cache_env(measured_env(cfg, fabric, rank)), rank)
 
 
 def measured_env(cfg, fabric, rank=None):
@@ -188,7 +203,7 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
         ["--ipc", "host"], *([["--privileged"]] if cfg.privileged else []), ["--ulimit", f"memlock={cfg.memlock}"], ["--shm-size", "32g"],
         ["--mount", mount(fact(paths, "model_dir"), "/model", readonly=True)],
         ["--mount", mount(names.state_path(state, names.PLANS), "/plans", readonly=True)],
-        ["--mount", mount(names.state_path(state, names.CACHE), "/cache")],
+        ["--mount", mount(names.state_path(state, names.CACHE, names.cache_key(cfg.image)), names.CONTAINER_CACHE)],
     ]
     if rank == 0:
         groups.append(["--mount", mount(secret_key_file(state), names.CONTAINER_SECRET, readonly=True)])

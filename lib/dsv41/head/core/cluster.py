@@ -80,15 +80,17 @@ class Cluster:
             self._prefix[node.name] = ship_code(node, self.paths(node).state_dir)
         return self._prefix[node.name] + [f"dsv41.node.{name}", *args]
 
-    def probe(self, node, versions=False):
+    def probe(self, node, versions=False, caches=False):
         """One call on the node: installed units and their states, containers, image, trip marker,
         memory, state file hashes (dsv41.node.probe), as a state.NodeState; with versions also the
-        kernel, driver and Docker versions (what a release records)."""
+        kernel, driver and Docker versions (what a release records), with caches the engine's caches of
+        the image (a walk of their folders, bounded: status and the restart only)."""
         p = self.paths(node)
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
                "image": self.cfg.image, "containers": list(self.recipe.containers(self.spec(node))),
                "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
-                         names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG], **({"versions": True} if versions else {})}
+                         names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG], **({"versions": True} if versions else {}),
+               **({"caches": names.cache_key(self.cfg.image)} if caches else {})}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
         self.states[node.name] = state.parse(out, node.label)
         self._uid[node.name] = self.states[node.name].uid
@@ -144,16 +146,16 @@ class Cluster:
         are in .unreachable; every later command to them fails at once)."""
         return connect(self.nodes)
 
-    def observe(self):
+    def observe(self, caches=False):
         """{node name: NodeState} of every node asked afresh; a node that did not answer has its
         error in its state (the watchdog looks at every node every interval)."""
         self.refresh()
-        return {n.name: self.look(n) for n in self.nodes}
+        return {n.name: self.look(n, caches) for n in self.nodes}
 
-    def look(self, node):
+    def look(self, node, caches=False):
         """The node's NodeState, or one holding the error when it did not answer."""
         try:
-            return self.probe(node)
+            return self.probe(node, caches=caches)
         except (NodeError, state.ProbeError) as err:
             return state.unreachable(err)
 

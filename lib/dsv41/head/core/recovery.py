@@ -2,7 +2,8 @@
 
     1. for a fault: the incident opened in the record, then its evidence saved (core.incidents), then the
        ranks' containers killed (a stopped or wedged process never takes a graceful stop's SIGTERM)
-    2. every engine unit stopped in the recipe's stop order
+    2. every engine unit stopped in the recipe's stop order, then the engine's caches compared between the
+       ranks (core.caches: a library's that differs cleared on every node) and old images' removed
     3. each node's memory baseline recorded where the rule allows (record_baselines), then every node's
        memory checked against it (core.hang.memory_returned): when a node's did not come back nothing
        starts, $STATE_DIR/needs-reboot.json names it (NeedsReboot; --force starts anyway)
@@ -18,7 +19,7 @@ import time
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import apikey, hang, incidents, ranks, record
+from dsv41.head.core import apikey, caches, hang, incidents, ranks, record
 from dsv41.head.core.health import DEGRADED, Health, node_memory
 
 EVIDENCE_DEADLINE_S = 30          # per node
@@ -195,7 +196,9 @@ def stop_and_start(cl, fault, inc, phase, *, force, within, log):
         ranks.kill_ranks(cl)
     phase("stopping the ranks in order")
     ranks.stop_ranks(cl)
-    record_baselines(cl, cl.observe(), log)
+    states = cl.observe(caches=True)
+    record_baselines(cl, states, log)
+    caches.tidy(cl, states, log)             # the ranks' caches the same on every node before they start
     phase("waiting for every node's memory to come back (MEM_RETURN_S)")
     check = wait_memory(cl, log)
     if check.verdict == hang.SHORT and not force:

@@ -74,6 +74,8 @@ class NodeState:
     boot_id: str | None = None              # this boot's id (/proc/sys/kernel/random/boot_id)
     system: str | None = None               # systemd's is-system-running: "stopping" while it shuts down
     versions: dict | None = None            # {"kernel", "driver", "docker"}: asked by launch only
+    caches: dict | None = None              # the engine's caches of the image (node.facts.cache_report):
+                                            # asked by status and before the ranks start only
 
     def unit(self, name):
         return self.units.get(name, ABSENT)
@@ -128,7 +130,8 @@ def parse(report, node="node"):
             files=dict(report.get("files") or {}), memory=dict(report.get("memory") or {}),
             guard_settings=report.get("guard_settings"),
             mem_baseline_bytes=report.get("mem_baseline_bytes"), mem_baseline_boot=report.get("mem_baseline_boot"),
-            boot_id=report.get("boot_id"), system=report.get("system"), versions=report.get("versions"))
+            boot_id=report.get("boot_id"), system=report.get("system"), versions=report.get("versions"),
+            caches=report.get("caches"))
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ProbeError(f"{node}: the probe's answer is not what this version expects ({type(err).__name__}: "
                         f"{err}); run `doit launch` to ship the node code again") from None
