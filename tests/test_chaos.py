@@ -224,7 +224,7 @@ def test_watchdog_settings_for_the_soak():
     budget = bench_chaos.parse(["--budget-test"])
     assert bench_chaos.watchdog_env(budget)["WATCHDOG_MAX_RECOVERIES"] == "1" and budget.kinds == ["kill-rank"]
     assert bench_chaos.parse([]).kinds == KINDS
-    assert bench_chaos.detection_bound({}) == 120 + 60 + 2 * 15 + 5        # the schema's defaults
+    assert bench_chaos.detection_bound({}) == 30 + 30 + 2 * 10 + 5          # the schema's defaults
 
 
 @pytest.mark.parametrize("args", [["--every", "1-3", "--watchdog", "fast"], ["--every", "30-45"],

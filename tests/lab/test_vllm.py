@@ -199,24 +199,37 @@ WARM_RATIO_MAX = 0.9         # docs/lab.md: a warm start-up 0.55 of a cold one o
 def test_a_warm_cache_launch_is_faster_than_a_cold_one(lab, vllm):
     """With torch.compile, as on a Spark (conf/lab-vllm.toml): both ranks from stopped with the compile cache
     ($STATE_DIR/cache) emptied on every node, then again with it warm, measured in the same run; both launches
-    of the release already in service (the profile's change is launched first), so neither has a rollout."""
+    of the release already in service (the profile's change is launched first), so neither has a rollout.
+    Each start-up's phases (read from rank 0's journal) say the compile missed its cache, then hit it, and
+    the warm start finds the ranks' caches alike (nothing cleared)."""
     env = {**vllm.env, "DSV41_PROFILE": "lab-vllm"}
     lab.doit("launch", env, timeout=1800)
-    took = {}
+    took, phases, said = {}, {}, {}
     for cache in ("cold", "warm"):
         lab.doit("stop", env)
         if cache == "cold":
             for node in ("head", "worker1"):
                 lab.on(node, f"rm -rf {STATE}/cache/*")
         t0 = time.monotonic()
-        lab.doit("launch", env, timeout=1800)
-        took[cache] = time.monotonic() - t0
+        r = lab.doit("launch", env, timeout=1800)
+        took[cache], said[cache] = time.monotonic() - t0, r.stdout + r.stderr
         assert json.loads(lab.doit("status --json", env).stdout)["state"] == "READY"
+        last = json.loads(lab.on("head", f"cat {STATE}/startup.json").stdout)
+        phases[cache] = {p["phase"]: p for p in last["phases"]}
+        phases[cache]["whole"] = {"seconds": last["total"], "cache": None}
+        lab.on("head", f"journalctl -u dsv41-r0 -o short-iso-precise --no-pager --since=-{int(took[cache]) + 60}s "
+                       f"> /tmp/startup-{cache}.log", check=False)      # kept for the parser's records
     ratio = took["warm"] / took["cold"]
     print(f"real engine: launch with a warm compile cache took {took['warm']:.0f} s, with a cold one "
-          f"{took['cold']:.0f} s ({ratio:.2f} of it)")
+          f"{took['cold']:.0f} s ({ratio:.2f} of it); per phase (s, cold / warm):")
+    for name in phases["cold"]:
+        cold, warm = phases["cold"][name], phases["warm"].get(name, {})
+        print(f"  {name:<10} {cold['seconds']!s:>8} {cold['cache'] or '':<5} {warm.get('seconds')!s:>8} "
+              f"{warm.get('cache') or ''}")
     lab.doit("launch", vllm.env, timeout=1800)              # the other tests' profile again
     assert ratio <= WARM_RATIO_MAX
+    assert (phases["cold"]["compile"]["cache"], phases["warm"]["compile"]["cache"]) == ("miss", "hit"), phases
+    assert "caches differ between the ranks" not in said["warm"], said["warm"][-3000:]
 
 
 def never_ready_image(lab):
@@ -533,6 +546,27 @@ def test_the_watchdog_repairs_a_stopped_worker_process_under_load_naming_the_wor
         pid, t0, inc = stopped_until_recovered(lab, "worker1", "VLLM::Worker_TP", "Worker_TP1 stopped under load")
     assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S, inc
     assert inc["node"] == "worker1" and f"(pid {pid}) on worker1 is stopped" in inc["evidence"], inc
+    serves(lab, vllm, watched)
+
+
+@pytest.mark.soak           # per landing: the stopped processes above, which the nodes' probes name at once
+def test_a_worker_cut_off_from_the_head_under_load_is_wedged_by_the_stall_and_the_probe_within_90_s(lab, vllm,
+                                                                                                   watched):
+    """A hang that no process state shows: every TCP packet from the head to the worker dropped (ssh let
+    through), under three clients' load. The ranks' processes sleep in their sockets, none is stopped,
+    /health answers and nothing moves: WEDGED by the stall and the probe within 90 s at the defaults. The
+    rule goes once the incident opened, so the restart finds the fabric whole."""
+    rule = "INPUT -s 198.51.100.11 -p tcp ! --dport 22 -j DROP"
+    with under_load(lab):
+        t0 = time.time()
+        lab.on("worker1", f"iptables -I {rule}")
+        try:
+            labctl.wait_for("the incident", lambda: incidents_since(lab, t0), timeout=300, every=2)
+        finally:
+            lab.on("worker1", f"iptables -D {rule}", check=False)
+        inc = recovered(lab, t0, "worker cut off from the head under load")
+    assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S, inc
+    assert "the probe got no token" in inc["evidence"] and "is stopped" not in inc["evidence"], inc
     serves(lab, vllm, watched)
 
 
