@@ -8,7 +8,9 @@ and progress. The words `doit status` prints and its exit codes are one table fr
 
 A stall is confirmed before it is called a hang: when work runs or waits and none of the recipe's
 progress signals has moved for WATCHDOG_STALL_S, wants_probe() asks for a one-token probe; a token back
-is BUSY (a long prefill, however long it runs), none within WATCHDOG_PROBE_S is WEDGED. Each verdict
+is BUSY (a long prefill, however long it runs), none within WATCHDOG_PROBE_S is WEDGED. A rank's process
+that its node reports stopped (SIGSTOP, a tracer) at two looks in a row while work stands still needs no
+probe: WEDGED at once, naming that node (a worker is headless: only its node can say). Each verdict
 that may call for a recovery carries fault_at: when the fault began, the last progress seen or the
 first failed look."""
 import dataclasses
