@@ -222,6 +222,10 @@ def test_a_librarys_cache_that_differs_between_the_ranks_is_cleared_everywhere_a
         assert (tmp_path / n / "cache" / key / "flashinfer/.cache/flashinfer/op.so").exists()
         assert os.listdir(tmp_path / n / "cache" / key / "vllm/torch_compile_cache/f")
     assert caches.tidy(cl, look(), log=lambda m: None) == []           # the same now: nothing to say
+    cache_tree(tmp_path / "head/cache", {f"{key}/torchinductor/rank0-name.py": 7})     # both hold it, keyed per rank
+    cache_tree(tmp_path / "worker1/cache", {f"{key}/torchinductor/rank1-name.py": 7})
+    assert caches.tidy(cl, look(), log=lambda m: None) == []
+    assert (tmp_path / "head/cache" / key / "torchinductor/rank0-name.py").exists()
     worker_silent = {**look(), "worker1": parse({})}
     assert caches.tidy(cl, worker_silent, log=lambda m: None) == [
         "caches: not compared before the start: worker1 did not report them"]

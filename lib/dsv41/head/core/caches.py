@@ -2,9 +2,11 @@
 subfolder per library (names.ENGINE_CACHES), as each node reports them (node.facts.cache_report).
 
 Before the ranks start (core.recovery's ordered restart: every launch, rollback and recovery) tidy()
-compares each library's cache between the ranks; one that differs (one rank holds kernels the other does
-not: that rank would load while the other compiles, a tensor-parallel desync hazard) is cleared on every
-node, said in one line, so every rank compiles it again, in step. It also removes the folders of images
+compares each library's cache between the ranks; one that some ranks hold and others do not (that rank
+would load while the others compile, a tensor-parallel desync hazard) is cleared on every node, said in
+one line, so every rank compiles it again, in step. Caches that every rank holds are kept even when their
+files differ: a library may key its kernels by rank (the lab's torch inductor wrote as many files of the
+same sizes under other names on each rank), and clearing those would make every start a cold one. It also removes the folders of images
 that no release kept in the history runs (a rollback finds its image's caches; a new image starts empty).
 `doit status` shows each node's sizes (head/status.py)."""
 from dsv41 import names
@@ -21,7 +23,7 @@ def differing(reports):
         libs = {node: r["libraries"][folder] for node, r in reports.items()}
         if any(lib["fingerprint"] is None for lib in libs.values()):
             cut.append(library)
-        elif len({lib["fingerprint"] for lib in libs.values()}) > 1:
+        elif len({lib["files"] > 0 for lib in libs.values()}) > 1:       # held by some ranks, not all
             out.append(folder)
             parts.append(f"{library} (" + ", ".join(f"{n} {lib['files']} files, {lib['bytes'] / 1e6:.1f} MB"
                                                      for n, lib in libs.items()) + ")")
