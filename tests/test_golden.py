@@ -12,13 +12,17 @@ golden = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(golden)
 
 GID_0 = "a per-node GID index of 0 is kept, no longer lost to NCCL_IB_GID_INDEX or detection"
-FIXED = {                                   # case: the fix that changed its output since e8d141c
+SOCKET = ("dsv41-gateway.socket holds PORT and HAProxy takes it (bind fd@3): its unit rendered and installed, "
+          "stopped first with the gateway, the config checked as its copy (haproxy.check.cfg)")
+FIXED = {                                   # case: the fix that changed its output since its record
     "plan-profile": GID_0,
     "plan-unchanged-gid-0-given": GID_0,
     "render-profile-gid-0": GID_0,
     "render-three-nodes": GID_0,
     "decide-gid-0-given": GID_0,
     "plan-worker-unreachable": "doit plan names the ssh failure of a node it could not ask",
+    "decide-gateway": SOCKET,
+    "render-gateway": SOCKET,
 }
 
 
@@ -33,8 +37,7 @@ def test_outputs_are_the_recorded_ones():
         assert text.encode() == want.read_bytes(), f"{name} differs from {want}"
 
 
-def test_each_fixed_case_differs_from_e8d141c():
+def test_each_fixed_case_differs_from_its_record():
     assert sorted(FIXED) == sorted(p.stem for p in (RECORDS / "golden-fixed").glob("*.txt"))
     for name in FIXED:
-        assert (RECORDS / "golden-fixed" / f"{name}.txt").read_bytes() != (
-            RECORDS / "golden-e8d141c" / f"{name}.txt").read_bytes(), name
+        assert (RECORDS / "golden-fixed" / f"{name}.txt").read_bytes() != RECORDED[name].read_bytes(), name
