@@ -139,18 +139,92 @@ TABLE = [
     ("nothing installed", {}, nothing_installed, KEY, PLAN,
      [(W, "head"), (W, "head"), (W, "head"), (W, "head"), (W, "head"), (W, "worker1"), (W, "worker1"),
       (Kind.INSTALL, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "head"), (Kind.INSTALL, "head"),
-      (Kind.INSTALL, "worker1"), (Kind.INSTALL, "worker1"), (Kind.START_GUARD, "head"), (Kind.START_GUARD, "worker1"),
+      (Kind.INSTALL, "head"), (Kind.INSTALL, "worker1"), (Kind.INSTALL, "worker1"), (Kind.START_GUARD, "head"),
+      (Kind.START_GUARD, "worker1"),
       (R, "all"), (Kind.START_WATCHDOG, "head"), (Kind.START_GATEWAY, "head")], "the gateway is not running"),
     ("a gateway setting changed: it reloads, the ranks keep running", {"KEY_RATE_PER_MIN": "10"}, None, KEY, PLAN,
      [(W, "head"), (W, "head"), (Kind.RESTART_WATCHDOG, "head"), (Kind.RELOAD_GATEWAY, "head")],
      "its config changed (the ranks are left alone)"),
     ("GATEWAY=0 stops it and rank 0 takes PORT again", {"GATEWAY": "0"}, None, KEY, PLAN,
-     [(W, "head"), (Kind.INSTALL, "head"), (R, "all"), (Kind.RESTART_WATCHDOG, "head"), (Kind.STOP_GATEWAY, "head")],
-     "GATEWAY=0: rank 0 serves PORT itself"),
+     [(W, "head"), (Kind.INSTALL, "head"), (R, "all"), (Kind.RESTART_WATCHDOG, "head"), (Kind.STOP_GATEWAY, "head"),
+      (Kind.STOP_GATEWAY, "head")], "GATEWAY=0: rank 0 serves PORT itself"),
     ("the watchdog's settings changed: it restarts, nothing else", {"WATCHDOG_INTERVAL_S": "5"}, None, KEY, PLAN,
      [(W, "head"), (Kind.RESTART_WATCHDOG, "head")], "its unit or settings changed"),
     ("WATCHDOG=0 stops and disables it", {"WATCHDOG": "0"}, None, KEY, PLAN, [(Kind.STOP_WATCHDOG, "head")], "WATCHDOG=0"),
 ]
+
+
+def gateway_unit(f, name, **props):
+    f["head"]["units"][name].update(props)
+
+
+def before_the_socket(f):
+    """An earlier version's gateway: HAProxy binds PORT itself, no socket unit installed."""
+    f["head"]["units"]["dsv41-gateway.socket"] = {"installed": False, "text": None, "ActiveState": "inactive"}
+    gateway_unit(f, "dsv41-gateway.service", text="[Unit]\nDescription=an earlier version's gateway\n")
+
+
+SOCKET, SERVICE = "dsv41-gateway.socket", "dsv41-gateway.service"
+TAKEN_ANEW = "the socket holding PORT changed or holds nothing: PORT taken anew, the gateway restarted with it"
+# the gateway's socket: (what happened, env, change, expected (kind, target) of the gateway's steps, reason of the first)
+SOCKET_TABLE = [
+    ("PORT changed: the socket takes it anew, the gateway restarted with it", {"PORT": "8001"}, None,
+     [(Kind.RESTART_GATEWAY, SOCKET)], TAKEN_ANEW),
+    ("an earlier version's gateway: the socket takes PORT from it, the gateway restarted with it", {},
+     before_the_socket, [(Kind.RESTART_GATEWAY, SOCKET)], TAKEN_ANEW),
+    ("the socket holds nothing while the gateway runs", {},
+     lambda f: gateway_unit(f, SOCKET, ActiveState="failed"), [(Kind.RESTART_GATEWAY, SOCKET)], TAKEN_ANEW),
+    ("the gateway stopped, its socket holding PORT: only the gateway starts", {},
+     lambda f: gateway_unit(f, SERVICE, ActiveState="inactive"), [(Kind.START_GATEWAY, SERVICE)],
+     "the gateway is not running"),
+    ("the gateway stopped and PORT changed: the socket taken anew, then the gateway started", {"PORT": "8001"},
+     lambda f: gateway_unit(f, SERVICE, ActiveState="inactive"),
+     [(Kind.RESTART_GATEWAY, SOCKET), (Kind.START_GATEWAY, SERVICE)], TAKEN_ANEW),
+    ("both stopped (`doit stop --free-port`): the gateway starts, its socket with it", {},
+     lambda f: (gateway_unit(f, SERVICE, ActiveState="inactive"), gateway_unit(f, SOCKET, ActiveState="inactive")),
+     [(Kind.START_GATEWAY, SERVICE)], "the gateway is not running"),
+    ("its config changed: a reload, the socket left alone", {"GATEWAY_TIMEOUT_S": "123"}, None,
+     [(Kind.RELOAD_GATEWAY, SERVICE)], "its config changed (the ranks are left alone)"),
+    ("rank 0's key changed: the gateway restarts, the socket holds PORT meanwhile", {}, None,
+     [(Kind.RESTART_GATEWAY, SERVICE)], "its unit or rank 0's key changed"),
+    ("GATEWAY=0: the socket stops first (nothing starts the gateway again), then the gateway", {"GATEWAY": "0"}, None,
+     [(Kind.STOP_GATEWAY, SOCKET), (Kind.STOP_GATEWAY, SERVICE)],
+     "GATEWAY=0: rank 0 serves PORT itself (dsv41-gateway.socket lets it go first)"),
+    ("GATEWAY=0 after an earlier version's gateway: only the gateway stops", {"GATEWAY": "0"}, before_the_socket,
+     [(Kind.STOP_GATEWAY, SERVICE)], "GATEWAY=0: rank 0 serves PORT itself"),
+]
+
+
+@pytest.mark.parametrize("what,env,change,expected,why", SOCKET_TABLE, ids=[t[0] for t in SOCKET_TABLE])
+def test_the_gateways_socket(tmp_path, what, env, change, expected, why):
+    cl = cluster(tmp_path)
+    facts = running(cl, want(cl))
+    (change or (lambda f: None))(facts)
+    new = cluster(tmp_path, **env)
+    key = "n" * 43 if what.startswith("rank 0's key") else KEY
+    gw = [s for s in decide(new.cfg.nodes, want(new, key), states(facts), new.recipe)
+          if s.kind.value.endswith("-gateway")]
+    assert [(s.kind, s.target) for s in gw] == expected
+    assert gw[0].reason == why
+
+
+def test_a_release_recorded_before_the_socket_stops_it_and_restarts_the_gateway_binding_port_itself(tmp_path):
+    """A rollback to a release of an earlier version (its gateway binds PORT, no socket unit): the socket stops
+    and is disabled first, then the gateway restarts on the recorded unit (its Requires= of the socket gone)."""
+    cl = cluster(tmp_path)
+    w = want(cl)
+    facts = running(cl, w)
+    old = dict(w.units["head"])
+    del old[SOCKET]
+    old[SERVICE] = "[Unit]\nDescription=an earlier version's gateway\n"
+    recorded = w._replace(units={**w.units, "head": old})
+    gw = [(s.kind, s.target, s.reason) for s in decide(cl.cfg.nodes, recorded, states(facts), cl.recipe)
+          if s.kind.value.endswith("-gateway")]
+    assert gw == [(Kind.STOP_GATEWAY, SOCKET, "the release runs a gateway that binds PORT itself"),
+                  (Kind.RESTART_GATEWAY, SERVICE, "its unit or rank 0's key changed")]
+    gateway_unit(facts, SOCKET, ActiveState="inactive", UnitFileState="disabled")     # stopped: nothing more to do
+    gateway_unit(facts, SERVICE, text=old[SERVICE])
+    assert [s for s in decide(cl.cfg.nodes, recorded, states(facts), cl.recipe) if s.kind.value.endswith("-gateway")] == []
 
 
 @pytest.mark.parametrize("what,env,change,key,plan,expected,why", TABLE, ids=[t[0] for t in TABLE])
@@ -213,13 +287,15 @@ def test_doit_render_contacts_no_node_when_all_values_are_overrides(tmp_path):
     assert "--headless" in r1 and "/home/bob/models/DeepSeek-V4.1-Flash-Spark" in r1
     assert (tmp_path / "state/units/r0/dsv41-memguard.service").exists()
     assert "--master-addr 10.10.10.13" in (tmp_path / "state/units/r0/dsv41-r0.service").read_text()
-    if shutil.which("haproxy"):                                            # the gateway's config, checked offline
-        check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "state/units/r0/haproxy.cfg")],
+    assert "ListenStream=0.0.0.0:8000" in (tmp_path / "state/units/r0/dsv41-gateway.socket").read_text()
+    if shutil.which("haproxy"):                     # the gateway's config, checked offline as its copy (fd@3 aside)
+        check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "state/units/r0/haproxy.check.cfg")],
                                env={**env, "DSV41_ENGINE_KEY": "x"}, capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
     r = subprocess.run([sys.executable, "-m", "doit", "-f", os.path.join(ROOT, "dodo.py"), "render"],
                        env={**env, "GATEWAY": "0"}, capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0 and not (tmp_path / "state/units/r0/haproxy.cfg").exists(), r.stderr
+    assert r.returncode == 0, r.stderr
+    assert not [p.name for p in (tmp_path / "state/units/r0").iterdir() if p.name.startswith(("haproxy", "dsv41-gateway"))]
 
 
 def test_log_arguments_after_the_unit_name_are_options():

@@ -21,8 +21,9 @@ import urllib.parse
 import pytest
 
 import door_corpus
+import door_socket
 from dsv41 import names
-from dsv41.head.core import gateway, units
+from dsv41.head.core import commands, gateway, units
 from dsv41.node import gateway as node_gateway
 from dsv41.settings.layers import load_config
 
@@ -175,7 +176,8 @@ def door(tmp_path_factory):
     revoked through the running gateway (node.gateway's `keys`, as `doit keys revoke` does)."""
     tmp = tmp_path_factory.mktemp("door")
     sock = str(tmp / "admin.sock")
-    port, engine_port = free_port(), free_port()
+    held = door_socket.hold()                           # PORT, held as dsv41-gateway.socket holds it
+    port, engine_port = held.getsockname()[1], free_port()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(names, "GATEWAY_SOCKET", sock)
         cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp / "state"), "PORT": str(port),
@@ -192,8 +194,8 @@ def door(tmp_path_factory):
         StandIn.log, StandIn.phase = [], "start"
         engine = Quiet(("127.0.0.1", engine_port), StandIn)
         threading.Thread(target=engine.serve_forever, daemon=True).start()
-        proc = subprocess.Popen(["haproxy", "-db", "-f", path], env={**os.environ, "DSV41_ENGINE_KEY": ENGINE_KEY},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = door_socket.haproxy(["-db", "-f", path], held, env={**os.environ, "DSV41_ENGINE_KEY": ENGINE_KEY},
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 10
             while door_corpus.send("127.0.0.1", port, b"GET /health HTTP/1.1\r\nHost: door\r\n\r\n", 1)[0][9:12] != b"200":
@@ -206,6 +208,7 @@ def door(tmp_path_factory):
         finally:
             proc.terminate()
             proc.wait(10)
+            held.close()
             engine.shutdown()
             engine.server_close()
 
@@ -324,6 +327,7 @@ def test_the_config_has_one_way_to_the_engine_a_listed_route_with_a_matched_key(
             sections[current].append(line)
     assert set(sections) == {"global", "defaults", "frontend api", "backend engine", "backend per_key"}
     front, engine = sections["frontend api"], sections["backend engine"]
+    assert [line for line in lines if line.startswith("bind ")] == ["bind fd@3"]     # one listener: PORT, as systemd holds it
     assert [line for line in lines if line.startswith(("use_backend", "default_backend", "use-server"))] == [
         "use_backend engine if { var(txn.route) -m found } { var(txn.who) -m found }"]
     routes = [line for line in front if "txn.route" in line.split(" if ")[0]]
@@ -349,6 +353,9 @@ def test_the_config_has_one_way_to_the_engine_a_listed_route_with_a_matched_key(
     assert refusals == {"400": "!path_target || odd_path || METH_OPTIONS",
                         "404": "!{ var(txn.route) -m found } !door_health || door_health !METH_GET",
                         "401": "!door_health !{ var(txn.who) -m found }"}
-    r = subprocess.run(["haproxy", "-c", "-f", names.state_path(door.cfg.state_dir, names.GATEWAY_CONFIG)],
-                       env={**os.environ, "DSV41_ENGINE_KEY": "x"}, capture_output=True, text=True)
+    copy = names.state_path(door.cfg.state_dir, names.GATEWAY_CONFIG + ".check")      # as launch checks it
+    with open(copy, "w") as f:
+        f.write(commands.check_copy(text, door.cfg.port))
+    r = subprocess.run(["haproxy", "-c", "-f", copy], env={**os.environ, "DSV41_ENGINE_KEY": "x"}, capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -42,7 +42,15 @@ def test_facts_of_this_machine(tmp_path):
     assert d["kind"] in ("ok", "missing", "permission", "daemon", "timeout", "other")
     assert d["ok"] == (d["kind"] == "ok") and (d["ok"] or d["error"])
     assert f["units"]["files"] == sorted(n for n in os.listdir("/etc/systemd/system")
-                                         if n.startswith("dsv41-") and n.endswith(".service"))
+                                         if n.startswith("dsv41-") and n.endswith((".service", ".socket")))
+
+
+def test_the_units_installed_include_the_socket_that_holds_port(tmp_path):
+    """Preflight's port check reads which of ours hold PORT: the gateway's socket unit is listed with the services."""
+    for name in ("dsv41-gateway.socket", "dsv41-gateway.service", "dsv41-r0.service", "other.socket", "dsv41-x.timer"):
+        (tmp_path / name).write_text("[Unit]\n")
+    f = run_facts("--unit-dir", tmp_path)
+    assert f["units"]["files"] == ["dsv41-gateway.service", "dsv41-gateway.socket", "dsv41-r0.service"]
 
 
 def test_model_bytes_count_what_is_there(tmp_path):

@@ -14,7 +14,9 @@ _spec.loader.exec_module(golden)
 GID_0 = "a per-node GID index of 0 is kept, no longer lost to NCCL_IB_GID_INDEX or detection"
 CACHES = ("the rank unit mounts the image's own cache folder ($STATE_DIR/cache/<digest's first 12 hex>), makes "
           "each library's folder in it and points each library at its own (names.ENGINE_CACHES)")
-FIXED = {                                   # case: the fix that changed its output since it was recorded
+SOCKET = ("dsv41-gateway.socket holds PORT and HAProxy takes it (bind fd@3): its unit rendered and installed, "
+          "stopped first with the gateway, the config checked as its copy (haproxy.check.cfg)")
+FIXED = {                                   # case: the fix that changed its output since its record
     "plan-profile": GID_0,
     "plan-unchanged-gid-0-given": GID_0,
     "render-profile-gid-0": f"{GID_0}; {CACHES}",
@@ -24,7 +26,8 @@ FIXED = {                                   # case: the fix that changed its out
     "plan-nothing-installed": CACHES,
     "plan-one-unit-differs": CACHES,
     "render-defaults": CACHES,
-    "render-gateway": CACHES,
+    "render-gateway": f"{CACHES}; {SOCKET}",
+    "decide-gateway": SOCKET,
 }
 
 

@@ -19,6 +19,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+import door_socket
 from dsv41 import names as dsv41_names
 from dsv41.head import config, monitoring
 from dsv41.vllm.recipe import Vllm
@@ -391,15 +392,16 @@ def gateway_running(cfg, keys):
             node_gateway.keys(sd, {"add": {"name": name, "hash": gateway.key_hash(key)}}, dsv41_names.GATEWAY_SOCKET)
     conf = Path(dsv41_names.state_path(sd, dsv41_names.GATEWAY_CONFIG))      # beside its maps
     conf.write_text(units.gateway_config(cfg))
-    proc = subprocess.Popen(["haproxy", "-db", "-f", str(conf)], env={**os.environ, "DSV41_ENGINE_KEY": "k"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    held = door_socket.hold(cfg.port)                   # PORT, as dsv41-gateway.socket holds it
+    proc = door_socket.haproxy(["-db", "-f", str(conf)], held, env={**os.environ, "DSV41_ENGINE_KEY": "k"},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{cfg.port}"
     try:
         for _ in range(100):
             try:
                 requests.get(url + dsv41_names.GATEWAY_METRICS_PATH, timeout=2)
                 break
-            except requests.ConnectionError:
+            except requests.RequestException:
                 time.sleep(0.1)
         else:
             raise AssertionError(f"HAProxy did not answer on {url}")
@@ -407,6 +409,7 @@ def gateway_running(cfg, keys):
     finally:
         proc.terminate()
         proc.wait(10)
+        held.close()
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (tests/setup/monitoring.sh "

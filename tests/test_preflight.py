@@ -199,6 +199,14 @@ def test_ports(cfg):
     assert "ENGINE_PORT" in get(res, "ports")[2].fix and "in use by the running dsv41-gateway" in get(res, "ports")[0].detail
     f[0]["units"]["active"] = {"dsv41-gateway.service": "active", "dsv41-r0.service": "active"}
     assert status(run(cfg, f), "ports") == {"PASS"}
+    # PORT held by the gateway's socket unit while HAProxy restarts (or was stopped alone): ours, not in use
+    f[0]["units"]["active"] = {"dsv41-gateway.socket": "active", "dsv41-gateway.service": "activating",
+                               "dsv41-r0.service": "active"}
+    res = run(cfg, f)
+    assert [c.status for c in get(res, "ports")] == ["PASS", "PASS", "PASS"]
+    assert get(res, "ports")[0].detail == "PORT 8000 held for the gateway by dsv41-gateway.socket"
+    f[0]["units"]["active"] = {"dsv41-gateway.socket": "failed", "dsv41-gateway.service": "failed"}
+    assert [c.status for c in get(run(cfg, f), "ports")] == ["FAIL", "PASS", "FAIL"]
 
 
 def test_stale_containers(cfg):

@@ -211,6 +211,29 @@ def test_apply_runs_the_heads_services_in_their_order_the_gateway_after_the_rank
                        ("start", names.GATEWAY_UNIT)]
 
 
+def test_a_gateway_step_acts_on_its_target_the_service_or_the_socket_holding_port(tmp_path, recorded, monkeypatch):
+    """The gateway's steps as apply takes them (core.decide.HeadService.socket): PORT taken anew is a restart of
+    the socket (systemd restarts the gateway with it: it Requires= it), both kept enabled; a stop stops and
+    disables the unit it names, the socket first; a restart of the gateway alone leaves the socket."""
+    from dsv41 import names
+    from dsv41.head.core.decide import Step
+    cl = fake_cluster(tmp_path)
+    w = want(cl, KEY, PLAN)
+    sock, gw = names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT
+
+    def done(*steps):
+        rollout.apply(cl, w, list(steps), {})
+        out = [a[1:] for _, a in recorded if a[0] == "systemctl" and a[1] != "mask"]
+        recorded.clear()
+        return out
+    assert done(Step(Kind.RESTART_GATEWAY, "head", sock, "PORT changed")) == [
+        ["restart", sock], ["enable", "--quiet", sock, gw]]
+    assert done(Step(Kind.RESTART_GATEWAY, "head", gw, "rank 0's key changed")) == [
+        ["restart", gw], ["enable", "--quiet", gw]]
+    assert done(Step(Kind.STOP_GATEWAY, "head", sock, "GATEWAY=0"), Step(Kind.STOP_GATEWAY, "head", gw, "GATEWAY=0")) == [
+        ["stop", sock], ["disable", "--quiet", sock], ["stop", gw], ["disable", "--quiet", gw]]
+
+
 def test_doit_stop_stops_the_recipes_units_in_its_order(tmp_path, recorded, monkeypatch):
     cfg = config(tmp_path)
     monkeypatch.setattr(engine, "for_config", lambda c: FakeRecipe(c))
@@ -223,6 +246,24 @@ def test_doit_stop_stops_the_recipes_units_in_its_order(tmp_path, recorded, monk
         ("worker1", "fake-serve-1.service"), ("worker1", "fake-store-1.service"),
         ("head", "fake-serve-0.service"), ("head", "fake-store-0.service"),
         ("head", "dsv41-memguard.service"), ("worker1", "dsv41-memguard.service")]
+
+
+def test_doit_stop_free_port_stops_the_socket_holding_port_first_then_the_gateway(tmp_path, recorded, monkeypatch):
+    """`doit stop --free-port`: the socket unit that holds PORT stops first (a connection would start the gateway
+    again), then the gateway; both are disabled. Without --free-port both stay (503 "stopped by `doit stop`")."""
+    from dsv41 import names
+    cfg = config(tmp_path)
+    monkeypatch.setattr(engine, "for_config", lambda c: FakeRecipe(c))
+    for n in Cluster(cfg).nodes:
+        n.assume_home("/home/bob")
+    monkeypatch.setattr(Node, "home", lambda self: "/home/bob")
+    stop.stop(cfg)
+    assert not [a for _, a in recorded if a[0] == "systemctl" and "dsv41-gateway" in " ".join(a)]
+    recorded.clear()
+    stop.stop(cfg, free_port=True)
+    assert systemctl(recorded, "stop")[-2:] == [("head", names.GATEWAY_SOCKET_UNIT), ("head", names.GATEWAY_UNIT)]
+    assert [a for _, a in recorded if a[:2] == ["systemctl", "disable"]] == [
+        ["systemctl", "disable", "--quiet", names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT]]
 
 
 def look(cl, t, steps=100.0, queue=0.0, worker_store="active", probe=TOKEN):

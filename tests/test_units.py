@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv41 import names
 from dsv41.head.core import commands, units
 from dsv41.vllm import argv as vllm
 from dsv41.vllm.recipe import Vllm
@@ -239,9 +240,10 @@ def test_one_memguard_and_one_rank_unit_per_node_and_the_watchdog_and_gateway_on
     assert sorted(by_rank) == [0, 1, 2, 3]
     for rank, files in by_rank.items():
         assert sorted(files) == sorted(["dsv41-memguard.service", f"dsv41-r{rank}.service"]
-                                       + (["dsv41-watchdog.service", "dsv41-gateway.service"] if rank == 0 else []))
+                                       + (["dsv41-watchdog.service", "dsv41-gateway.socket", "dsv41-gateway.service"]
+                                          if rank == 0 else []))
     cfg, by_rank = render_all({**FOUR, "WATCHDOG": "0", "GATEWAY": "0"}, tmp_path)
-    assert "dsv41-watchdog.service" not in by_rank[0] and "dsv41-gateway.service" not in by_rank[0]
+    assert sorted(by_rank[0]) == ["dsv41-memguard.service", "dsv41-r0.service"]
 
 
 def test_the_gateway_reads_rank_0s_key_file_into_its_environment_and_holds_no_key(tmp_path):
@@ -252,6 +254,24 @@ def test_the_gateway_reads_rank_0s_key_file_into_its_environment_and_holds_no_ke
     assert argv == ["/bin/sh", "-c", commands.GATEWAY_WRAPPER, "dsv41-gateway", f"{state}/secrets/api_key",
                     f"{state}/gateway/haproxy.cfg"]
     assert "RuntimeDirectory=dsv41-gateway" in text and "Type=notify" in text
+
+
+def test_the_gateways_port_is_held_by_its_socket_unit_and_haproxy_takes_it_as_descriptor_3(tmp_path):
+    """dsv41-gateway.socket holds PORT on every address (as HAProxy's `bind :PORT` did) for the gateway; the
+    gateway Requires= it and starts after it (its stop stops the gateway; the gateway's stop or restart leaves
+    it); enabling or disabling the gateway takes the socket along (Also=); HAProxy's one listener is the
+    descriptor systemd hands over, and its reload keeps it (USR2 to the master)."""
+    cfg, by_rank = render_all({**TWO, "PORT": "8123"}, tmp_path)
+    sock, service = by_rank[0]["dsv41-gateway.socket"], by_rank[0]["dsv41-gateway.service"]
+    assert settings(sock, "Socket") == [("ListenStream", "0.0.0.0:8123"), ("Service", "dsv41-gateway.service")]
+    assert settings(sock, "Install") == [("WantedBy", "sockets.target")]
+    unit = dict(settings(service, "Unit"))
+    assert unit["Requires"] == "dsv41-gateway.socket" and "dsv41-gateway.socket" in unit["After"].split()
+    assert settings(service, "Install") == [("WantedBy", "multi-user.target"), ("Also", "dsv41-gateway.socket")]
+    assert one(service, "ExecReload") == "/bin/kill -USR2 $MAINPID"
+    config = units.gateway_config(cfg)
+    assert [line.strip() for line in config.splitlines() if line.strip().startswith("bind")] == ["bind fd@3"]
+    assert names.GATEWAY_LISTEN_FD == 3                   # SD_LISTEN_FDS_START: the socket unit's one socket
 
 
 def test_the_watchdog_runs_the_deploying_python_from_this_checkout(tmp_path):
@@ -548,13 +568,17 @@ def test_write_rendered_writes_changes_only_and_drops_stale_ranks(tmp_path):
     cfg, four = render_all(FOUR, tmp_path)
     out = tmp_path / "units"
     written = units.write_rendered(cfg, four, str(out))
-    assert len(written) == 10                                  # 4 guards, 4 ranks, the watchdog, the gateway
+    assert len(written) == 11                     # 4 guards, 4 ranks, the watchdog, the gateway and its socket
     assert (out / "r3" / "dsv41-r3.service").read_text() == four[3]["dsv41-r3.service"]
     assert units.write_rendered(cfg, four, str(out)) == []                 # unchanged: nothing written
     cfg2, two = render_all(TWO, tmp_path)
     written = units.write_rendered(cfg2, two, str(out))
     assert sorted(os.listdir(out)) == ["r0", "r1"]
     assert str(out / "r0" / "dsv41-r0.service") in written                  # --nnodes changed
+    cfg3, without = render_all({**TWO, "GATEWAY": "0"}, tmp_path)
+    units.write_rendered(cfg3, {0: {**without[0], **units.gateway_config_files(cfg2)}, 1: without[1]}, str(out))
+    units.write_rendered(cfg3, without, str(out))                          # the gateway's files go, its socket too
+    assert sorted(os.listdir(out / "r0")) == ["dsv41-memguard.service", "dsv41-r0.service", "dsv41-watchdog.service"]
 
 
 def test_write_rendered_defaults_to_the_state_dir(tmp_path):

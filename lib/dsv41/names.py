@@ -91,6 +91,9 @@ EXPORTER_UNIT = "prometheus-node-exporter.service"  # Debian's, on every node, e
 EXPORTER_DROPIN = "prometheus-node-exporter.service.d/dsv41.conf"   # its flags, under UNIT_DIR
 # ---- the gateway (head/core/gateway.py, node/gateway.py): HAProxy on PORT in front of rank 0 ----
 GATEWAY_UNIT = "dsv41-gateway.service"
+GATEWAY_SOCKET_UNIT = "dsv41-gateway.socket"       # systemd holds PORT and hands it to HAProxy at each start:
+                                                   # while HAProxy restarts, connections wait in the kernel
+GATEWAY_LISTEN_FD = 3                              # where HAProxy finds it (`bind fd@3`: SD_LISTEN_FDS_START)
 DEBIAN_HAPROXY_UNIT = "haproxy.service"            # the package's own: masked, never used
 GATEWAY_CONFIG = "gateway/haproxy.cfg"             # rendered; no secret in it (a release records it)
 ENGINE_KEY_SOURCE = "engine_key"                   # rank 0's own key behind the gateway (0600): it and dsv41 only

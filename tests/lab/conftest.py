@@ -57,7 +57,8 @@ def lab():
 def launch_from_nothing(lab, env=None, mb=4):
     """Nothing of dsv41 on any node, a fixture checkpoint on the head, then verify, copy and launch."""
     for rank, node in enumerate(lab.ip):
-        lab.on(node, "systemctl stop dsv41-watchdog dsv41-gateway dsv41-r* dsv41-memguard 2>/dev/null; rm -rf /root/.dsv41-two-sparks "
+        lab.on(node, "systemctl stop dsv41-watchdog dsv41-gateway.socket dsv41-gateway dsv41-r* dsv41-memguard 2>/dev/null; "
+               "rm -rf /root/.dsv41-two-sparks "
                "/root/lab-model /etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
     lab.on("head", f"{lab.venv}/bin/python {shlex.quote(lab.repo)}/tests/fixture_checkpoint.py {MODEL} --mb {mb}")
     t0 = time.monotonic()

@@ -3,7 +3,8 @@ and the official `openai` SDK as the client (tests/lab/door_client.py, run in th
 
 What a user's tool notices: through a watchdog recovery, a release's restart and `doit stop` then `doit launch`
 no connection is refused, every refusal is a 503 with Retry-After, and a stream begun before a planned
-restart or stop ends whole; a named key is added, works, and is refused as soon as it is revoked while the
+restart or stop ends whole; HAProxy's own main process killed -9 refuses no connection either (systemd holds
+PORT: dsv41-gateway.socket); a named key is added, works, and is refused as soon as it is revoked while the
 others work and nothing restarts; a key past KEY_RATE_PER_MIN gets 429, and that setting reloads the gateway
 only."""
 import json
@@ -72,6 +73,57 @@ def test_no_client_is_refused_through_a_recovery_a_release_and_a_stop(lab, put_b
     assert only_503s(answers), answers
     assert sum(n for k, n in answers.items() if k != "200") >= 10 and answers.get("200", 0) >= 10
     assert [s["whole"] for s in streams] == [True, True], streams
+
+
+GATEWAY, SOCKET = "dsv41-gateway.service", "dsv41-gateway.socket"
+KNOCK_S, KNOCK_EVERY_S = 10, 0.05
+
+
+def test_haproxys_main_process_killed_refuses_no_connection(lab, launched):
+    """HAProxy's main process (the master, the unit's MainPID) killed -9 while a client in the head's network
+    namespace opens a new connection to PORT every 50 ms for 10 s (tests/lab/door_knock.py, `GET /health`):
+    dsv41-gateway.socket keeps PORT through the crash, systemd starts the gateway again, and the connections
+    opened meanwhile wait in the kernel and are answered. None is refused (before the socket unit: three were, in
+    the 2 s before systemd restarted HAProxy). A request the dead process had taken may be cut: counted apart,
+    a few at most."""
+    lab.doit("launch")
+    before = lab.units("head", [GATEWAY], ("ActiveState", "MainPID", "NRestarts"))[GATEWAY]
+    held = lab.units("head", [SOCKET], ("ActiveState", "ActiveEnterTimestamp"))[SOCKET]
+    assert before["ActiveState"] == "active" and held["ActiveState"] == "active", (before, held)
+    master = before["MainPID"]
+    assert lab.on("head", f"cat /proc/{master}/comm").stdout.strip() == "haproxy"
+    knocks = subprocess.Popen(["ip", "netns", "exec", "head", f"{lab.repo}/.venv/bin/python",
+                               f"{lab.repo}/tests/lab/door_knock.py", "127.0.0.1", "8000", str(KNOCK_S),
+                               str(KNOCK_EVERY_S)], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        t_kill = time.monotonic()
+        lab.on("head", f"kill -9 {master}")
+        again = wait_for("systemd to start the gateway again", lambda: started_again(lab, master), 30, every=0.2)
+        back_s = time.monotonic() - t_kill
+        out, _ = knocks.communicate(timeout=KNOCK_S + 120)
+    finally:
+        if knocks.poll() is None:
+            knocks.kill()
+    got = json.loads(out.strip().splitlines()[-1])
+    answers = got["answers"]
+    cut = {k: n for k, n in answers.items() if k.startswith("cut: ")}
+    print(f"HAProxy's master killed -9: the gateway active again after {back_s:.1f} s (NRestarts "
+          f"{before['NRestarts']} -> {again['NRestarts']}); {got['opened']} connections opened every "
+          f"{KNOCK_EVERY_S * 1000:.0f} ms: {answers}; the slowest answered after {got['slowest_s']} s")
+    assert "refused" not in answers, answers
+    assert set(answers) - set(cut) <= {"200", "503"}, answers      # every other connection answered, no timeout
+    assert sum(cut.values()) <= 5, answers                          # only what the dead process held
+    assert got["opened"] >= 0.8 * KNOCK_S / KNOCK_EVERY_S and answers.get("200", 0) >= got["opened"] // 2, got
+    assert int(again["NRestarts"]) > int(before["NRestarts"])       # systemd restarted it: no one started it anew
+    assert lab.units("head", [SOCKET], ("ActiveState", "ActiveEnterTimestamp"))[SOCKET] == held   # PORT never let go
+    assert curl(lab, key(lab)) == ("200", None)
+
+
+def started_again(lab, master):
+    """The gateway's unit properties once it is active with another main process than `master`, else None."""
+    u = lab.units("head", [GATEWAY], ("ActiveState", "MainPID", "NRestarts"))[GATEWAY]
+    return u if u["ActiveState"] == "active" and u["MainPID"] not in ("0", master) else None
 
 
 def test_a_named_key_is_added_works_and_is_refused_once_revoked_with_no_restart(lab, launched):
@@ -157,14 +209,18 @@ def test_without_the_gateway_and_back_rank_0_takes_port_8000_and_a_rollback_rest
         r = lab.doit("launch", {"GATEWAY": "0"})
         assert "stopped the gateway" in r.stdout and "ranks (re)started" in r.stdout, r.stdout
         assert "GATEWAY=0: rank 0 serves PORT 8000 itself" in r.stdout and "/invocations" in r.stdout, r.stdout
+        assert "stopped the socket holding the gateway's port" in r.stdout, r.stdout
         without = json.loads(lab.doit("status --json", {"GATEWAY": "0"}).stdout)["release"]["serving"]["number"]
         assert "0.0.0.0:8000" in listening(lab, "python3") and not listening(lab, "haproxy")
+        assert "0.0.0.0:8000" not in listening(lab, "systemd") and not enabled(lab, SOCKET)
         assert curl(lab, key(lab)) == ("200", None)
         r = lab.doit("launch")
         assert "started the gateway" in r.stdout and "0.0.0.0:8000" in listening(lab, "haproxy")
+        assert "0.0.0.0:8000" in listening(lab, "systemd") and enabled(lab, SOCKET)       # the socket holds it
         assert "127.0.0.1:18000" in listening(lab, "python3") and curl(lab, key(lab)) == ("200", None)
         r = lab.doit(f"rollback {without}")
         assert "stopped the gateway" in r.stdout and "0.0.0.0:8000" in listening(lab, "python3")
+        assert "0.0.0.0:8000" not in listening(lab, "systemd") and not enabled(lab, SOCKET)
         assert curl(lab, key(lab)) == ("200", None)
         r = lab.doit("status")          # the settings still say GATEWAY=1: judged as the release runs, READY
         assert "runs with GATEWAY=0 (the settings say GATEWAY=1): judged as it runs" in r.stdout, r.stdout
@@ -175,9 +231,14 @@ def test_without_the_gateway_and_back_rank_0_takes_port_8000_and_a_rollback_rest
 
 
 def listening(lab, process):
-    """The head's listening TCP addresses of `process` (ss -ltnp), one string."""
+    """The head's listening TCP addresses held by `process` (ss -ltnp; a socket systemd holds and HAProxy took
+    lists both), one string."""
     return " ".join(line.split()[3] for line in lab.on("head", "ss -ltnpH").stdout.splitlines()
-                    if f'(("{process}"' in line)
+                    if f'("{process}",' in line)
+
+
+def enabled(lab, unit):
+    return lab.on("head", ["systemctl", "is-enabled", unit], check=False).stdout.strip() == "enabled"
 
 
 PI_CACHE = "/var/cache/dsv41-tests/pi"          # tests/setup/pi.sh: Node.js 22 and Pi

@@ -53,7 +53,8 @@ def vllm(lab):
     env = {"DSV41_PROFILE": "lab-vllm-eager", "HF_ENDPOINT": endpoint}
     lab.doit("stop", check=False)
     for node, rank in (("head", 0), ("worker1", 1)):
-        lab.on(node, f"systemctl stop dsv41-gateway dsv41-r{rank} dsv41-memguard 2>/dev/null; rm -rf {STATE} {Path(MODEL).parent} "
+        lab.on(node, f"systemctl stop dsv41-gateway.socket dsv41-gateway dsv41-r{rank} dsv41-memguard 2>/dev/null; "
+               f"rm -rf {STATE} {Path(MODEL).parent} "
                "/etc/systemd/system/dsv41-*; systemctl daemon-reload", check=False)
     t0 = time.monotonic()
     lab.doit("download", env)

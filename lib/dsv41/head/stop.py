@@ -58,13 +58,18 @@ def stop(cfg, free_port=False):
 
 def gateway_after_stop(cl, seen, free_port, on):
     """The gateway stays and answers 503 "stopped by `doit stop`" (clients wait and are told why); with
-    --free-port it stops too, disabled, and PORT is free."""
-    g = seen.get(cl.head.name) and seen[cl.head.name].unit(names.GATEWAY_UNIT)
-    if not g or not g.installed:
+    --free-port it stops too, with the socket unit that holds PORT for it (first: nothing starts the gateway
+    again), both disabled, and PORT is free."""
+    head = seen.get(cl.head.name)
+    installed = [u for u in (names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT) if head and head.unit(u).installed]
+    if not installed:
         return
+    g = head.unit(names.GATEWAY_UNIT)
     if free_port:
-        on(cl.head, names.GATEWAY_UNIT, f"the gateway: port {cl.layout.port} is free")
-        cl.systemctl(cl.head, "disable", "--quiet", names.GATEWAY_UNIT, check=False)
+        for unit in installed:
+            on(cl.head, unit, f"the gateway: port {cl.layout.port} is free" if unit == names.GATEWAY_UNIT else
+               f"the socket holding the gateway's port ({unit})")
+        cl.systemctl(cl.head, "disable", "--quiet", *installed, check=False)
     elif g.active == "active":
         say(cl.head, f"the gateway stays on port {cl.layout.port}, answering 503 \"{cl.gateway.STOPPED}\" "
                      "(`doit stop --free-port` stops it too)")

@@ -238,7 +238,7 @@ def listening_ports():
 
 
 def unit_facts(unit_dir, names):
-    files = sorted(n for n in os.listdir(unit_dir) if n.startswith("dsv41-") and n.endswith(".service")) \
+    files = sorted(n for n in os.listdir(unit_dir) if n.startswith("dsv41-") and n.endswith((".service", ".socket"))) \
         if os.path.isdir(unit_dir) else []
     units = sorted(set(files) | {n + ".service" for n in names} | {MEMGUARD_UNIT})
     active = {}

@@ -49,8 +49,9 @@ class Layout:
 
     @property
     def head_units(self):
-        """The serving units the head runs besides its rank: the gateway's with the door."""
-        return (names.GATEWAY_UNIT,) if self.door else ()
+        """The serving units the head runs besides its rank: with the door, the socket unit that holds PORT and
+        the gateway that takes it from there."""
+        return (names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT) if self.door else ()
 
 
 def of(cfg):

@@ -67,7 +67,7 @@ class Cluster:
 
     def unit_names(self, node):
         exporter = [names.EXPORTER_UNIT, names.EXPORTER_DROPIN] if self.cfg.metrics_dir else []  # monitoring
-        head = [names.WATCHDOG_UNIT, names.GATEWAY_UNIT] if node is self.head else []
+        head = [names.WATCHDOG_UNIT, names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT] if node is self.head else []
         return [names.MEMGUARD_UNIT, *self.engine_units(node)] + head + exporter
 
     def paths(self, node):

@@ -154,9 +154,21 @@ def rsync_code(lib_dsv41, includes, ssh, target):
             "--exclude=*", *ssh, "--", lib_dsv41, target]
 
 
+GATEWAY_BIND = f"fd@{names.GATEWAY_LISTEN_FD}"     # the gateway's PORT, as dsv41-gateway.socket hands it over
+CHECK_BIND = "127.0.0.1:{port}"                   # what the copy `haproxy -c` checks binds instead
+
+
+def check_copy(config_text, port):
+    """The copy of a gateway config that haproxy_check is given: HAProxy refuses to check a bind on a descriptor
+    it was not given (`fd@3`: "Socket operation on non-socket"), so the copy binds 127.0.0.1:PORT instead, its
+    one difference (HAProxy 2.6 refuses port 0; a check binds nothing, so PORT in use does not matter). A
+    config of an earlier version, which binds PORT itself, is its own copy."""
+    return config_text.replace(f"    bind {GATEWAY_BIND}\n", f"    bind {CHECK_BIND.format(port=int(port))}\n")
+
+
 def haproxy_check(config):
-    """`haproxy -c` of a gateway config; its engine key is a placeholder (the config reads it from the
-    environment)."""
+    """`haproxy -c` of a gateway config (its check_copy); its engine key is a placeholder (the config reads it
+    from the environment)."""
     return ["env", "DSV41_ENGINE_KEY=check", "haproxy", "-c", "-q", "-f", config]
 
 

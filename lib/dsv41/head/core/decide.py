@@ -31,6 +31,7 @@ class Kind(enum.Enum):
     RESTART_GATEWAY = "restart-gateway"  # its unit or rank 0's key changed (read at start)
     RELOAD_GATEWAY = "reload-gateway"  # its config changed: reloaded, the ranks untouched
     STOP_GATEWAY = "stop-gateway"    # GATEWAY=0 (or a release recorded without it): rank 0 takes PORT again
+    # (a step of the gateway acts on its target: dsv41-gateway.service, or dsv41-gateway.socket, which holds PORT)
 
 
 class Step(NamedTuple):
@@ -164,10 +165,24 @@ class HeadService(NamedTuple):
     starts_after_ranks: bool = False   # when the ranks restart, started after them (not before)
     masks: str = ""             # a unit that would take its place, masked before it starts
     not_by: str = ""            # who never applies its steps (the watchdog does not restart itself)
+    socket: str = ""            # a socket unit holding its port: the service Requires= it, so it starts first and
+                                # its stop stops the service; it stays through the service's restarts, reloads and
+                                # crashes (connections wait in the kernel)
+    socket_why: str = ""        # why the socket is taken anew (restarted: the service restarts with it)
+    no_socket: str = ""         # why the socket stops while the service stays (a release recorded before it)
 
     @property
     def kinds(self):
         return (self.start, self.restart, self.stop, self.reload)
+
+    @property
+    def units(self):
+        """Its units, its socket first: the order they stop in (nothing starts the service again)."""
+        return ((self.socket,) if self.socket else ()) + (self.unit,)
+
+    def what_of(self, unit):
+        """What the lines call one of its units."""
+        return self.what if unit == self.unit else f"socket holding the {self.what}'s port ({unit})"
 
 
 HEAD_SERVICES = (
@@ -181,24 +196,43 @@ HEAD_SERVICES = (
                 off="GATEWAY=0: rank 0 serves PORT itself", not_running="the gateway is not running",
                 restart_why="its unit or rank 0's key changed",
                 reload_why="its config changed (the ranks are left alone)", starts_after_ranks=True,
-                masks=names.DEBIAN_HAPROXY_UNIT),
+                masks=names.DEBIAN_HAPROXY_UNIT, socket=names.GATEWAY_SOCKET_UNIT,
+                socket_why="the socket holding PORT changed or holds nothing: PORT taken anew, the gateway "
+                           "restarted with it",
+                no_socket="the release runs a gateway that binds PORT itself"),
 )
 # state files only the head's services read (besides the guard's): their change restarts no rank
 SERVICE_ONLY_FILES = (names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG)
 
 
+def _on(u):
+    return u.active == "active" or u.enabled == "enabled"
+
+
 def service_steps(svc, head, desired, f, changed, written):
     """Start, restart, reload or, when it is not desired (its switch off, or a release recorded without
-    it), stop one head service."""
+    it), stop and disable one head service. Its socket (HeadService.socket), when it has one: stopped first
+    when the service stops; restarted, and the running service with it, when its unit changed or it holds
+    nothing; stopped alone when the release runs the service without it (recorded before it)."""
     u = f.unit(svc.unit)
     active = u.active == "active"
-    if svc.unit not in desired.units[head]:
-        on = active or u.enabled == "enabled"
-        return [Step(svc.stop, head, svc.unit, svc.off)] if on else []
+    wanted = desired.units[head]
+    if svc.unit not in wanted:
+        return [Step(svc.stop, head, n, svc.off if n == svc.unit else f"{svc.off} ({n} lets it go first)")
+                for n in svc.units if _on(f.unit(n))]
+    steps = []
+    if svc.socket:
+        sock = f.unit(svc.socket)
+        if svc.socket not in wanted:
+            steps += [Step(svc.stop, head, svc.socket, svc.no_socket)] if _on(sock) else []
+        elif (head, svc.socket) in changed and sock.active == "active" or active and sock.active != "active":
+            steps.append(Step(svc.restart, head, svc.socket, svc.socket_why))
+            if active:
+                return steps                    # the service restarts with its socket
     if not active:
-        return [Step(svc.start, head, svc.unit, svc.not_running)]
+        return steps + [Step(svc.start, head, svc.unit, svc.not_running)]
     if (head, svc.unit) in changed or any((head, rel) in written for rel in svc.reads):
-        return [Step(svc.restart, head, svc.unit, svc.restart_why)]
+        return steps + [Step(svc.restart, head, svc.unit, svc.restart_why)]
     if any((head, rel) in written for rel in svc.reloads):
-        return [Step(svc.reload, head, svc.unit, svc.reload_why)]
-    return []
+        return steps + [Step(svc.reload, head, svc.unit, svc.reload_why)]
+    return steps

@@ -1,8 +1,10 @@
 """dsv41-gateway: HAProxy on the head's PORT, the one door in front of rank 0's API server (GATEWAY=1).
 
-Its config (units/dsv41-gateway.cfg.j2) is a state file of the head, its unit one of the head's units:
-both are rendered by core.units, recorded by every release, and checked with `haproxy -c` on the head
-before a launch applies them (prepare()). No secret is rendered: the engine key reaches HAProxy through its unit's
+Its config (units/dsv41-gateway.cfg.j2) is a state file of the head, its unit and the socket unit that
+holds PORT for it (dsv41-gateway.socket: HAProxy takes the port as descriptor 3 at each start, so a restart
+or a crash of HAProxy queues connections instead of refusing them) are head units: all are rendered by
+core.units, recorded by every release, and the config is checked with `haproxy -c` on the head before a
+launch applies them (prepare()). No secret is rendered: the engine key reaches HAProxy through its unit's
 environment, read at start from the mode-0600 key file rank 0 mounts; the client keys' map
 (`doit keys`) and the door's state live beside it and are never part of a release.
 
@@ -110,12 +112,13 @@ class Gateway:
 
     def prepare(self, config_text, default_key_hash):
         """Before a launch applies the gateway: its maps exist (ensure) and the rendered config passes
-        `haproxy -c` on the head. UserError naming the fix."""
+        `haproxy -c` on the head, checked as its copy that binds 127.0.0.1:PORT (commands.check_copy: HAProxy
+        cannot check the descriptor of PORT that only systemd hands it). UserError naming the fix."""
         cl, head = self.cl, self.cl.head
         self.ensure(default_key_hash)
         # beside the config: the maps are named relative to its folder
         tmp = names.state_path(cl.paths(head).state_dir, names.GATEWAY_CONFIG + ".check")
-        head.write_file(tmp, config_text)
+        head.write_file(tmp, commands.check_copy(config_text, cl.cfg.port))
         r = head.run(commands.haproxy_check(tmp), check=False)
         cl.remove(head, tmp)
         if r.code == 127 or "not found" in (r.stderr or ""):

@@ -3,7 +3,7 @@ the model disk's free space, available memory, the head's ports, leftover rank c
 the clock, the tools, logind's RemoveIPC. Pure: they read each node's facts (and ctx.cfg)."""
 from dsv41.head.core import engine
 from dsv41.head.core.checks import FAIL, PASS, WARN, registry
-from dsv41.names import GATEWAY_UNIT, RANK_PREFIX, rank_name
+from dsv41.names import GATEWAY_SOCKET_UNIT, GATEWAY_UNIT, RANK_PREFIX, rank_name
 
 GIB = 1024 ** 3
 MAX_SKEW_S = 2.0
@@ -97,11 +97,14 @@ def memory(ctx, s, f):
 
 @check("ports", per_node=True)
 def ports(ctx, s, f):
-    """The head's API, engine and rendezvous ports are free, or held by our own running rank 0 or gateway."""
+    """The head's API, engine and rendezvous ports are free, or held by our own running rank 0 or gateway: PORT
+    by the socket unit that holds it for the gateway (whether HAProxy runs or restarts), or by the gateway
+    itself (an earlier version's, which binds it)."""
     if s.rank != 0:
         return
     used = f.get("ports") or {}
-    gateway_on = ((f.get("units") or {}).get("active") or {}).get(GATEWAY_UNIT) in ("active", "reloading")
+    active = (f.get("units") or {}).get("active") or {}
+    gateway = next((u for u in (GATEWAY_SOCKET_UNIT, GATEWAY_UNIT) if active.get(u) in ("active", "reloading")), None)
     cfg = ctx.cfg
     public, *behind = cfg.layout.ports
     for port, var in (public, (cfg.mport, "MPORT"), *behind):
@@ -109,7 +112,9 @@ def ports(ctx, s, f):
             yield WARN, f"{var} {port}: not checked", ""
         elif not used[str(port)]:
             yield PASS, f"{var} {port} free"
-        elif var == "PORT" and gateway_on:
+        elif var == "PORT" and gateway == GATEWAY_SOCKET_UNIT:
+            yield PASS, f"{var} {port} held for the gateway by {GATEWAY_SOCKET_UNIT}"
+        elif var == "PORT" and gateway:
             yield PASS, f"{var} {port} in use by the running dsv41-gateway"
         elif rank_name(0) in _running_ranks(f):
             yield PASS, f"{var} {port} in use by the running {rank_name(0)}"

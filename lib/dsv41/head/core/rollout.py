@@ -393,7 +393,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
     later = [(svc, s) for svc, s in services if restarting and svc.starts_after_ranks and s.kind is svc.start]
     for svc, s in services:
         if (svc, s) not in later:
-            service_step(cl, svc, s.kind)
+            service_step(cl, svc, s)
     for s in steps:
         if s.kind is Kind.RESTART_RANKS:
             print(f"(re)starting the ranks: {s.reason}")
@@ -402,7 +402,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
             recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
                              within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None))
     for svc, s in later:
-        service_step(cl, svc, s.kind)
+        service_step(cl, svc, s)
     for s in steps:
         if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
             say(by_name[s.node], exporter.start(cl, by_name[s.node]))

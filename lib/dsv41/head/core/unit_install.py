@@ -18,18 +18,21 @@ def install_unit(cl, node, name, text):
     say(node, f"installed {path}")
 
 
-def control(cl, node, kind, unit, what):
-    """systemctl start, restart, reload or stop (kind: a core.decide Kind) of a service kept enabled
-    (disabled when stopped)."""
+def control(cl, node, kind, unit, what, also=()):
+    """systemctl start, restart, reload or stop (kind: a core.decide Kind) of a unit kept enabled, with the
+    units `also` names (disabled when stopped)."""
     verb = kind.value.split("-")[0]
     cl.systemctl(node, verb, unit)
-    cl.systemctl(node, "disable" if verb == "stop" else "enable", "--quiet", unit)
+    cl.systemctl(node, "disable" if verb == "stop" else "enable", "--quiet", unit, *also)
     say(node, f"{verb}{'ped' if verb == 'stop' else 'ed'} the {what}")
 
 
-def service_step(cl, svc, kind):
-    """A step of a head service (core.decide.HeadService) on the head; what would take its place (Debian's
-    own haproxy.service: the same config's place and port 80) is masked first, unless it stops."""
-    if svc.masks and kind is not svc.stop:
+def service_step(cl, svc, step):
+    """A step of a head service (core.decide.HeadService) on the head, on the unit it names: the service, or
+    the socket holding its port (restarted: the service restarts with it, and both stay enabled; stopped:
+    it alone). What would take its place (Debian's own haproxy.service: the same config's place and port
+    80) is masked first, unless it stops."""
+    if svc.masks and step.kind is not svc.stop:
         cl.systemctl(cl.head, "mask", "--now", "--quiet", svc.masks, check=False)
-    control(cl, cl.head, kind, svc.unit, svc.what)
+    also = (svc.unit,) if step.target != svc.unit and step.kind is not svc.stop else ()
+    control(cl, cl.head, step.kind, step.target, svc.what_of(step.target), also)

@@ -23,6 +23,7 @@ UNITS_DIR = ROOT / "units"
 MEMGUARD_TEMPLATE = "dsv41-memguard.service.j2"
 WATCHDOG_TEMPLATE = "dsv41-watchdog.service.j2"
 GATEWAY_TEMPLATE = "dsv41-gateway.service.j2"
+GATEWAY_SOCKET_TEMPLATE = "dsv41-gateway.socket.j2"
 GATEWAY_CONFIG_TEMPLATE = "dsv41-gateway.cfg.j2"
 _QUOTE_IF = re.compile(r"""[\s"'\\;#\x00-\x1f\x7f]""")
 
@@ -93,7 +94,13 @@ def watchdog_vars(paths):
 
 
 def gateway_vars(cfg, paths):
-    return {"port": cfg.port, "user": deploying_user(), "haproxy": c.gateway_argv(c.fact(paths, "state_dir"))}
+    return {"port": cfg.port, "user": deploying_user(), "haproxy": c.gateway_argv(c.fact(paths, "state_dir")),
+            "socket": names.GATEWAY_SOCKET_UNIT, "listen_fd": names.GATEWAY_LISTEN_FD}
+
+
+def gateway_socket_vars(cfg):
+    """The socket unit that holds PORT for the gateway (every address, as HAProxy's `bind :PORT` did)."""
+    return {"port": cfg.port, "service": names.GATEWAY_UNIT}
 
 
 def gateway_config_vars(cfg):
@@ -102,6 +109,8 @@ def gateway_config_vars(cfg):
     if not re.fullmatch(r"[A-Za-z0-9/._-]+", names.GATEWAY_SOCKET):
         raise UserError(f"the gateway's admin socket {names.GATEWAY_SOCKET!r} must be a plain path")
     return {"port": cfg.port, "engine_port": cfg.engine_port, "timeout_s": cfg.gateway_timeout_s,
+            "bind": c.GATEWAY_BIND, "check_bind": c.CHECK_BIND.format(port=cfg.port),
+            "socket_unit": names.GATEWAY_SOCKET_UNIT, "listen_fd": names.GATEWAY_LISTEN_FD,
             "rate_per_min": cfg.key_rate_per_min, "socket": names.GATEWAY_SOCKET,
             "keys_map": names.gateway_map(names.GATEWAY_KEYS), "state_map": names.gateway_map(names.GATEWAY_STATE),
             "metrics_path": names.GATEWAY_METRICS_PATH, "routes": names.GATEWAY_ROUTES}
@@ -118,7 +127,8 @@ def _render(env, name, values):
 
 def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_dir=None):
     """{filename: text} for one node: its memory guard, the recipe's engine units (core.recipe) and on
-    the head the watchdog, unless WATCHDOG=0, and the gateway, unless GATEWAY=0.
+    the head the watchdog, unless WATCHDOG=0, and the gateway with the socket unit holding its port, unless
+    GATEWAY=0.
 
     fabric: this node's resolved fabric facts (ip, ifname, hcas, gid_index), or {rank: facts} with
     the head's; the rendezvous address is the head's ip (master_addr, else cfg's R0_IP for a worker).
@@ -130,6 +140,7 @@ def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_d
     if spec.rank == 0 and cfg.watchdog:
         out[names.WATCHDOG_UNIT] = _render(env, WATCHDOG_TEMPLATE, watchdog_vars(paths))
     if spec.rank == 0 and cfg.layout.door:
+        out[names.GATEWAY_SOCKET_UNIT] = _render(env, GATEWAY_SOCKET_TEMPLATE, gateway_socket_vars(cfg))
         out[names.GATEWAY_UNIT] = _render(env, GATEWAY_TEMPLATE, gateway_vars(cfg, paths))
     return out
 
@@ -140,15 +151,18 @@ def gateway_config(cfg, templates_dir=None):
 
 
 GATEWAY_RENDERED = "haproxy.cfg"
+GATEWAY_CHECK_RENDERED = "haproxy.check.cfg"
 
 
 def gateway_config_files(cfg):
-    """{filename: text} of the gateway's config for `doit render`: the config, and empty maps beside it where
-    it names them, so `haproxy -c -f haproxy.cfg` checks it in that folder (the gateway's own maps stay in
-    $STATE_DIR/gateway)."""
-    empty = "# empty: only for `haproxy -c` of haproxy.cfg here; the gateway's own maps are in $STATE_DIR/gateway\n"
-    return {GATEWAY_RENDERED: gateway_config(cfg), **{names.gateway_map(m): empty
-                                                        for m in (names.GATEWAY_KEYS, names.GATEWAY_STATE)}}
+    """{filename: text} of the gateway's config for `doit render`: the config, its copy for `haproxy -c`
+    (commands.check_copy) and empty maps beside them where they name them, so `haproxy -c -f
+    haproxy.check.cfg` checks it in that folder (the gateway's own maps stay in $STATE_DIR/gateway)."""
+    empty = ("# empty: only for `haproxy -c` of haproxy.check.cfg here; the gateway's own maps are in "
+             "$STATE_DIR/gateway\n")
+    text = gateway_config(cfg)
+    return {GATEWAY_RENDERED: text, GATEWAY_CHECK_RENDERED: c.check_copy(text, cfg.port),
+            **{names.gateway_map(m): empty for m in (names.GATEWAY_KEYS, names.GATEWAY_STATE)}}
 
 
 def rendered_dir(cfg):
@@ -174,9 +188,10 @@ def write_rendered(cfg, rendered_by_rank, out_dir=None):
             if not m or not os.path.isdir(os.path.join(out_dir, sub)):
                 continue
             keep = rendered_by_rank.get(int(m.group(1)), {})
-            stale = [names.gateway_map(n) for n in (names.GATEWAY_KEYS, names.GATEWAY_STATE)] + [GATEWAY_RENDERED]
+            stale = [names.gateway_map(n) for n in (names.GATEWAY_KEYS, names.GATEWAY_STATE)] + [
+                GATEWAY_RENDERED, GATEWAY_CHECK_RENDERED]
             for name in os.listdir(os.path.join(out_dir, sub)):
-                if (name.endswith(".service") or name in stale) and name not in keep:
+                if (name.endswith((".service", ".socket")) or name in stale) and name not in keep:
                     os.unlink(os.path.join(out_dir, sub, name))
             if not keep and not os.listdir(os.path.join(out_dir, sub)):
                 os.rmdir(os.path.join(out_dir, sub))
