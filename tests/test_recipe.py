@@ -234,12 +234,18 @@ def test_a_gateway_step_acts_on_its_target_the_service_or_the_socket_holding_por
         ["stop", sock], ["disable", "--quiet", sock], ["stop", gw], ["disable", "--quiet", gw]]
 
 
-def test_doit_stop_stops_the_recipes_units_in_its_order(tmp_path, recorded, monkeypatch):
+def stoppable(tmp_path, monkeypatch):
+    """A config whose cluster runs the fake recipe and whose nodes need no ssh to know their home."""
     cfg = config(tmp_path)
     monkeypatch.setattr(engine, "for_config", lambda c: FakeRecipe(c))
     for n in Cluster(cfg).nodes:
         n.assume_home("/home/bob")
     monkeypatch.setattr(Node, "home", lambda self: "/home/bob")
+    return cfg
+
+
+def test_doit_stop_stops_the_recipes_units_in_its_order(tmp_path, recorded, monkeypatch):
+    cfg = stoppable(tmp_path, monkeypatch)
     stop.stop(cfg)
     assert systemctl(recorded, "stop") == [
         ("head", "dsv41-watchdog.service"),
@@ -252,11 +258,7 @@ def test_doit_stop_free_port_stops_the_socket_holding_port_first_then_the_gatewa
     """`doit stop --free-port`: the socket unit that holds PORT stops first (a connection would start the gateway
     again), then the gateway; both are disabled. Without --free-port both stay (503 "stopped by `doit stop`")."""
     from dsv41 import names
-    cfg = config(tmp_path)
-    monkeypatch.setattr(engine, "for_config", lambda c: FakeRecipe(c))
-    for n in Cluster(cfg).nodes:
-        n.assume_home("/home/bob")
-    monkeypatch.setattr(Node, "home", lambda self: "/home/bob")
+    cfg = stoppable(tmp_path, monkeypatch)
     stop.stop(cfg)
     assert not [a for _, a in recorded if a[0] == "systemctl" and "dsv41-gateway" in " ".join(a)]
     recorded.clear()
