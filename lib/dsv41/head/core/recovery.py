@@ -3,13 +3,15 @@
     1. for a fault: the incident opened in the record, then its evidence saved (core.incidents), then the
        ranks' containers killed (a stopped or wedged process never takes a graceful stop's SIGTERM)
     2. every engine unit stopped in the recipe's stop order, then the engine's caches compared between the
-       ranks (core.caches: a library's that differs cleared on every node) and old images' removed
+       ranks (core.caches: a library's that some ranks hold and others not cleared on every node) and old
+       images' removed
     3. each node's memory baseline recorded where the rule allows (record_baselines), then every node's
        memory checked against it (core.hang.memory_returned): when a node's did not come back nothing
        starts, $STATE_DIR/needs-reboot.json names it (NeedsReboot; --force starts anyway)
     4. every engine unit started in the recipe's start order
-    5. the readiness wait: a generated token (core.ranks.wait_ready); then the start-up's phases, read
-       from rank 0's journal, kept in the incident (`startup`) and as the last start-up (core.startup)
+    5. the readiness wait: a generated token (core.ranks.wait_ready); then, for a fault, the start-up's
+       phases, read from rank 0's journal, kept in the incident (`startup`) and as the last start-up
+       (core.startup; a planned restart's are its release's, read by core.rollout)
 
 Each step is written to the incident before it is taken, so `doit status` shows what a recovery waits
 for, and an incident whose process died mid-way is found open and closed as interrupted."""
@@ -212,9 +214,10 @@ def stop_and_start(cl, fault, inc, phase, *, force, within, log):
     ranks.start_ranks(cl)
     phase(f"waiting for a token ({within[1] if within else 'START_TIMEOUT_MIN'})")
     ranks.wait_ready(cl, within)
-    measured = ranks.measured(cl, "recovery" if fault is not None else "restart", inc and inc["id"], began)
-    if measured:
-        phase("served", startup=measured)
+    if inc is not None:                 # a planned restart's start-up is its release's: the rollout reads it
+        measured = ranks.measured(cl, "recovery", inc["id"], began)
+        if measured:
+            phase("served", startup=measured)
 
 
 def closed(state_dir, inc, result, ended, on_phase):
