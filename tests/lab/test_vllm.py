@@ -388,14 +388,15 @@ def stopped_until_recovered(lab, node, process, what):
 
 LOAD = ("while :; do curl -sS -o /dev/null -m 300 http://127.0.0.1:8000/v1/completions -H 'Content-Type: "
         "application/json' -H \"Authorization: Bearer $(cat {key_file})\" -d '{{\"model\": \"deepseek-v4.1-flash\", "
-        "\"prompt\": \"Count to a thousand:\", \"max_tokens\": 300, \"ignore_eos\": true}}'; done")
+        "\"prompt\": \"Count to a thousand:\", \"max_tokens\": {tokens}, \"ignore_eos\": true}}'; done")
 
 
 @contextlib.contextmanager
-def under_load(lab, clients=3):
-    """clients loops on the head, each asking 300 tokens at a time (the lab's MAX_SEQS 2: two run, one
-    waits), until the block ends."""
-    loops = [lab.popen("head", ["bash", "-c", LOAD.format(key_file=f"{STATE}/api_key")]) for _ in range(clients)]
+def under_load(lab, clients=3, tokens=300):
+    """clients loops on the head, each asking `tokens` tokens at a time (by default the lab's MAX_SEQS 2: two
+    run, one waits), until the block ends."""
+    loops = [lab.popen("head", ["bash", "-c", LOAD.format(key_file=f"{STATE}/api_key", tokens=tokens)])
+             for _ in range(clients)]
     time.sleep(8)                                               # tokens flowing, one request waiting
     try:
         yield
@@ -405,10 +406,10 @@ def under_load(lab, clients=3):
         lab.on("head", "pkill -f 'curl -sS -o /dev/null -m 300'", check=False)
 
 
-def engine_core_stopped_under_load(lab, vllm):
-    """Rank 0's EngineCore stopped (SIGSTOP) under three clients' load, until the watchdog recovered ->
+def engine_core_stopped_under_load(lab, vllm, clients=3, tokens=300):
+    """Rank 0's EngineCore stopped (SIGSTOP) under `clients` clients' load, until the watchdog recovered ->
     (its pid, when it was stopped, the incident)."""
-    with under_load(lab):
+    with under_load(lab, clients, tokens):
         return stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load")
 
 
@@ -450,6 +451,9 @@ def test_the_watchdog_repairs_a_stopped_engine_core_under_load_and_keeps_its_sta
     assert lab.on("head", f"grep -rlF -e {vllm.key} {STATE}/incidents", check=False).stdout == ""
     listed = lab.doit("incidents", watched).stdout.splitlines()
     assert "WEDGED" in listed[1] and "READY" in listed[1], listed
+    shown = lab.doit("incidents show 1", watched).stdout
+    print(f"real engine: `doit incidents show 1` of that recovery:\n{shown}")
+    assert re.search(r"^ +weights loaded +\d+:\d\d$", shown, re.M) and re.search(r"^ +start-up +\d+:\d\d ", shown, re.M)
     serves(lab, vllm, watched)
 
 
@@ -501,10 +505,13 @@ GROUP_INTERVAL_S = 120
 
 
 @pytest.mark.soak           # Alertmanager's default timings take minutes; per landing: test_alerts.py's short incident
-def test_a_stopped_engine_core_mails_one_firing_naming_the_incident_and_one_resolve(lab, vllm, watched, tmp_path):
-    """Rank 0's EngineCore stopped under load, the watchdog at the tests' short settings and e-mail at the
-    defaults: the decode and TTFT alerts wait for the watchdog's verdict and stay quiet after the recovery,
-    so the incident is one firing mail naming it and one resolve, and nothing more a group interval later."""
+@pytest.mark.parametrize("clients,tokens", [(1, 16), (3, 300)], ids=["light load", "heavy load"])
+def test_a_stopped_engine_core_mails_one_firing_naming_the_incident_and_one_resolve(lab, vllm, watched, tmp_path,
+                                                                                  clients, tokens):
+    """Rank 0's EngineCore stopped under a light load (one short request at a time: the engine is often idle,
+    so its probe waits out WATCHDOG_PROBE_S) and a heavy one, the watchdog and e-mail at their defaults: the
+    decode and TTFT alerts wait for the watchdog's verdict and stay quiet after the recovery, so the incident
+    is one firing mail naming it and one resolve, and nothing more a group interval later."""
     import mailbox
     from test_lab_monitoring import api as prometheus
     env = {**watched, **MAIL}
@@ -523,13 +530,14 @@ def test_a_stopped_engine_core_mails_one_firing_naming_the_incident_and_one_reso
                                             if p.get_content_type() == "text/plain"))
                     for m in mailbox.Maildir(maildir, create=False)] if (maildir / "new").exists() else []
         assert mails() == []
-        _, t0, inc = engine_core_stopped_under_load(lab, vllm)
+        _, t0, inc = engine_core_stopped_under_load(lab, vllm, clients, tokens)
         resolved = labctl.wait_for("the resolved mail", lambda: [m for m in mails() if m[0].startswith("[RESOLVED]")],
                                    timeout=GROUP_INTERVAL_S + 300, every=5)
         resolved_s = time.time() - t0
         time.sleep(GROUP_INTERVAL_S + 15)                        # nothing more
         got = sorted(mails(), key=lambda m: not m[0].startswith("[FIRING]"))
-        print(f"real engine: a stopped EngineCore mailed {[m[0] for m in got]}; the resolve {resolved_s:.0f} s "
+        print(f"real engine, {clients} client(s) of {tokens} tokens: a stopped EngineCore mailed {[m[0] for m in got]}; "
+              f"the resolve {resolved_s:.0f} s "
               f"after the fault (recovered after {inc['ended'] - t0:.0f} s)")
         assert [m[0].split("]")[0] + "]" for m in got] == ["[FIRING]", "[RESOLVED]"], got
         assert f"incident {inc['id']}: WEDGED on " in got[0][0] and "DecodeSlow" not in got[0][0] + resolved[0][0]
