@@ -494,3 +494,25 @@ def test_mount_check_only_skipped_by_the_switch(tmp_path):
     p = subprocess.run([sys.executable, str(ENGINE), str(tmp_path / "model")], env=dict(
         env, LAB_ENGINE_WORKER_ON_HEAD_LOSS="sometimes"), capture_output=True, text=True, timeout=20)
     assert p.returncode == 1 and "LAB_ENGINE_WORKER_ON_HEAD_LOSS" in p.stdout
+
+
+def test_its_start_up_reads_as_phases_as_real_vllms_does(ranks):
+    """The stand-in logs vLLM 0.32's start-up lines as it passes each stage, so a lab on the stand-in shows
+    phases too: rank 0's output, stamped on arrival as journald stamps it, after systemd's Starting line,
+    reads as the container, the weights (its simulated loading), the KV cache and the API."""
+    from datetime import datetime, timezone
+    from dsv41.vllm.startup import startup
+    r = ranks(env={"LAB_ENGINE_DELAY_S": "0.6"})
+    stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat()      # noqa: E731
+    stamped, seen = [f"{stamp(time.time())} head systemd[1]: Starting dsv41-r0.service"], 0
+    r.start(1, 0)
+    deadline = time.time() + 20
+    while not stamped[-1].endswith("Application startup complete.") and time.time() < deadline:
+        lines = r.log(0).splitlines()
+        stamped += [f"{stamp(time.time())} head docker[9]: {line}" for line in lines[seen:]]
+        seen = len(lines)
+        time.sleep(0.05)
+    s = startup("\n".join(stamped))
+    got = {p.name: p.seconds for p in s.phases}
+    assert set(got) == {"container", "weights", "kv_cache", "api"} and s.total is not None, s
+    assert got["weights"] == pytest.approx(0.6, abs=0.2) and None not in got.values(), s

@@ -111,6 +111,12 @@ def log(msg):
     print(f"{time.strftime('%H:%M:%S')} lab-engine: {msg}", flush=True)
 
 
+def vlog(proc, where, msg):
+    """A line worded and shaped as vLLM 0.32 logs its start-up (stand-in behaviour: the lines
+    dsv41/vllm/startup.py reads a start-up's phases from, at the moments vLLM logs them)."""
+    print(f"({proc} pid={os.getpid()}) INFO {time.strftime('%m-%d %H:%M:%S')} [{where}] {msg}", flush=True)
+
+
 def fail(msg):
     print(f"lab-engine: error: {msg}", flush=True)
     sys.exit(1)
@@ -1365,6 +1371,7 @@ def main():
     name = str(o.get("served-model-name", model))
     log(f"STAND-IN for the dsv41 serving image (no GPU, no model): rank {rank} of {nnodes}, "
         f"model {model}, served as {name}")
+    vlog("APIServer", "api_utils.py:286", f"non-default args: {{'model_tag': {model!r}}}")
     on_head_loss = os.environ.get("LAB_ENGINE_WORKER_ON_HEAD_LOSS", "hang")
     if on_head_loss not in ("hang", "exit"):
         fail(f"LAB_ENGINE_WORKER_ON_HEAD_LOSS={on_head_loss!r}: use hang or exit")
@@ -1372,7 +1379,9 @@ def main():
     log(f"plan {os.environ['ST_EXL3_PLAN']} readable; VLLM_HOST_IP={os.environ.get('VLLM_HOST_IP', '-')}")
     delay = float(os.environ.get("LAB_ENGINE_DELAY_S", "2"))
     log(f"loading (simulated, {delay:g} s)")
+    vlog(f"Worker_TP{rank}", "cpu_model_runner.py:68", f"Starting to load model {model}...")
     time.sleep(delay)
+    vlog(f"Worker_TP{rank}", "default_loader.py:501", f"Loading weights took {delay:.2f} seconds")
     if rank > 0 or o.get("headless"):
         log(f"rank {rank}: when rank 0 goes away: {on_head_loss} (LAB_ENGINE_WORKER_ON_HEAD_LOSS)")
         run_headless(rank, addr, mport, on_head_loss)
@@ -1380,13 +1389,19 @@ def main():
     block_size = int(o.get("block-size", 16))
     kv_bytes = int(float(o.get("kv-cache-memory-bytes", 2.7e9)))
     kv_blocks = max(1, int(kv_bytes / KV_BYTES_PER_TOKEN) // block_size)
+    vlog("Worker_TP0", "gpu_worker.py:436", f"Available KV cache memory: {kv_bytes / 2**30:.2f} GiB")
+    vlog("EngineCore", "kv_cache_utils.py:2327", f"GPU KV cache size: {kv_blocks * block_size:,} tokens, "
+         f"Maximum concurrency for {max_len:,} tokens per request: {kv_blocks * block_size / max_len:.2f}x")
     metrics = Metrics(name, max_len, block_size, kv_blocks, kv_bytes if "kv-cache-memory-bytes" in o else "None", o)
     engine = Engine(name, float(os.environ.get("LAB_ENGINE_TOKEN_S", "0.01")), int(o.get("max-num-seqs", 256)),
                     int(o.get("max-num-batched-tokens", 2048)), block_size, kv_blocks, metrics)
     signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(
         target=engine.toggle_wedge, args=("SIGUSR1 on rank 0",), daemon=True).start())
+    t = time.monotonic()
     ranks = gather_ranks(addr, mport, nnodes, engine) if nnodes > 1 else {}
     engine.peers = ranks
+    vlog("EngineCore", "core.py:402", f"init engine (profile, create kv cache, warmup model) took "
+         f"{time.monotonic() - t:.2f} s")
     try:
         mm = json.loads(o.get("limit-mm-per-prompt", "{}")).get("image", 1)
     except (ValueError, AttributeError):
