@@ -126,11 +126,12 @@ def door_line(door):
 
 
 class Table:
-    """The status table, printed a row at a time (a dead node must not hold back the others)."""
+    """The status table, printed a row at a time (a dead node must not hold back the others), one row a
+    node; each node's caches after the rows (end())."""
     COLS = (("node", 10), ("memguard", 14), ("rank", 34), ("since", 19), ("container", 10))
 
     def __init__(self, enabled):
-        self.enabled = enabled
+        self.enabled, self.caches = enabled, []
         if enabled:
             print(" ".join(f"{h:<{w}}" for h, w in self.COLS) + f" {'MemAvail':>10}  GPU mem", flush=True)
 
@@ -146,7 +147,11 @@ class Table:
               + f" {e['mem_available_gib']:>6.1f} GiB  {e['gpu_memory'] or '-'}", flush=True)
         if e["tripped"]:
             print(f"{'':<10} memory guard {e['tripped']['line']}", flush=True)
-        print(f"{'':<10} {cache_line(e['caches'])}", flush=True)
+        self.caches.append(f"{name}: {cache_line(e['caches'])}")
+
+    def end(self):
+        for line in self.caches if self.enabled else ():
+            print(line, flush=True)
 
 
 def status(cfg, json=False):
@@ -161,6 +166,7 @@ def status(cfg, json=False):
         states[node.name] = f = cl.look(node, caches=True)
         entries[node.name] = {"error": f.error} if f.error else node_entry(cl.recipe, cl.spec(node), f)
         table.row(node.name, entries[node.name])
+    table.end()
     problems = []                        # state files that cannot be read: said, and read as absent
     api = api_status(cl, problems)
     door = door_status(cl, states.get(cl.head.name), problems)
