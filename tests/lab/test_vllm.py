@@ -374,13 +374,17 @@ def recovered(lab, t0, what, timeout=900):
         time.sleep(3)
 
 
-def stopped_until_recovered(lab, node, process, what):
+def stopped_until_recovered(lab, node, process, what, seen=None):
     """SIGSTOP the node's process whose command line starts with `process`, until the first recovery after
-    it ended READY (then SIGCONT, in case it was not replaced) -> (pid, when it was stopped, the incident)."""
+    it ended READY (then SIGCONT, in case it was not replaced) -> (pid, when it was stopped, the incident).
+    seen(): called once the watchdog opened the incident (a load that only the detection needs ends)."""
     pid = lab.on(node, f"pgrep -f '^{process}'").stdout.split()[0]
     t0 = time.time()
     lab.on(node, f"kill -STOP {pid}")
     try:
+        if seen:
+            labctl.wait_for("the incident", lambda: incidents_since(lab, t0), timeout=300, every=1)
+            seen()
         return pid, t0, recovered(lab, t0, what)
     finally:
         lab.on(node, f"kill -CONT {pid}", check=False)
@@ -398,19 +402,22 @@ def under_load(lab, clients=3, tokens=300):
     loops = [lab.popen("head", ["bash", "-c", LOAD.format(key_file=f"{STATE}/api_key", tokens=tokens)])
              for _ in range(clients)]
     time.sleep(8)                                               # tokens flowing, one request waiting
-    try:
-        yield
-    finally:
+
+    def end():                                                  # -> the block's value: ends the load early
         for p in loops:
             p.kill()
         lab.on("head", "pkill -f 'curl -sS -o /dev/null -m 300'", check=False)
+    try:
+        yield end
+    finally:
+        end()
 
 
 def engine_core_stopped_under_load(lab, vllm, clients=3, tokens=300):
     """Rank 0's EngineCore stopped (SIGSTOP) under `clients` clients' load, until the watchdog recovered ->
     (its pid, when it was stopped, the incident)."""
-    with under_load(lab, clients, tokens):
-        return stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load")
+    with under_load(lab, clients, tokens) as unload:        # the detection under load; the restart without
+        return stopped_until_recovered(lab, "head", "VLLM::EngineCore", "EngineCore stopped under load", unload)
 
 
 def serves(lab, vllm, env):
@@ -552,8 +559,9 @@ def test_the_watchdog_repairs_a_stopped_worker_process_under_load_naming_the_wor
     """The worker's VLLM::Worker_TP1 stopped under three clients' load: rank 0's step never ends, its /metrics
     stand still and /health answers. WEDGED on worker1 (its probe reports the stopped process) within 90 s
     at the watchdog's defaults, serving again by itself."""
-    with under_load(lab):
-        pid, t0, inc = stopped_until_recovered(lab, "worker1", "VLLM::Worker_TP", "Worker_TP1 stopped under load")
+    with under_load(lab) as unload:
+        pid, t0, inc = stopped_until_recovered(lab, "worker1", "VLLM::Worker_TP", "Worker_TP1 stopped under load",
+                                               unload)
     assert inc["verdict"] == "WEDGED" and inc["started"] - t0 <= HANG_BOUND_S, inc
     assert inc["node"] == "worker1" and f"(pid {pid}) on worker1 is stopped" in inc["evidence"], inc
     serves(lab, vllm, watched)
