@@ -113,6 +113,15 @@ GATEWAY_ROUTES = (                                 # all the door forwards, with
 )
 
 
+DOOR_BACKEND = "engine"                            # the door's backend: one server a serving group
+
+
+def door_server(index, groups):
+    """The door's server of serving group `index` of `groups`: r0 when there is one (the name every version
+    of the gateway gave rank 0), else g<index>."""
+    return "r0" if groups == 1 else f"g{index}"
+
+
 def gateway_map(rel):
     """A gateway map as its config and its admin socket name it: relative to the config's folder."""
     return os.path.relpath(rel, os.path.dirname(GATEWAY_CONFIG))

@@ -21,7 +21,8 @@ marker or null), "rank_unit", "rank_state", "rank_uptime_s", "gpu_memory" (nvidi
 "generation_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "preemptions_total",
 "preemptions_in_interval", "interval_s"}, "gateway": null (GATEWAY=0) | {"door": "open" | "closed" | null
 (not answered yet), "reason", "ready_at" (when the engine is expected, 0: no estimate), "in_flight" (null: no
-gateway runs), "seen_s_ago", "error"}, "watchdog": what `doit status --json` shows, "release":
+gateway runs), "groups" ({server: {"status", "in_flight"}} of each serving group, null: no gateway runs),
+"seen_s_ago", "error"}, "watchdog": what `doit status --json` shows, "release":
 core.release_status.service_entry()}. Sizes are
 bytes, times seconds; a figure that is not known is null.
 """

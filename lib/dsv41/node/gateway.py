@@ -3,13 +3,19 @@
 `python3 -m dsv41.node.gateway '<json request>'` with {"op": ..., "state_dir": ...} prints one JSON answer:
     door    {"door": "open"|"closed", "reason", "ready_at"}: the door's state written to gateway/state.map,
             then told to the running gateway (the file first: a gateway started later reads it)
-    drain   {"timeout_s"}: wait until no request is in flight at the engine, or timeout_s; progress on stderr
+    drain   {"timeout_s", "group"}: wait until no request is in flight at the engine (that group's server
+            alone with "group"), or timeout_s; progress on stderr
+    group   {"group": server, "to": "ready"|"drain"|"maint"}: one serving group's server in the door's backend
+            set to that state (drain: no new request, those in flight finish; maint: none at all; ready:
+            taking requests again, marked up at once). The running gateway only: one started later has
+            every group ready, and its health checks take out the ones that do not answer
     ensure  {"default": {name, hash}}: the key map holding that key as `default` (made, or `default` put back
             to it), the door's map (open) when there is none: HAProxy reads both when it parses its config
     keys    {"add": {name, hash}} / {"revoke": name} / {"rotate": {name, hash}}: under the keys' lock, the
             file first, then the running gateway, its answer checked; always answers the keys with their
             use (requests, errors, 503s, 429s, seconds since last used)
-    state   the door's state and the requests in flight
+    state   the door's state, the requests in flight and each group's server ({server: {"status",
+            "in_flight"}})
 The maps hold no key: a client key is known only by its sha256 (hex). The runtime API is HAProxy's admin
 socket (names.GATEWAY_SOCKET); a gateway that is not running is only written to."""
 import contextlib
@@ -25,7 +31,7 @@ from dsv41 import names
 from dsv41.files import write_atomic
 
 TABLE = "per_key"                  # the stick table of units/dsv41-gateway.cfg.j2
-ENGINE_SERVER = "engine/r0"        # its backend and server: rank 0
+GROUP_STATES = ("ready", "drain", "maint")
 TABLE_EXPIRE_S = 24 * 86400        # its `expire` (HAProxy's timer limit is 24.8 days)
 STATE_KEYS = ("door", "reason", "ready_at")
 KEYS_HEADER = ("# dsv41-gateway's client keys: the sha256 of each key, then its name (`doit keys`); never the key.\n"
@@ -114,35 +120,76 @@ def set_door(state_dir, door, reason, ready_at, sock_path=names.GATEWAY_SOCKET):
     told = False
     for key, value in (("reason", reason or "-"), ("ready_at", int(ready_at)), ("door", door)):
         told = set_entry(state_dir, names.GATEWAY_STATE, key, value, sock_path)   # the door last: its reason is there when it closes
-    if told and door == "open":
-        admin(f"set server {ENGINE_SERVER} health up", sock_path)
+    if told and door == "open":                 # every group not set aside (drain, maint) is marked up
+        for server, row in (groups(sock_path) or {}).items():
+            if row["status"] not in ("MAINT", "DRAIN"):
+                admin(f"set server {names.DOOR_BACKEND}/{server} health up", sock_path)
     return {"door": door, "told": told}
 
 
-def in_flight(sock_path=names.GATEWAY_SOCKET):
-    """Requests at the engine now (its backend's current and queued sessions); None without a gateway."""
+def _stat_rows(sock_path):
+    """The door's backend rows of `show stat` ({svname: row}, BACKEND the whole); None without a gateway."""
     out = admin("show stat", sock_path)
     if out is None:
         return None
     header = out.splitlines()[0].lstrip("# ").split(",") if out else []
-    for line in out.splitlines()[1:]:
-        row = dict(zip(header, line.split(",")))
-        if row.get("pxname") == "engine" and row.get("svname") == "BACKEND":
-            return int(row.get("scur") or 0) + int(row.get("qcur") or 0)
-    return None
+    rows = (dict(zip(header, line.split(","))) for line in out.splitlines()[1:])
+    return {r["svname"]: r for r in rows if r.get("pxname") == names.DOOR_BACKEND and "svname" in r}
 
 
-def drain(timeout_s, sock_path=names.GATEWAY_SOCKET, clock=time.monotonic, sleep=time.sleep, log=None):
-    """Wait until nothing is in flight at the engine, or timeout_s passed -> {"left", "waited_s"}."""
+def _busy(row):
+    return int(row.get("scur") or 0) + int(row.get("qcur") or 0)
+
+
+def groups(sock_path=names.GATEWAY_SOCKET):
+    """{server: {"status", "in_flight"}} of each serving group in the door's backend (status as HAProxy says
+    it: UP, DOWN, DRAIN, MAINT, "UP 1/2" while a check is going); None without a gateway."""
+    rows = _stat_rows(sock_path)
+    if rows is None:
+        return None
+    return {name: {"status": row.get("status", ""), "in_flight": _busy(row)}
+            for name, row in rows.items() if name not in ("FRONTEND", "BACKEND")}
+
+
+def in_flight(sock_path=names.GATEWAY_SOCKET, group=None):
+    """Requests at the engine now (its backend's current and queued sessions; one group's server's with
+    group); None without a gateway, or when there is no such group."""
+    rows = _stat_rows(sock_path)
+    row = (rows or {}).get(group or "BACKEND")
+    return None if row is None else _busy(row)
+
+
+def set_group(group, to, sock_path=names.GATEWAY_SOCKET):
+    """One serving group's server set to ready, drain or maint in the running gateway -> whether one runs."""
+    if to not in GROUP_STATES:
+        raise GatewayError(f"a group is set to one of {', '.join(GROUP_STATES)}, not {to!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", str(group)):
+        raise GatewayError(f"no such group's server: {group!r}")
+    commands = [f"set server {names.DOOR_BACKEND}/{group} state {to}"]
+    if to == "ready":
+        commands.append(f"set server {names.DOOR_BACKEND}/{group} health up")
+    for command in commands:
+        out = admin(command, sock_path)
+        if out is None:
+            return False
+        if out.strip():
+            raise GatewayError(f"the gateway refused `{command}`: {' '.join(out.split())[:200]}")
+    return True
+
+
+def drain(timeout_s, sock_path=names.GATEWAY_SOCKET, clock=time.monotonic, sleep=time.sleep, log=None, group=None):
+    """Wait until nothing is in flight at the engine (at one group's server with group), or timeout_s
+    passed -> {"left", "waited_s"}."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    where = f" at {group}" if group else ""
     t0 = said = clock()
-    left = in_flight(sock_path)
+    left = in_flight(sock_path, group)
     while left and clock() - t0 < timeout_s:
         if clock() - said >= 5:
-            log(f"draining: {left} request(s) in flight, {timeout_s - (clock() - t0):.0f} s left (DRAIN_S)")
+            log(f"draining: {left} request(s) in flight{where}, {timeout_s - (clock() - t0):.0f} s left (DRAIN_S)")
             said = clock()
         sleep(0.5)
-        left = in_flight(sock_path)
+        left = in_flight(sock_path, group)
     return {"left": left or 0, "waited_s": round(clock() - t0, 1)}
 
 
@@ -312,13 +359,16 @@ def main():
         if op == "door":
             out = set_door(state_dir, req["door"], req.get("reason", ""), req.get("ready_at", 0))
         elif op == "drain":
-            out = drain(float(req["timeout_s"]))
+            out = drain(float(req["timeout_s"]), group=req.get("group"))
+        elif op == "group":
+            out = {"told": set_group(req["group"], req["to"])}
         elif op == "keys":
             out = keys(state_dir, req)
         elif op == "ensure":
             out = ensure(state_dir, req["default"])
         elif op == "state":
-            out = {**read_state(names.state_path(state_dir, names.GATEWAY_STATE)), "in_flight": in_flight()}
+            out = {**read_state(names.state_path(state_dir, names.GATEWAY_STATE)), "in_flight": in_flight(),
+                   "groups": groups()}
         else:
             raise GatewayError(f"unknown op {op!r}")
     except (GatewayError, OSError, ValueError, KeyError, IndexError) as err:

@@ -3,10 +3,25 @@ Config (Config.layout): the settings' own, or the release in service's (core.rel
 for the commands that judge what runs). Only this module and the settings read the raw GATEWAY switch.
 
 With the door (GATEWAY=1), HAProxy (dsv41-gateway) answers on PORT and rank 0 listens on
-127.0.0.1:ENGINE_PORT with its own key; without it, rank 0 serves PORT itself with the client key."""
+127.0.0.1:ENGINE_PORT with its own key; without it, rank 0 serves PORT itself with the client key.
+
+Behind the door are the serving groups (`groups`), each an engine of its own the door routes among: today
+one, every node's ranks in one group. The door's config and its node side already take several (a group
+whose rank 0 is not the head is reached through the side door on its first node)."""
 import dataclasses
 
 from dsv41 import names
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One serving group behind the door: its nodes (names; the first holds its rank 0) and where the door
+    reaches its engine (rank 0 on the head's loopback, or the side door on the group's first node)."""
+    index: int
+    nodes: tuple
+    host: str
+    port: int
+    server: str            # its server in the door's backend (names.door_server)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +32,7 @@ class Layout:
     head_ip: str           # the head's address clients use ("" in a one-machine setup: 127.0.0.1)
     api_key_file: str      # the client key (the door's `default`)
     state_dir: str         # the head's state dir
+    groups: tuple = ()     # Group, ...: the engines behind the door, in order
 
     def settings(self):
         """{Config field: value} of the settings this layout is made of (a release records them)."""
@@ -56,6 +72,7 @@ class Layout:
 
 def of(cfg):
     """The Layout a Config describes."""
+    group = Group(0, tuple(s.name for s in cfg.nodes), "127.0.0.1", cfg.engine_port, names.door_server(0, 1))
     return Layout(door=bool(cfg.gateway), port=cfg.port, engine_port=cfg.engine_port,
                   head_ip=(cfg.head.ip if cfg.nodes else "") or "", api_key_file=cfg.api_key_file,
-                  state_dir=cfg.state_dir)
+                  state_dir=cfg.state_dir, groups=(group,))

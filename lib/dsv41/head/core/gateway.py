@@ -90,8 +90,9 @@ class Gateway:
         return f"drained: the requests in flight finished within {out['waited_s']:.0f} s" if out["waited_s"] >= 1 else None
 
     def state(self, problems=None):
-        """{"door", "reason", "ready_at", "in_flight"} (in_flight None: no gateway running). With a list for
-        problems, a gateway that cannot be asked is said there and None returned."""
+        """{"door", "reason", "ready_at", "in_flight", "groups"} (node.gateway's `state`; in_flight and groups
+        None: no gateway running). With a list for problems, a gateway that cannot be asked is said there and
+        None returned."""
         try:
             return self._call({"op": "state"})
         except UserError as err:

@@ -310,11 +310,11 @@ class Observer:
         return {name: w.view(now) for name, w in self.watches.items()}
 
     def gateway(self, now):
-        """top's "gateway": the door's last answer (door, reason, ready_at, in_flight: None when no gateway
-        runs), its age and why the last ask failed; None with GATEWAY=0."""
+        """top's "gateway": the door's last answer (door, reason, ready_at, in_flight, groups: None when no
+        gateway runs), its age and why the last ask failed; None with GATEWAY=0."""
         if not self.cfg.layout.door:
             return None
-        return {**(self.door or dict.fromkeys(("door", "reason", "ready_at", "in_flight"))),
+        return {**dict.fromkeys(("door", "reason", "ready_at", "in_flight", "groups")), **(self.door or {}),
                 "seen_s_ago": round(now - self.door_at, 1) if self.door_at else None, "error": self.door_error}
 
     def head(self):

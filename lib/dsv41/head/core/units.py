@@ -103,12 +103,18 @@ def gateway_socket_vars(cfg):
     return {"port": cfg.port, "service": names.GATEWAY_UNIT}
 
 
-def gateway_config_vars(cfg):
+DOOR_RETRY_BYTES = 262144      # with several groups: the longest request the door holds whole to send it again
+
+
+def gateway_config_vars(cfg, layout=None):
     """No path of the state dir enters the config (any STATE_DIR works): the maps are named relative to the
-    config's folder (`default-path config`), and the admin socket is a fixed path."""
+    config's folder (`default-path config`), and the admin socket is a fixed path. layout: the serving
+    layout (settings.layout.Layout) whose groups the door routes among; the settings' by default."""
     if not re.fullmatch(r"[A-Za-z0-9/._-]+", names.GATEWAY_SOCKET):
         raise UserError(f"the gateway's admin socket {names.GATEWAY_SOCKET!r} must be a plain path")
+    layout = layout or cfg.layout
     return {"port": cfg.port, "engine_port": cfg.engine_port, "timeout_s": cfg.gateway_timeout_s,
+            "groups": layout.groups, "backend": names.DOOR_BACKEND, "retry_bytes": DOOR_RETRY_BYTES,
             "bind": c.GATEWAY_BIND, "check_bind": c.CHECK_BIND.format(port=cfg.port),
             "socket_unit": names.GATEWAY_SOCKET_UNIT, "listen_fd": names.GATEWAY_LISTEN_FD,
             "rate_per_min": cfg.key_rate_per_min, "socket": names.GATEWAY_SOCKET,
@@ -145,9 +151,9 @@ def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_d
     return out
 
 
-def gateway_config(cfg, templates_dir=None):
+def gateway_config(cfg, templates_dir=None, layout=None):
     """dsv41-gateway's HAProxy config (a state file of the head: $STATE_DIR/gateway/haproxy.cfg)."""
-    return _render(environment(templates_dir), GATEWAY_CONFIG_TEMPLATE, gateway_config_vars(cfg))
+    return _render(environment(templates_dir), GATEWAY_CONFIG_TEMPLATE, gateway_config_vars(cfg, layout))
 
 
 GATEWAY_RENDERED = "haproxy.cfg"
