@@ -11,6 +11,7 @@ On every node, $STATE_DIR holds:
                          container; <key>: cache_key(image)), one subfolder per library (ENGINE_CACHES)
     run/                 cidfiles of the rank containers
     secrets/api_key      rank 0 only: the API key, 0600, mounted read-only into its container
+    sidedoor/            a serving group's first node off the head: its side door's config and key map
 and on the head also api_key (the key, 0600), units/r<N>/ (rendered units), doit.db (doit's own
 record of what ran), doit.lock (the run lock), image.stamp (the image ids `doit image` saw), ssh/ (ssh
 master sockets), releases/ (one folder per release), incidents/ (one evidence folder per
@@ -125,6 +126,21 @@ def door_server(index, groups):
 def gateway_map(rel):
     """A gateway map as its config and its admin socket name it: relative to the config's folder."""
     return os.path.relpath(rel, os.path.dirname(GATEWAY_CONFIG))
+
+
+# ---- a side door (head/core/units.py): HAProxy on a group's first node, when that group's rank 0 is not on the
+# head, in front of that group's engine; only the head's door (the gateway) may pass it ----
+SIDE_DOOR_UNIT = "dsv41-sidedoor.service"
+SIDE_DOOR_CONFIG = "sidedoor/haproxy.cfg"          # rendered; no secret in it
+SIDE_DOOR_KEYS = "sidedoor/door_key.map"           # sha256 of the head door's engine key -> SIDE_DOOR_KEY_NAME, 0600
+SIDE_DOOR_KEY_NAME = "door"                        # the one name that map holds: the head's door
+SIDE_DOOR_SOCKET = "/run/dsv41-sidedoor/admin.sock"   # HAProxy's runtime API (RuntimeDirectory=dsv41-sidedoor)
+SIDE_DOOR_ROUTES = GATEWAY_ROUTES + (("GET", "/health"),)   # the gateway's, and the engine's health for its check
+
+
+def side_door_map(rel):
+    """A side door's map as its config names it: relative to the config's folder."""
+    return os.path.relpath(rel, os.path.dirname(SIDE_DOOR_CONFIG))
 
 
 def rank_name(rank):

@@ -55,6 +55,13 @@ def gateway_argv(state_dir):
             names.state_path(state_dir, names.GATEWAY_CONFIG)]
 
 
+def side_door_argv(state_dir):
+    """A group's side door (its first node off the head): HAProxy as the gateway runs it (GATEWAY_WRAPPER), with
+    this node's engine key (its rank 0's key file) in its environment, no key in its argv."""
+    return ["/bin/sh", "-c", GATEWAY_WRAPPER, "dsv41-sidedoor", names.state_path(state_dir, names.SECRET_KEY),
+            names.state_path(state_dir, names.SIDE_DOOR_CONFIG)]
+
+
 def memguard_argv(state_dir):
     return node_python(state_dir) + ["dsv41.node.memguard", "--settings",
                                      names.state_path(state_dir, names.GUARD_SETTINGS), "--state-dir", state_dir]

@@ -5,6 +5,7 @@ Values reach a unit only through the filters below, which apply systemd's own ru
 with C escapes when it holds whitespace, quotes, backslashes, `;` or `#`; `%` becomes `%%`
 (specifiers) and `$` becomes `$$` (variable expansion). Environment= assignments (env_assign) are
 quoted the same way without `$$`; other settings (unit_value) get `%%` only."""
+import ipaddress
 import json
 import os
 import pwd
@@ -25,6 +26,8 @@ WATCHDOG_TEMPLATE = "dsv41-watchdog.service.j2"
 GATEWAY_TEMPLATE = "dsv41-gateway.service.j2"
 GATEWAY_SOCKET_TEMPLATE = "dsv41-gateway.socket.j2"
 GATEWAY_CONFIG_TEMPLATE = "dsv41-gateway.cfg.j2"
+SIDE_DOOR_TEMPLATE = "dsv41-sidedoor.service.j2"
+SIDE_DOOR_CONFIG_TEMPLATE = "dsv41-sidedoor.cfg.j2"
 _QUOTE_IF = re.compile(r"""[\s"'\\;#\x00-\x1f\x7f]""")
 
 
@@ -106,20 +109,55 @@ def gateway_socket_vars(cfg):
 DOOR_RETRY_BYTES = 262144      # with several groups: the longest request the door holds whole to send it again
 
 
+def door_vars(cfg, socket):
+    """What every door's config (units/door-rules.j2) takes alike: the engine's port, the timeout, and its admin
+    socket, a fixed plain path. No path of the state dir enters a door's config (any STATE_DIR works): its maps
+    are named relative to the config's folder (`default-path config`)."""
+    if not re.fullmatch(r"[A-Za-z0-9/._-]+", socket):
+        raise UserError(f"the admin socket {socket!r} must be a plain path")
+    return {"engine_port": cfg.engine_port, "timeout_s": cfg.gateway_timeout_s, "socket": socket}
+
+
 def gateway_config_vars(cfg, layout=None):
-    """No path of the state dir enters the config (any STATE_DIR works): the maps are named relative to the
-    config's folder (`default-path config`), and the admin socket is a fixed path. layout: the serving
-    layout (settings.layout.Layout) whose groups the door routes among; the settings' by default."""
-    if not re.fullmatch(r"[A-Za-z0-9/._-]+", names.GATEWAY_SOCKET):
-        raise UserError(f"the gateway's admin socket {names.GATEWAY_SOCKET!r} must be a plain path")
+    """The head's door; layout: the serving layout (settings.layout.Layout) whose groups it routes among, the
+    settings' by default."""
     layout = layout or cfg.layout
-    return {"port": cfg.port, "engine_port": cfg.engine_port, "timeout_s": cfg.gateway_timeout_s,
+    return {**door_vars(cfg, names.GATEWAY_SOCKET), "port": cfg.port,
             "groups": layout.groups, "backend": names.DOOR_BACKEND, "retry_bytes": DOOR_RETRY_BYTES,
             "bind": c.GATEWAY_BIND, "check_bind": c.CHECK_BIND.format(port=cfg.port),
             "socket_unit": names.GATEWAY_SOCKET_UNIT, "listen_fd": names.GATEWAY_LISTEN_FD,
-            "rate_per_min": cfg.key_rate_per_min, "socket": names.GATEWAY_SOCKET,
+            "rate_per_min": cfg.key_rate_per_min,
             "keys_map": names.gateway_map(names.GATEWAY_KEYS), "state_map": names.gateway_map(names.GATEWAY_STATE),
             "metrics_path": names.GATEWAY_METRICS_PATH, "routes": names.GATEWAY_ROUTES}
+
+
+def side_door_bind(bind):
+    """A side door's `ADDR:PORT` (an IPv4 or IPv6 address without a zone, HAProxy's spelling: the port after the
+    last colon), checked: it is written into the config as it is."""
+    addr, _, port = str(bind).rpartition(":")
+    try:
+        ipaddress.ip_address(addr)
+        ok = bool(re.fullmatch(r"[0-9A-Fa-f.:]+", addr)) and port.isdigit() and 1 <= int(port) <= 65535
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UserError(f"a side door binds ADDR:PORT (the node's fabric address and a port), not {bind!r}")
+    return f"{addr}:{int(port)}"
+
+
+def side_door_config_vars(cfg, bind, engine_port=None):
+    """The door's rules and timeouts as the gateway's (door_vars), the routes the gateway's and GET /health,
+    the one key the head door's (SIDE_DOOR_KEYS, beside the config)."""
+    return {**door_vars(cfg, names.SIDE_DOOR_SOCKET), "bind": side_door_bind(bind),
+            **({"engine_port": int(engine_port)} if engine_port is not None else {}),
+            "keys_map": names.side_door_map(names.SIDE_DOOR_KEYS), "key_name": names.SIDE_DOOR_KEY_NAME,
+            "routes": names.SIDE_DOOR_ROUTES}
+
+
+def side_door_vars(cfg, paths, user=None):
+    """The side door's unit on a group's first node: HAProxy through the gateway's key-reading wrapper, reading
+    this node's engine key (paths: the node's state_dir); user None: root, as every unit of a worker."""
+    return {"user": user, "haproxy": c.side_door_argv(c.fact(paths, "state_dir"))}
 
 
 def _render(env, name, values):
@@ -154,6 +192,26 @@ def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_d
 def gateway_config(cfg, templates_dir=None, layout=None):
     """dsv41-gateway's HAProxy config (a state file of the head: $STATE_DIR/gateway/haproxy.cfg)."""
     return _render(environment(templates_dir), GATEWAY_CONFIG_TEMPLATE, gateway_config_vars(cfg, layout))
+
+
+def side_door_config(cfg, bind, templates_dir=None, engine_port=None):
+    """A side door's HAProxy config (a state file of a group's first node off the head: $STATE_DIR/sidedoor/
+    haproxy.cfg) binding bind (its fabric ADDR:PORT) in front of 127.0.0.1:engine_port (default ENGINE_PORT)."""
+    return _render(environment(templates_dir), SIDE_DOOR_CONFIG_TEMPLATE, side_door_config_vars(cfg, bind, engine_port))
+
+
+def side_door_unit(cfg, paths, user=None, templates_dir=None):
+    """dsv41-sidedoor.service for a group's first node off the head (paths: that node's state_dir)."""
+    return _render(environment(templates_dir), SIDE_DOOR_TEMPLATE, side_door_vars(cfg, paths, user))
+
+
+def side_door_key_map(key_hash):
+    """The text of a side door's key map (names.SIDE_DOOR_KEYS, to be written 0600): the sha256 (hex) of the head
+    door's engine key, named SIDE_DOOR_KEY_NAME; never the key."""
+    if not re.fullmatch(r"[0-9a-f]{64}", str(key_hash)):
+        raise UserError("a side door's key map holds the sha256 of the head door's key (64 lower-case hex digits)")
+    return (f"# dsv41-sidedoor's one key: the sha256 of the head door's engine key, never the key.\n"
+            f"{key_hash} {names.SIDE_DOOR_KEY_NAME}\n")
 
 
 GATEWAY_RENDERED = "haproxy.cfg"
