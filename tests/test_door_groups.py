@@ -292,3 +292,14 @@ def test_503_with_retry_after_only_when_no_group_is_ready(door):
     assert ask(door)[:2] == (200, g0.port)
     with pytest.raises(node_gateway.GatewayError, match="ready, drain, maint"):
         node_gateway.set_group("g0", "down", door.sock)
+
+
+def test_a_request_past_the_retry_size_fails_with_its_group_which_its_error_takes_out(door):
+    g0, g1 = door.engines
+    g1.mode = "worker died"
+    node_gateway.set_group("g0", "maint", door.sock)   # the long one goes to g1
+    long = {"model": MODEL, "prompt": "x" * (units.DOOR_RETRY_BYTES + 10000), "max_tokens": 1}
+    assert ask(door, long)[0] == 500                    # not held whole: not sent again
+    assert node_gateway.groups(door.sock)["g1"]["status"] == "DOWN"
+    node_gateway.set_group("g0", "ready", door.sock)
+    assert ask(door)[:2] == (200, g0.port)
