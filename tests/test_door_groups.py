@@ -3,7 +3,8 @@ two STAND-IN engines on loopback (each a group's rank 0: it checks its engine ke
 completion) and clients that never retry.
 
 What a client notices: requests go to the group with the fewest in flight; a group killed under load costs no
-request begun after it and refuses no connection, and takes requests again once it answers; a group whose
+request begun after it and refuses no connection, and takes requests again once it answers, reached directly
+or through its side door (a real one, as its unit runs it: test_side_door); a group whose
 worker died (its /health still 200, every request an engine error) fails none: each request it errs on is
 answered by the other group, up to the size the door holds whole; one group drained while the other serves;
 503 with Retry-After only when no group is ready."""
@@ -28,7 +29,7 @@ from dsv41.settings.layout import Group
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None,
                                 reason="haproxy is not installed (tests/setup/monitoring.sh installs it)")
-DOOR_KEY = "engine-key-the-door-sends"
+from test_side_door import DOOR_KEY, GROUP_KEY, start as start_side_door   # the side door as its unit runs it
 CLIENT_KEY = "client-key-default"
 MODEL = "deepseek-v4.1-flash"
 
@@ -38,8 +39,9 @@ class Engine:
     request 500 as vLLM's EngineDeadError) or "hold" (a request waits for `release`); `posts` counts the
     requests that reached it; stop() and start() take it off the port and back."""
 
-    def __init__(self, port):
+    def __init__(self, port, key=DOOR_KEY):
         self.port, self.mode, self.posts, self.release, self.srv = port, "ok", 0, threading.Event(), None
+        self.key = key                     # the one it takes: the door's, or its group's behind a side door
         self.dead = False                  # stopped: a kept-alive connection still open is closed unanswered
         self.start()
 
@@ -68,7 +70,7 @@ class Engine:
             def do_GET(self):
                 if self.gone():
                     return
-                if self.headers.get("Authorization") != f"Bearer {DOOR_KEY}":
+                if self.headers.get("Authorization") != f"Bearer {engine.key}":
                     return self.reply(401, {"error": "Unauthorized"})
                 self.reply(200, {} if self.path == "/health" else {"object": "list", "data": [{"id": MODEL}]})
 
@@ -76,7 +78,7 @@ class Engine:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.gone():
                     return
-                if self.headers.get("Authorization") != f"Bearer {DOOR_KEY}":
+                if self.headers.get("Authorization") != f"Bearer {engine.key}":
                     return self.reply(401, {"error": "Unauthorized"})
                 engine.posts += 1
                 if engine.mode == "worker died":
@@ -101,13 +103,30 @@ class Engine:
 def door(tmp_path, monkeypatch):
     """A real HAProxy on the door's config for two groups (g0, g1: an Engine each), its port held as
     dsv41-gateway.socket holds it; yields a namespace with the engines, the port and the admin socket."""
+    yield from open_door(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def door_and_side_door(tmp_path, monkeypatch):
+    """As door, with g1's engine behind a real side door on 127.0.0.2 (test_side_door.start: as its unit runs
+    it), which passes the door's key and gives the engine its group's own."""
+    yield from open_door(tmp_path, monkeypatch, side_door=True)
+
+
+def open_door(tmp_path, monkeypatch, side_door=False):
     sock = str(tmp_path / "admin.sock")
     monkeypatch.setattr(names, "GATEWAY_SOCKET", sock)
+    monkeypatch.setattr(names, "SIDE_DOOR_SOCKET", str(tmp_path / "side.sock"))
     held = door_socket.hold()
     port = held.getsockname()[1]
-    engines = [Engine(free_port()) for _ in range(2)]
+    engines = [Engine(free_port()), Engine(free_port(), GROUP_KEY if side_door else DOOR_KEY)]
     cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "st"), "PORT": str(port)})
-    layout = two_groups(cfg, [e.port for e in engines])
+    side = None
+    if side_door:
+        side, side_port, _ = start_side_door(tmp_path, engines[1].port, open(tmp_path / "side.log", "w"))
+        layout = two_groups(cfg, [engines[0].port, side_port], host="127.0.0.2")
+    else:
+        layout = two_groups(cfg, [e.port for e in engines])
     sd = cfg.state_dir
     node_gateway.ensure(sd, {"name": "default", "hash": gateway.key_hash(CLIENT_KEY)})
     path = names.state_path(sd, names.GATEWAY_CONFIG)
@@ -122,8 +141,9 @@ def door(tmp_path, monkeypatch):
     else:
         raise AssertionError(proc.stdout.read1().decode() if proc.poll() is not None else "haproxy did not start")
     yield type("Door", (), {"port": port, "sock": sock, "engines": engines, "state_dir": sd})
-    proc.terminate()
-    proc.wait(10)
+    for p in (proc, side) if side else (proc,):
+        p.terminate()
+        p.wait(10)
     print(proc.stdout.read().decode())
     held.close()
     for e in engines:
@@ -303,3 +323,27 @@ def test_a_request_past_the_retry_size_fails_with_its_group_which_its_error_take
     assert node_gateway.groups(door.sock)["g1"]["status"] == "DOWN"
     node_gateway.set_group("g0", "ready", door.sock)
     assert ask(door)[:2] == (200, g0.port)
+
+
+def test_a_group_behind_its_side_door_killed_under_load_costs_no_request_and_heals(door_and_side_door):
+    door = door_and_side_door
+    g0, g1 = door.engines
+    load = Load(door)
+    assert wait_for(lambda: g1.posts > 5, 5)           # through the side door, with its group's key
+    g1.stop()                                          # the side door stays and answers 503: the engine is gone
+    assert wait_for(lambda: (node_gateway.groups(door.sock) or {}).get("g1", {}).get("status") == "DOWN", 8)
+    g1.start()
+    back = wait_for(lambda: (node_gateway.groups(door.sock) or {}).get("g1", {}).get("status") == "UP")
+    posts = g1.posts
+    time.sleep(2)
+    answers = load.end()
+    assert Load.failed(answers) == [] and len(answers) > 50, Load.failed(answers)[:5]
+    assert back and g1.posts > posts
+
+
+def test_a_long_request_passes_the_side_door_whole(door_and_side_door):
+    door = door_and_side_door
+    g0, g1 = door.engines
+    node_gateway.set_group("g0", "maint", door.sock)   # to g1, through its side door
+    long = {"model": MODEL, "prompt": "x" * (units.DOOR_RETRY_BYTES - 8192), "max_tokens": 1}
+    assert [ask(door, long)[:2] for _ in range(2)] == [(200, g1.port)] * 2
