@@ -201,12 +201,15 @@ def test_a_warm_cache_launch_is_faster_than_a_cold_one(lab, vllm):
     """With torch.compile, as on a Spark (conf/lab-vllm.toml): both ranks from stopped with the compile cache
     ($STATE_DIR/cache) emptied on every node, then again with it warm, measured in the same run; both launches
     of the release already in service (the profile's change is launched first), so neither has a rollout.
-    Each start-up's phases (read from rank 0's journal) say the compile missed its cache, then hit it, and
-    the warm start finds the ranks' caches alike (nothing cleared)."""
+    Each start-up's phases are read from rank 0's journal. vLLM's CPU build compiles inside its warm-up
+    (compilation mode DYNAMO_TRACE_ONCE: no "torch.compile took" line, no compile phase), so there the cache
+    shows as a shorter warm-up, and the cold start leaves inductor's kernels in the cache on both ranks; a
+    build whose log shows the compile (the GPU build's) says miss, then hit. The warm start finds the ranks'
+    caches alike (nothing cleared)."""
     # a cold compile on 2 busy cores can outlast the lab profile's 3-minute rollout floor: measured, not judged
     env = {**vllm.env, "DSV41_PROFILE": "lab-vllm", "ROLLOUT_MIN_TIMEOUT_MIN": "10"}
     lab.doit("launch", env, timeout=1800)
-    took, phases, said = {}, {}, {}
+    took, phases, said, held = {}, {}, {}, {}
     for cache in ("cold", "warm"):
         lab.doit("stop", env)
         if cache == "cold":
@@ -219,6 +222,8 @@ def test_a_warm_cache_launch_is_faster_than_a_cold_one(lab, vllm):
         last = json.loads(lab.on("head", f"cat {STATE}/startup.json").stdout)
         phases[cache] = {p["phase"]: p for p in last["phases"]}
         phases[cache]["whole"] = {"seconds": last["total"], "cache": None}
+        held[cache] = {n: e["caches"]["bytes"]["torch inductor"] for n, e in
+                       json.loads(lab.doit("status --json", env).stdout)["nodes"].items()}
         lab.on("head", f"journalctl -u dsv41-r0 -o short-iso-precise --no-pager --since=-{int(took[cache]) + 60}s "
                        f"> /tmp/startup-{cache}.log", check=False)      # kept for the parser's records
     ratio = took["warm"] / took["cold"]
@@ -230,7 +235,12 @@ def test_a_warm_cache_launch_is_faster_than_a_cold_one(lab, vllm):
               f"{warm.get('cache') or ''}")
     lab.doit("launch", vllm.env, timeout=1800)              # the other tests' profile again
     assert ratio <= WARM_RATIO_MAX
-    assert (phases["cold"]["compile"]["cache"], phases["warm"]["compile"]["cache"]) == ("miss", "hit"), phases
+    print(f"  torch inductor's cache after each (bytes per node): {held}")
+    if "compile" in phases["cold"]:
+        assert (phases["cold"]["compile"]["cache"], phases["warm"]["compile"]["cache"]) == ("miss", "hit"), phases
+    else:
+        assert phases["warm"]["warmup"]["seconds"] < phases["cold"]["warmup"]["seconds"], phases
+    assert all(held["cold"].values()), held
     assert "caches differ between the ranks" not in said["warm"], said["warm"][-3000:]
 
 
