@@ -253,6 +253,8 @@ def test_a_group_killed_under_load_costs_no_request_begun_after_and_refuses_none
     time.sleep(3)
     answers = load.end()
     after = [a for t, a in answers if t >= killed_at]
+    print(f"a group killed under load: {len(answers)} requests, {len(after)} begun after the kill, "
+          f"{len(Load.failed(answers))} failed")
     assert Load.failed(answers) == [] and len(after) > 50, Load.failed(answers)[:5]
     assert back and g1.posts > posts                   # healed: it takes requests again
 
@@ -264,6 +266,8 @@ def test_a_group_whose_worker_died_errs_and_each_of_its_requests_is_answered_by_
     g1.mode, posts = "worker died", g1.posts           # its rank 0 still answers /health 200, every request 500
     time.sleep(4)
     answers = load.end()
+    print(f"a group whose worker died: {len(answers)} requests, {g1.posts - posts} tried there first, "
+          f"{len(Load.failed(answers))} failed")
     assert Load.failed(answers) == [], Load.failed(answers)[:5]
     assert g1.posts > posts and {a[1] for t, a in answers[-20:]} == {g0.port}   # tried there, answered here
 
@@ -337,6 +341,8 @@ def test_a_group_behind_its_side_door_killed_under_load_costs_no_request_and_hea
     posts = g1.posts
     time.sleep(2)
     answers = load.end()
+    print(f"a group behind its side door killed under load: {len(answers)} requests, "
+          f"{len(Load.failed(answers))} failed")
     assert Load.failed(answers) == [] and len(answers) > 50, Load.failed(answers)[:5]
     assert back and g1.posts > posts
 
