@@ -65,7 +65,7 @@ def start(tmp, engine_port, log):
     returns (process, port, config text) once it answers."""
     port = free_port(NODE)
     cfg, state, text = config_for(tmp, f"{NODE}:{port}", engine_port)
-    [(_, argv)] = execs(units.side_door_unit(cfg, {"state_dir": state}), "ExecStart")
+    [(_, argv)] = execs(units.side_door_unit({"state_dir": state}), "ExecStart")
     env = {k: v for k, v in os.environ.items() if k != "DSV41_ENGINE_KEY"}
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
@@ -191,7 +191,7 @@ def test_an_engine_that_does_not_answer_is_a_503_in_openais_shape(tmp_path, monk
 
 def test_neither_the_config_nor_the_unit_holds_a_key(tmp_path):
     cfg, state, text = config_for(tmp_path, "10.0.0.2:8000", 18000)
-    unit = units.side_door_unit(cfg, {"state_dir": state})
+    unit = units.side_door_unit({"state_dir": state})
     with open(names.state_path(state, names.SIDE_DOOR_KEYS)) as f:
         key_map = f.read()
     for key in (DOOR_KEY, GROUP_KEY, CLIENT_KEY):
@@ -214,7 +214,7 @@ def test_systemd_analyze_verify_is_clean(analyze, tmp_path):
     cfg, state, _ = config_for(tmp_path, "10.0.0.2:8000", 18000)
     root = verify_root(tmp_path)
     unit = root / "etc/systemd/system" / names.SIDE_DOOR_UNIT
-    unit.write_text(units.side_door_unit(cfg, {"state_dir": state}))
+    unit.write_text(units.side_door_unit({"state_dir": state}))
     r = subprocess.run([analyze, "verify", "--man=no", f"--root={root}", str(unit)], capture_output=True, text=True)
     assert (r.returncode, r.stderr, r.stdout) == (0, "", "")
 

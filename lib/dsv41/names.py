@@ -123,9 +123,10 @@ def door_server(index, groups):
     return "r0" if groups == 1 else f"g{index}"
 
 
-def gateway_map(rel):
-    """A gateway map as its config and its admin socket name it: relative to the config's folder."""
-    return os.path.relpath(rel, os.path.dirname(GATEWAY_CONFIG))
+def gateway_map(rel, config=GATEWAY_CONFIG):
+    """A map of a door's config (the gateway's, or a side door's: SIDE_DOOR_CONFIG) as that config and its admin
+    socket name it: relative to the config's folder."""
+    return os.path.relpath(rel, os.path.dirname(config))
 
 
 # ---- a side door (head/core/units.py): HAProxy on a group's first node, when that group's rank 0 is not on the
@@ -136,11 +137,6 @@ SIDE_DOOR_KEYS = "sidedoor/door_key.map"           # sha256 of the head door's e
 SIDE_DOOR_KEY_NAME = "door"                        # the one name that map holds: the head's door
 SIDE_DOOR_SOCKET = "/run/dsv41-sidedoor/admin.sock"   # HAProxy's runtime API (RuntimeDirectory=dsv41-sidedoor)
 SIDE_DOOR_ROUTES = GATEWAY_ROUTES + (("GET", "/health"),)   # the gateway's, and the engine's health for its check
-
-
-def side_door_map(rel):
-    """A side door's map as its config names it: relative to the config's folder."""
-    return os.path.relpath(rel, os.path.dirname(SIDE_DOOR_CONFIG))
 
 
 def rank_name(rank):

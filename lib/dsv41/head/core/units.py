@@ -145,19 +145,12 @@ def side_door_bind(bind):
     return f"{addr}:{int(port)}"
 
 
-def side_door_config_vars(cfg, bind, engine_port=None):
+def side_door_config_vars(cfg, bind):
     """The door's rules and timeouts as the gateway's (door_vars), the routes the gateway's and GET /health,
     the one key the head door's (SIDE_DOOR_KEYS, beside the config)."""
     return {**door_vars(cfg, names.SIDE_DOOR_SOCKET), "bind": side_door_bind(bind),
-            **({"engine_port": int(engine_port)} if engine_port is not None else {}),
-            "keys_map": names.side_door_map(names.SIDE_DOOR_KEYS), "key_name": names.SIDE_DOOR_KEY_NAME,
-            "routes": names.SIDE_DOOR_ROUTES}
-
-
-def side_door_vars(cfg, paths, user=None):
-    """The side door's unit on a group's first node: HAProxy through the gateway's key-reading wrapper, reading
-    this node's engine key (paths: the node's state_dir); user None: root, as every unit of a worker."""
-    return {"user": user, "haproxy": c.side_door_argv(c.fact(paths, "state_dir"))}
+            "keys_map": names.gateway_map(names.SIDE_DOOR_KEYS, names.SIDE_DOOR_CONFIG),
+            "key_name": names.SIDE_DOOR_KEY_NAME, "routes": names.SIDE_DOOR_ROUTES}
 
 
 def _render(env, name, values):
@@ -194,15 +187,18 @@ def gateway_config(cfg, templates_dir=None, layout=None):
     return _render(environment(templates_dir), GATEWAY_CONFIG_TEMPLATE, gateway_config_vars(cfg, layout))
 
 
-def side_door_config(cfg, bind, templates_dir=None, engine_port=None):
+def side_door_config(cfg, bind, templates_dir=None):
     """A side door's HAProxy config (a state file of a group's first node off the head: $STATE_DIR/sidedoor/
-    haproxy.cfg) binding bind (its fabric ADDR:PORT) in front of 127.0.0.1:engine_port (default ENGINE_PORT)."""
-    return _render(environment(templates_dir), SIDE_DOOR_CONFIG_TEMPLATE, side_door_config_vars(cfg, bind, engine_port))
+    haproxy.cfg) binding bind (its fabric ADDR:PORT) in front of 127.0.0.1:ENGINE_PORT."""
+    return _render(environment(templates_dir), SIDE_DOOR_CONFIG_TEMPLATE, side_door_config_vars(cfg, bind))
 
 
-def side_door_unit(cfg, paths, user=None, templates_dir=None):
-    """dsv41-sidedoor.service for a group's first node off the head (paths: that node's state_dir)."""
-    return _render(environment(templates_dir), SIDE_DOOR_TEMPLATE, side_door_vars(cfg, paths, user))
+def side_door_unit(paths, templates_dir=None):
+    """dsv41-sidedoor.service for a group's first node off the head (paths: that node's state_dir): HAProxy
+    through the gateway's key-reading wrapper, reading this node's engine key; as root, as every unit of a
+    worker."""
+    return _render(environment(templates_dir), SIDE_DOOR_TEMPLATE,
+                   {"haproxy": c.side_door_argv(c.fact(paths, "state_dir"))})
 
 
 def side_door_key_map(key_hash):
