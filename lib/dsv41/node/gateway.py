@@ -141,20 +141,21 @@ def _busy(row):
     return int(row.get("scur") or 0) + int(row.get("qcur") or 0)
 
 
-def groups(sock_path=names.GATEWAY_SOCKET):
+def groups(sock_path=names.GATEWAY_SOCKET, rows=None):
     """{server: {"status", "in_flight"}} of each serving group in the door's backend (status as HAProxy says
-    it: UP, DOWN, DRAIN, MAINT, "UP 1/2" while a check is going); None without a gateway."""
-    rows = _stat_rows(sock_path)
+    it: UP, DOWN, DRAIN, MAINT, "UP 1/2" while a check is going); None without a gateway. rows: a `show stat`
+    already read (_stat_rows)."""
+    rows = _stat_rows(sock_path) if rows is None else rows
     if rows is None:
         return None
     return {name: {"status": row.get("status", ""), "in_flight": _busy(row)}
             for name, row in rows.items() if name not in ("FRONTEND", "BACKEND")}
 
 
-def in_flight(sock_path=names.GATEWAY_SOCKET, group=None):
+def in_flight(sock_path=names.GATEWAY_SOCKET, group=None, rows=None):
     """Requests at the engine now (its backend's current and queued sessions; one group's server's with
-    group); None without a gateway, or when there is no such group."""
-    rows = _stat_rows(sock_path)
+    group); None without a gateway, or when there is no such group. rows: a `show stat` already read."""
+    rows = _stat_rows(sock_path) if rows is None else rows
     row = (rows or {}).get(group or "BACKEND")
     return None if row is None else _busy(row)
 
@@ -366,9 +367,11 @@ def main():
             out = keys(state_dir, req)
         elif op == "ensure":
             out = ensure(state_dir, req["default"])
-        elif op == "state":
-            out = {**read_state(names.state_path(state_dir, names.GATEWAY_STATE)), "in_flight": in_flight(),
-                   "groups": groups()}
+        elif op == "state":                     # one `show stat` for the whole and each group
+            rows = _stat_rows(names.GATEWAY_SOCKET)
+            out = {**read_state(names.state_path(state_dir, names.GATEWAY_STATE)),
+                   "in_flight": None if rows is None else in_flight(rows=rows),
+                   "groups": None if rows is None else groups(rows=rows)}
         else:
             raise GatewayError(f"unknown op {op!r}")
     except (GatewayError, OSError, ValueError, KeyError, IndexError) as err:
