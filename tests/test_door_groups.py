@@ -29,7 +29,8 @@ from dsv41.settings.layout import Group
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None,
                                 reason="haproxy is not installed (tests/setup/monitoring.sh installs it)")
-from test_side_door import DOOR_KEY, GROUP_KEY, start as start_side_door   # the side door as its unit runs it
+# the side door as its unit runs it, and its keys
+from test_side_door import DOOR_KEY, GROUP_KEY, free_port, start as start_side_door
 CLIENT_KEY = "client-key-default"
 MODEL = "deepseek-v4.1-flash"
 
@@ -119,7 +120,7 @@ def open_door(tmp_path, monkeypatch, side_door=False):
     monkeypatch.setattr(names, "SIDE_DOOR_SOCKET", str(tmp_path / "side.sock"))
     held = door_socket.hold()
     port = held.getsockname()[1]
-    engines = [Engine(free_port()), Engine(free_port(), GROUP_KEY if side_door else DOOR_KEY)]
+    engines = [Engine(free_port("127.0.0.1")), Engine(free_port("127.0.0.1"), GROUP_KEY if side_door else DOOR_KEY)]
     cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "st"), "PORT": str(port)})
     side = None
     if side_door:
@@ -150,11 +151,6 @@ def open_door(tmp_path, monkeypatch, side_door=False):
         e.release.set()
         if e.srv.socket.fileno() != -1:
             e.stop()
-
-
-def free_port():
-    with door_socket.hold() as s:
-        return s.getsockname()[1]
 
 
 def two_groups(cfg, ports, host="127.0.0.1"):
