@@ -176,7 +176,9 @@ def task_stop():
     """Stop the watchdog, drain, the head's rank, then the workers', then the memory guards (idempotent)."""
     return {"actions": [call(stop.stop, served=True)], "uptodate": [False],        # takes the run lock itself
             "params": [{"name": "free_port", "long": "free-port", "type": bool, "default": False,
-                        "help": "stop the gateway too: PORT is free (without it clients get 503 \"stopped\")"}]}
+                        "help": "stop the gateway too: PORT is free (without it clients get 503 \"stopped\")"},
+                       {"name": "group", "long": "group", "type": int, "default": None,
+                        "help": "stop serving group N only (GROUPS > 1): it drains and stops, the others serve"}]}
 
 
 def task_plan():

@@ -15,7 +15,7 @@ import pytest
 from dsv41.head import status, top, watchdog
 from dsv41.settings.layers import load_config
 from dsv41.errors import UserError
-from dsv41.head.core import observe, record, runlock, top_watch
+from dsv41.head.core import observe, record, runlock, top_watch, watchdog_metrics
 from dsv41.head.core.cluster import Cluster
 from dsv41.head.core.health import EXIT_CODES, WORDS, Verdict
 from dsv41.head.core.state import parse, unreachable
@@ -411,7 +411,7 @@ def test_a_look_still_waiting_on_its_probe_publishes_the_sign_before_the_verdict
     current["states"] = states(SERVING)
     w = watchdog.Watchdog(cfg, log=lambda m: None)
     w.cl.observe = lambda: current["states"]
-    prom = tmp_path / "prom" / watchdog.METRICS_FILE
+    prom = tmp_path / "prom" / watchdog_metrics.METRICS_FILE
 
     def judging():
         return [line for line in prom.read_text().splitlines() if line.startswith("dsv41_watchdog_judging ")]

@@ -20,7 +20,9 @@ from dsv41.errors import UserError
 from dsv41.settings.layers import load_config
 from dsv41.head.core import record
 from dsv41.head.core.health import Health, Verdict
-from dsv41.head.watchdog import VERDICTS, Watchdog, remove_metrics
+from dsv41.head.core.health import VERDICTS
+from dsv41.head.core.watchdog_metrics import remove_metrics
+from dsv41.head.watchdog import Watchdog
 from dsv41.node import gateway as node_gateway
 from test_monitoring import gateway_running
 from test_standin_engine import REAL_METRICS, Ranks, events, free_port

@@ -330,6 +330,7 @@ def project_series(tmp_path):
     """dsv41_ series as the guard and the watchdog write them (their own code, run here)."""
     lines = textfile.metrics_lines(10 * GIB, GIB, "enforce", 1, 1.0, True)
     from dsv41.head import watchdog
+    from dsv41.head.core import watchdog_metrics
     cfg = cfg_for(tmp_path, METRICS_DIR=str(tmp_path / "metrics"), WORKERS="")
     os.makedirs(cfg.state_dir, exist_ok=True)
     from dsv41.head.core.health import Health, Verdict
@@ -339,7 +340,7 @@ def project_series(tmp_path):
     watchdog.Watchdog(cfg, log=lambda m: None).publish(Health(Verdict.RECOVERING, ("test",), recovering={
         "id": "20300317T174650Z-DEAD", "verdict": "DEAD", "node": "worker1", "fault_at": 1_900_000_000}))
     lines += (tmp_path / "metrics" / "dsv41_watchdog.prom").read_text().splitlines()
-    watchdog.write_gateway_metrics(str(tmp_path / "metrics"), {"alice": {
+    watchdog_metrics.write_gateway_metrics(str(tmp_path / "metrics"), {"alice": {
         "requests": 3, "errors": 0, "unavailable": 1, "limited": 1, "idle_s": 5}})     # usage()'s shape
     lines += (tmp_path / "metrics" / "dsv41_gateway.prom").read_text().splitlines()
     return {re.split(r"[{ ]", line)[0] for line in lines if line and not line.startswith("#")}

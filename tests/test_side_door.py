@@ -129,7 +129,8 @@ def test_the_rendered_config_passes_haproxy_check_on_a_nodes_fabric_address(tmp_
 
 
 @needs_haproxy
-def test_the_door_key_gets_chat_completions_models_tokenize_and_health_and_the_engine_sees_only_its_own_key(side):
+def test_the_door_key_gets_chat_completions_models_tokenize_health_and_metrics_and_the_engine_sees_only_its_own_key(
+        side):
     StandIn.phase = "door key"
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     code, body = call(side.port, "POST", "/v1/chat/completions", DOOR_KEY, chat)
@@ -143,6 +144,7 @@ def test_the_door_key_gets_chat_completions_models_tokenize_and_health_and_the_e
     code, body = call(side.port, "POST", "/tokenize", DOOR_KEY, {"model": "m", "prompt": "hi"})
     assert code == 200 and body["count"] == 3
     assert call(side.port, "GET", "/health", DOOR_KEY)[0] == 200
+    assert call(side.port, "GET", "/metrics", DOOR_KEY)[0] == 200      # for the head's watchdog
     # the door key opens only the listed routes, spelt exactly
     assert call(side.port, "POST", "/invocations", DOOR_KEY, chat)[0] == 404
     assert call(side.port, "GET", "/%761/models", DOOR_KEY)[0] == 400

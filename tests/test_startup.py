@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from dsv41.head import status, watchdog
-from dsv41.head.core import incidents, record, release_status, releases as rel, startup
+from dsv41.head import status
+from dsv41.head.core import incidents, record, release_status, releases as rel, startup, watchdog_metrics
 from dsv41.vllm.recipe import Vllm
 from test_releases import T0, fields
 
@@ -116,7 +116,7 @@ def test_an_incident_keeps_its_recoverys_phases_and_shows_them(tmp_path):
 
 def test_each_phase_known_is_a_gauge_and_an_unknown_one_has_none():
     reg = CollectorRegistry()
-    watchdog.startup_gauges(reg, Gauge, {"kind": "recovery", "total": 98.2, "phases": [
+    watchdog_metrics.startup_gauges(reg, Gauge, {"kind": "recovery", "total": 98.2, "phases": [
         {"phase": "weights", "seconds": 2.8, "cache": None}, {"phase": "compile", "seconds": 40.0, "cache": "miss"},
         {"phase": "graphs", "seconds": None, "cache": None}]})
     text = generate_latest(reg).decode()

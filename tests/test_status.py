@@ -24,7 +24,8 @@ def test_nothing_deployed_is_not_running_exit_3_with_the_versioned_json(tmp_path
     doc = json.loads(r.stdout)
     assert r.returncode == 3 and doc["state"] == "NOT RUNNING" and doc["exit_code"] == 3
     assert set(doc) == {"schema", "state", "exit_code", "health", "nodes", "api", "gateway", "stale", "watchdog",
-                        "release", "silenced", "startup"}
+                        "release", "silenced", "startup", "groups"}
+    assert doc["groups"] == []                          # one serving group: no per-group rows
     assert doc["gateway"]["unit"] == "not installed" and doc["gateway"]["health"] is None
     assert doc["release"] == {"serving": None, "failed": None, "rolling_out": None} and doc["silenced"] is None
     assert doc["startup"] is None                       # set only while the ranks start

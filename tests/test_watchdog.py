@@ -351,12 +351,12 @@ def test_a_stopped_watchdog_leaves_no_metrics_file(tmp_path):
     import subprocess
     import sys
     import time
-    from dsv41.head import watchdog
+    from dsv41.head.core import watchdog_metrics
     from dsv41.head.core.desired import watchdog_settings
     cfg = load_config({"WORKER": "u@127.0.0.1", "SSH_OPTS": "-p 1", "SSH_TIMEOUT_S": "2", "PORT": "18997",
                        "STATE_DIR": str(tmp_path), "METRICS_DIR": str(tmp_path / "prom"), "WATCHDOG_PROBE_S": "2"})
     (tmp_path / "watchdog.json").write_text(watchdog_settings(cfg))
-    prom = tmp_path / "prom" / watchdog.METRICS_FILE
+    prom = tmp_path / "prom" / watchdog_metrics.METRICS_FILE
     p = subprocess.Popen([sys.executable, "-m", "dsv41.head.watchdog", "--state-dir", str(tmp_path)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

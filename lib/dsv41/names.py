@@ -73,6 +73,8 @@ STARTUP = "startup.json"              # on the head: the last start-up's phases 
 NEEDS_REBOOT = "needs-reboot.json"    # on the head: a restart stopped because a node's memory did not come back
 DOIT_DB = "doit.db"                    # on the head: doit's record of what ran (sqlite)
 DOIT_LOCK = "doit.lock"               # on the head: the run lock (core/runlock.py)
+GROUP_RECORDS = "groups"              # on the head, with GROUPS > 1: groups/g<N>/, one serving group's records (its
+GROUP_DIR_RE = re.compile(r"g\d+")    # watchdog's status, incidents and evidence, readiness, start-up, run lock)
 IMAGE_STAMP = "image.stamp"           # on the head: the image ids every node held at the last `doit image`
 SSH = "ssh"                           # on the head: the ssh master sockets
 RELEASES = "releases"                 # on the head: releases/<NNNN>/release.json
@@ -123,6 +125,11 @@ def door_server(index, groups):
     return "r0" if groups == 1 else f"g{index}"
 
 
+def key_hash(key):
+    """How a door knows a key: its sha256, in hex (HAProxy: `sha2(256),hex,lower`)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def gateway_map(rel, config=GATEWAY_CONFIG):
     """A map of a door's config (the gateway's, or a side door's: SIDE_DOOR_CONFIG) as that config and its admin
     socket name it: relative to the config's folder."""
@@ -136,7 +143,8 @@ SIDE_DOOR_CONFIG = "sidedoor/haproxy.cfg"          # rendered; no secret in it
 SIDE_DOOR_KEYS = "sidedoor/door_key.map"           # sha256 of the head door's engine key -> SIDE_DOOR_KEY_NAME, 0600
 SIDE_DOOR_KEY_NAME = "door"                        # the one name that map holds: the head's door
 SIDE_DOOR_SOCKET = "/run/dsv41-sidedoor/admin.sock"   # HAProxy's runtime API (RuntimeDirectory=dsv41-sidedoor)
-SIDE_DOOR_ROUTES = GATEWAY_ROUTES + (("GET", "/health"),)   # the gateway's, and the engine's health for its check
+SIDE_DOOR_ROUTES = GATEWAY_ROUTES + (("GET", "/health"), ("GET", "/metrics"))   # the gateway's, the engine's health
+                                                   # for its check and its metrics for the head's watchdog
 
 
 def rank_name(rank):

@@ -92,12 +92,15 @@ def metrics_url(api_url):
     return (url[: -len("/v1")] if url.endswith("/v1") else url) + "/metrics"
 
 
-def scrape(url, timeout=5.0):
+def scrape(url, timeout=5.0, key=None):
     """A Snapshot of one GET of url (timed when the answer arrived), within `timeout` seconds of wall time
     (a server that trickles cannot stretch it: api.bounded); UserError in one line when the server does
-    not answer in time, answers with an error, or answers with something that is not Prometheus text."""
+    not answer in time, answers with an error, or answers with something that is not Prometheus text.
+    key: sent as a bearer token (a serving group behind its side door lets nothing in without it)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        r = bounded(lambda: requests.get(url, timeout=(min(2.0, timeout), timeout)), timeout, f"GET {url}")
+        r = bounded(lambda: requests.get(url, timeout=(min(2.0, timeout), timeout), headers=headers), timeout,
+                    f"GET {url}")
     except requests.exceptions.ConnectionError as err:
         why = "connection refused" if "refused" in str(err).lower() else one_line(err, 120)
         raise UserError(f"no answer from {url} ({why})") from None

@@ -44,7 +44,7 @@ def launch(cfg, force=False, retry_failed=False):
         print(f"ready: base URL {cfg.api_url}, model {cfg.served_model_name}, key in {cfg.api_key_file}; "
               f"release {ro.release.number} finished")
         return
-    steps = decide(cfg.nodes, want, states, cl.recipe)
+    steps = decide(cfg.nodes, want, states, cl.recipe, cfg.groups)
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
     h = health_now(cl, states, probe=not restarting)
     fault = h if h.verdict in ((DEGRADED,) if restarting else REPAIR) else None
@@ -103,9 +103,11 @@ def health_now(cl, states, probe):
 
 
 def resume_watchdog(cfg):
-    """A watchdog that gave up stays hands-off until a launch: this one."""
-    if record.clear_gave_up(cfg.state_dir):
-        print(f"[head] cleared {names.state_path(cfg.state_dir, names.WATCHDOG_GAVEUP)}: the watchdog acts again")
+    """A watchdog that gave up (or a group's that `doit stop --group` stopped) stays hands-off until a launch:
+    this one."""
+    for d in sorted({cfg.state_dir, *(cfg.group_config(i).records for i in range(cfg.groups))}):
+        if record.clear_gave_up(d):
+            print(f"[head] cleared {names.state_path(d, names.WATCHDOG_GAVEUP)}: the watchdog acts again")
 
 
 def fmt_elapsed(s):

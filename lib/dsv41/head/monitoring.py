@@ -38,19 +38,12 @@ def out_dir(cfg):
     return names.state_path(cfg.state_dir, names.MONITORING)
 
 
-def _host(spec):
-    """Where the head reaches a node: its fabric address when set, else its ssh target's host."""
-    if spec.rank == 0:
-        return spec.ip or "127.0.0.1"
-    return spec.ip or spec.target.split("@")[-1]
-
-
 def engine_target(cfg):
     return urlsplit(cfg.engine_url).netloc
 
 
 def node_targets(cfg):
-    return [{"name": s.name, "target": f"{_host(s)}:{cfg.exporter_port}"} for s in cfg.nodes]
+    return [{"name": s.name, "target": f"{cfg.address(s) or '127.0.0.1'}:{cfg.exporter_port}"} for s in cfg.nodes]
 
 
 def _environment(folder):

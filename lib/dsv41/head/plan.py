@@ -34,7 +34,7 @@ def plan(cfg):
         print(f"diff {name} on {cl.specs[node].label}:")
         print("".join(difflib.unified_diff((have or "").splitlines(True), text.splitlines(True),
                                            f"installed/{name}", f"rendered/{name}")), end="")
-    steps = decide(cfg.nodes, want, states, cl.recipe)
+    steps = decide(cfg.nodes, want, states, cl.recipe, cfg.groups)
     missing = [n for n in cl.nodes if not states[n.name].image_id]
     print("launch would:")
     for n in missing:

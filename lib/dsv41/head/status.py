@@ -84,11 +84,11 @@ def door_status(cl, head_state, problems):
         return None
     u = head_state.unit(names.GATEWAY_UNIT) if head_state and not head_state.error else None
     out = {"url": cl.cfg.api_url, "unit": (u.active or "not installed") if u and u.installed else "not installed",
-           "door": None, "reason": None, "in_flight": None, "health": None, "answer": None}
+           "door": None, "reason": None, "in_flight": None, "health": None, "answer": None, "groups": None}
     state = cl.gateway.state(problems)
     if state:
         out.update(door=state["door"], reason=state["reason"] if state["door"] == "closed" else None,
-                   in_flight=state["in_flight"])
+                   in_flight=state["in_flight"], groups=state.get("groups"))
     client = cl.door_client(read_timeout=5, problems=problems)
     out["health"] = client.health()
     try:
@@ -115,6 +115,33 @@ def starting(cl, problems, now=None):
     return {"line": startup.under_way(s.current, s.since, now, last), "phase": s.current,
             "for_s": None if s.since is None else round(now - s.since, 1),
             "last_s": startup.seconds_of(last, s.current)}
+
+
+def group_entries(cl, states, door, head_state, problems):
+    """With GROUPS > 1, each serving group as its watchdog judges it: [({"group", "nodes", "url", "state",
+    "verdict", "evidence", "exit_code", "at_door", "in_flight", "watchdog"}, its Health)] (at_door: its server's
+    state at the door, UP, DOWN, MAINT or DRAIN); [] with one group."""
+    if cl.cfg.groups == 1:
+        return []
+    at = (door or {}).get("groups") or {}
+    out = []
+    for g in cl.groups():
+        api = api_status(g, problems)
+        obs = observe.observation(g.cfg, {n.name: states[n.name] for n in g.nodes}, api["health"], problems=problems,
+                                  api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
+        h = assess(g.cfg, obs, Memory(), g.recipe)
+        server = at.get(names.door_server(g.cfg.scope, cl.cfg.groups)) or {}
+        out.append(({"group": g.cfg.scope, "nodes": [s.name for s in g.cfg.nodes], "url": api["url"],
+                     "state": h.word, "verdict": h.verdict.value, "evidence": h.evidence, "exit_code": h.exit_code,
+                     "at_door": server.get("status"), "in_flight": server.get("in_flight"),
+                     "watchdog": watchdog_entry(g.cfg, head_state, problems)}, h))
+    return out
+
+
+def group_line(e):
+    door = f"at the door {e['at_door'] or '?'}" + ("" if e["in_flight"] is None else f", {e['in_flight']} in flight")
+    return (f"group {e['group']} ({', '.join(e['nodes'])}): {e['state']}, {e['verdict']}: {e['evidence']}; {door}\n"
+            f"  {watchdog_line(e['watchdog'])}")
 
 
 def door_line(door):
@@ -174,6 +201,10 @@ def status(cfg, json=False):
     obs = observe.observation(cfg, states, api["health"], problems=problems,
                               api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
     h = assess(cfg, obs, Memory(), cl.recipe)
+    judged = group_entries(cl, states, door, cl.states.get(cl.head.name), problems)
+    groups = [e for e, _ in judged]
+    if judged:                  # the worst group's Health is the cluster's: a group down is a fault, others serving
+        h = max(judged, key=lambda j: j[1].exit_code)[1]
     started = starting(cl, problems) if h.verdict == STARTING else None
     wd = watchdog_entry(cfg, cl.states.get(cl.head.name), problems)
     release = release_status.service_entry(cfg.state_dir, wd, history)
@@ -185,7 +216,7 @@ def status(cfg, json=False):
     if json:
         print(_json.dumps({"schema": SCHEMA, "state": h.word, "exit_code": h.exit_code, "health": h.as_json(),
                            "nodes": entries, "api": api, "gateway": door, "stale": stale, "watchdog": wd, "release": release,
-                           "silenced": quiet, "startup": started}, indent=2))
+                           "silenced": quiet, "startup": started, "groups": groups}, indent=2))
     else:
         for line in stale + ([served] if served else []):
             print(line)
@@ -193,7 +224,10 @@ def status(cfg, json=False):
               f"models {', '.join(api['models'] or []) or '-'}")
         if door:
             print(door_line(door))
-        print(watchdog_line(wd))
+        for e in groups:
+            print(group_line(e))
+        if not groups:
+            print(watchdog_line(wd))
         print(release_status.service_line(release))
         if quiet:
             print(quiet)

@@ -4,16 +4,23 @@ finish); then the engine's units in the recipe's stop order, then the memory gua
 answering 503, unless --free-port) and doit clear-trip.
 Stop is what people reach for when things are broken: it stops everything on every node it can reach,
 then fails naming each node it could not reach and what may still run there. It says what it stopped,
-what was installed but not running, and which node has nothing of dsv41 installed."""
+what was installed but not running, and which node has nothing of dsv41 installed.
+
+`doit stop --group N` (GROUPS > 1) stops one serving group while the others serve: its watchdog is told to keep
+its hands off until `doit launch` (a recovery it has in progress is ended), its server at the door drains, then
+its ranks, memory guards and side door stop."""
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import recovery, runlock, silences
 from dsv41.head.core.cluster import Cluster, say
 
 RUNNING = ("active", "activating", "reloading", "deactivating", "")    # "": systemd did not say
+GROUP_STOPPED = "stopped by `doit stop --group`: hands off until `doit launch`"
 
 
-def stop(cfg, free_port=False):
+def stop(cfg, free_port=False, group=None):
+    if group is not None:
+        return stop_group(cfg, group)
     cl = Cluster(cfg)
     say(cl.head, silences.silence(cfg, "doit stop"))
     cl.connect()
@@ -44,16 +51,34 @@ def stop(cfg, free_port=False):
     runlock.take(cfg.state_dir)
     if not cl.head.unreachable:             # new requests 503, those in flight finish (DRAIN_S)
         recovery.door(cl, lambda line: say(cl.head, line), cl.gateway.STOPPED, drain=True)
-    for spec, unit in cl.recipe.stop_order(cfg.nodes):
-        on(cl.node(spec), unit, unit)
-    for node in cl.nodes:
-        on(node, names.MEMGUARD_UNIT, "the memory guard")
+    stop_units(cl, on)
     gateway_after_stop(cl, seen, free_port, on)
     if missed:
         raise UserError("not stopped: " + "; ".join(
             f"{n.label} did not answer ({one_line(err, 160)}), so {', '.join(cl.engine_units(n))} and "
             f"{names.MEMGUARD_UNIT} may still run there" for n, err in missed.items())
             + "; run `doit stop` again once it answers")
+
+
+def stop_units(cl, on):
+    """Every group's ranks in the recipe's stop order, then the memory guards and the side doors."""
+    for spec, unit in [o for g in cl.groups() for o in cl.recipe.stop_order(g.cfg.nodes)]:
+        on(cl.node(spec), unit, unit)
+    for node in cl.nodes:
+        on(node, names.MEMGUARD_UNIT, "the memory guard")
+        on(node, names.SIDE_DOOR_UNIT, "the side door")
+
+
+def stop_group(cfg, index):
+    """`doit stop --group N`: one serving group taken out while the others serve (the module's docstring)."""
+    if cfg.groups == 1:
+        raise UserError("--group: there is one serving group (GROUPS=1): `doit stop` stops it")
+    if not 0 <= index < cfg.groups:
+        raise UserError(f"--group {index}: the groups are 0 to {cfg.groups - 1} (GROUPS={cfg.groups})")
+    cl = Cluster(cfg.group_config(index))
+    recovery.take_out(cl, GROUP_STOPPED, lambda line: say(cl.home, line))
+    say(cl.home, f"group {index} ({', '.join(s.name for s in cl.cfg.nodes)}) is stopped and out of the door; the "
+                 "others serve; `doit launch` starts it again")
 
 
 def gateway_after_stop(cl, seen, free_port, on):

@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -33,12 +34,12 @@ from dsv41.errors import UserError, cli, one_line
 from dsv41.settings.resolved import from_resolved
 from dsv41.head.core import incident_page, observe, record, recovery, rollout, runlock, statefiles
 from dsv41.head.core.cluster import Cluster
-from dsv41.head.core.health import RECOVERING, TOKEN, VERDICTS, Health, Memory
+from dsv41.head.core.health import RECOVERING, TOKEN, Health, Memory
+from dsv41.head.core.watchdog_metrics import (GATEWAY_FILE, metrics_file, remove_metrics, write_gateway_metrics,
+                                              write_metrics)
 from dsv41.node import gateway as node_gateway
 
 SCHEMA = "dsv41.watchdog/2"
-METRICS_FILE = "dsv41_watchdog.prom"
-GATEWAY_FILE = "dsv41_gateway.prom"     # each client key's use at the gateway (GATEWAY=1), by the key's name
 BY = rollout.BY_WATCHDOG
 LOOK_SLOW_S = 5     # a look still waiting after this (a probe with no token yet, a node slow to answer) is a sign
 
@@ -46,11 +47,16 @@ LOOK_SLOW_S = 5     # a look still waiting after this (a probe with no token yet
 # ---- acting ---------------------------------------------------------------------------------------
 
 class Watchdog:
-    def __init__(self, cfg, log=print, clock=time.time):
+    """One watchdog's loop over the serving group its Config holds (all the nodes with GROUPS=1; with more, one
+    process each: Config.group_config). `whole`: the Config of every node, for the releases it carries on."""
+    def __init__(self, cfg, log=print, clock=time.time, whole=None):
         self.cfg, self.log, self.clock = cfg, log, clock
+        self.whole = whole or cfg
         self.cl = Cluster(cfg)
         self.mem = Memory()
-        self.state = cfg.state_dir
+        self.state = cfg.state_dir          # the head's: the releases, the gateway
+        self.records = cfg.records          # its own: status, incidents, run lock (a group's folder with GROUPS > 1)
+        self.first = cfg.scope in (None, 0)     # the one that carries releases on and publishes the gateway's use
         self.last = None            # (verdict, evidence) last logged
         self.gateway_problem = None  # why the gateway's per-key use could not be read, as last logged
         self.stuck = None           # (what, why, its alert's Event): a release it cannot carry on, paged
@@ -78,14 +84,14 @@ class Watchdog:
             with self.writing:
                 slow.cancel()
         if obs.probe == TOKEN and self.mem.ready_start is not None and (obs.ready_at or 0) < self.mem.ready_start:
-            record.mark_ready(self.state, max(self.clock(), self.mem.ready_start))
+            record.mark_ready(self.records, max(self.clock(), self.mem.ready_start))
         return obs, h
 
     def resume(self):
         """At start: an incident a watchdog killed mid-recovery left open is closed as interrupted (with
         what is seen now); it counts in the budget, and all ranks stopped is still DEAD (it ran them)."""
         _, h = self.look()
-        for inc in record.close_interrupted(self.state, f"{h.verdict}: {h.evidence}"):
+        for inc in record.close_interrupted(self.records, f"{h.verdict}: {h.evidence}"):
             self.log(f"closed incident {inc['id']} as interrupted: its recovery ended mid-way ({inc.get('phase')})")
             self.mem.ran = True
         self.publish(h)
@@ -111,7 +117,7 @@ class Watchdog:
     def open_door_left_closed(self):
         """The gateway's door left closed while the cluster is ready (a command that died after its drain,
         a door that could not be opened) opens, unless a command runs or `doit stop` closed it."""
-        if runlock.holder(self.state):
+        if runlock.holder(self.records):
             return
         try:
             line = recovery.open_left_closed(self.cl, self.log)
@@ -122,10 +128,10 @@ class Watchdog:
 
     def give_up(self, h, now):
         reason = f"{h.verdict} again after {h.why}: {h.evidence}"
-        record.set_gave_up(self.state, reason, now)
-        inc = record.open_incident(self.state, verdict=h.verdict.value, evidence=h.evidence, fault_at=h.fault_at,
+        record.set_gave_up(self.records, reason, now)
+        inc = record.open_incident(self.records, verdict=h.verdict.value, evidence=h.evidence, fault_at=h.fault_at,
                                    node=h.node, action="gave up", by=BY, now=now)
-        record.close_incident(self.state, inc, reason, ended=now)
+        record.close_incident(self.records, inc, reason, ended=now)
         self.log(f"GAVE UP: {reason}; hands off until `doit launch`")
         self.last = None
         self.publish(h)
@@ -135,7 +141,10 @@ class Watchdog:
         went with it) is finished from its record with launch's own code (core.rollout.carry_on), under the
         lock; it pages as a launch would. One whose record (or the history) this version cannot read is
         never run on today's settings: it pages that it needs a person (needs_person). Silences of ours
-        whose release is final end (two scrapes from now). -> True when it carried one on."""
+        whose release is final end (two scrapes from now). Only the first group's watchdog carries releases on
+        (a release is every group's). -> True when it carried one on."""
+        if not self.first:
+            return False
         try:
             history, n = rollout.next_step(self.state)
         except UserError as err:            # the next command names the file; the watchdog goes on
@@ -144,13 +153,13 @@ class Watchdog:
         left = n and n.release              # carried on as recorded (core.releases.next_step), whatever its state
         if left is not None and not runlock.holder(self.state):
             try:
-                rollout.rel.settings_of(left, self.cfg)       # a record this version cannot read is never run
+                rollout.rel.settings_of(left, self.whole)     # a record this version cannot read is never run
             except UserError as err:
                 self.needs_person(f"release {left.number}", one_line(err, 300))
                 return False
         self.needs_person(None, None)
         if left is None:
-            line = incident_page.end_final_silences(self.cfg, history)
+            line = incident_page.end_final_silences(self.whole, history)
             if line:
                 self.log(line)
             return False
@@ -165,9 +174,9 @@ class Watchdog:
         self.last = None
         now = self.clock()
         pager = self.alert("carry-on-alert", lambda ends: incident_page.page_carry_on(
-            self.cfg, left.number, left.shown_state, by, now, ends), now)
+            self.whole, left.number, left.shown_state, by, now, ends), now)
         try:
-            rollout.carry_on(self.cfg, left, BY)
+            rollout.carry_on(self.whole, left, BY)
             self.log(f"release {left.number} carried on: good and in service")
         except (rollout.RolledBack, rollout.Down, UserError) as err:
             self.log(f"release {left.number} carried on: {one_line(err, 400)}")
@@ -196,10 +205,10 @@ class Watchdog:
         """Under the run lock: the one ordered restart (core.recovery.restart), RECOVERING published
         before anything is stopped and at each step."""
         try:
-            runlock.take(self.state, "dsv41-watchdog recovery")
+            runlock.take(self.records, "dsv41-watchdog recovery")
         except UserError:                   # a launch restarting the ranks, say: it carries its own check
             self.say(h.verdict, f"{h.evidence}; not acting: the run lock is held "
-                                f"({runlock.holder(self.state) or 'just now'})")
+                                f"({runlock.holder(self.records) or 'just now'})")
             self.publish(h)
             return
         try:
@@ -292,21 +301,22 @@ class Watchdog:
 
     def publish(self, h):
         now = self.clock()
-        past = record.incidents(self.state)
+        past = record.incidents(self.records)
         restarts = [i for i in past if i.get("action") == record.RESTART]
         inside = [i for i in restarts if now - i["started"] < self.cfg.watchdog_window_s]
         status = {"schema": SCHEMA, "time": now, "verdict": h.verdict.value, "evidence": h.evidence,
                   "health": h.as_json(), "recoveries_in_window": len(inside),
-                  "max_recoveries": self.cfg.watchdog_max_recoveries, "gave_up": record.gave_up(self.state),
+                  "max_recoveries": self.cfg.watchdog_max_recoveries, "gave_up": record.gave_up(self.records),
                   "last_incident": past[-1] if past else None}
-        record.publish_status(self.state, status)
+        record.publish_status(self.records, status)
         if self.cfg.metrics_dir:
             ends = [i["ended"] for i in restarts if i.get("ended")]
-            args = (len(restarts), bool(status["gave_up"]), now, max(ends, default=0), record.last_startup(self.state))
+            args = (len(restarts), bool(status["gave_up"]), now, max(ends, default=0), record.last_startup(self.records),
+                    self.cfg.scope)
             with self.writing:
                 write_metrics(self.cfg.metrics_dir, h, *args)
                 self.published = (h, args)
-            if self.cfg.layout.door:
+            if self.cfg.layout.door and self.first:
                 self.publish_gateway()
 
     def publish_gateway(self):
@@ -345,81 +355,6 @@ def slow_ended(timer):
     return isinstance(timer, threading.Timer) and timer.finished.is_set()
 
 
-def write_metrics(directory, h, recoveries, gave_up, now, last_end=0, started=None):
-    """dsv41_watchdog.prom for node_exporter's textfile collector, through prometheus_client (imported
-    here: only a watchdog with METRICS_DIR needs it). While a recovery runs, dsv41_watchdog_recovering
-    names it (verdict, node, fault_at, incident), so that the alerts of its rank and API stay quiet.
-    started: the last start-up ($STATE_DIR/startup.json): a gauge per phase known, and the whole."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, write_to_textfile
-    disable_created_metrics()           # no *_created series: the counter counts from the incidents file
-    reg = CollectorRegistry()
-    g = Gauge("dsv41_watchdog_verdict", "The watchdog's verdict (1 for the current one).", ["verdict"], registry=reg)
-    for v in VERDICTS:
-        g.labels(v).set(int(v == h.verdict))
-    rec = Gauge("dsv41_watchdog_recovering", "1 while a recovery runs, naming its incident.",
-                ["verdict", "node", "fault_at", "incident"], registry=reg)
-    if h.recovering:
-        i = h.recovering
-        fault_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(i["fault_at"])) if i.get("fault_at") else ""
-        rec.labels(i.get("verdict") or "", i.get("node") or "", fault_at, i["id"]).set(1)
-    Gauge("dsv41_watchdog_judging", "1 while a sign of a fault awaits the watchdog's verdict, or a fault awaits "
-          "its recovery: the symptom alerts wait.", registry=reg).set(int(h.judging))
-    Gauge("dsv41_watchdog_last_recovery_end_timestamp_seconds", "When the last recovery ended (0: none).",
-          registry=reg).set(last_end)
-    Counter("dsv41_watchdog_recoveries", "Recoveries the watchdog started.", registry=reg).inc(recoveries)
-    Gauge("dsv41_watchdog_gave_up", "Whether the watchdog gave up (hands off until doit launch).",
-          registry=reg).set(int(gave_up))
-    Gauge("dsv41_watchdog_last_check_timestamp_seconds", "When the watchdog last looked.", registry=reg).set(now)
-    if started:
-        startup_gauges(reg, Gauge, started)
-    os.makedirs(directory, exist_ok=True)
-    write_to_textfile(os.path.join(directory, METRICS_FILE), reg)
-
-
-def startup_gauges(reg, Gauge, started):
-    """dsv41_startup_phase_seconds{phase, kind, cache} of each phase known of the last start-up (kind:
-    launch, rollback, recovery, restart; cache: the compile's hit or miss, "" when none is known), and
-    dsv41_startup_seconds{kind}, its whole; an unknown phase has no series, never a made-up figure."""
-    kind = started.get("kind") or "?"
-    g = Gauge("dsv41_startup_phase_seconds", "Seconds each phase of the last start-up of the ranks took, as rank "
-              "0's journal shows it.", ["phase", "kind", "cache"], registry=reg)
-    for p in started.get("phases") or ():
-        if p.get("seconds") is not None:
-            g.labels(p["phase"], kind, p.get("cache") or "").set(p["seconds"])
-    if started.get("total") is not None:
-        Gauge("dsv41_startup_seconds", "Seconds the last start-up of the ranks took, from rank 0's unit start to "
-              "the API.", ["kind"], registry=reg).labels(kind).set(started["total"])
-
-
-def write_gateway_metrics(directory, use):
-    """dsv41_gateway.prom: each client key's use at the gateway, labelled with the key's name (the stick
-    table holds names, never a key); use is dsv41.node.gateway.usage()'s {name: {...}}."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, write_to_textfile
-    disable_created_metrics()
-    reg = CollectorRegistry()
-    counters = {field: Counter(f"dsv41_gateway_key_{field}", text, ["key"], registry=reg) for field, text in (
-        ("requests", "Requests the gateway received with this key."),
-        ("errors", "Requests with this key that ended in an HTTP error or an engine failure."),
-        ("unavailable", "Requests with this key the gateway answered 503 (door closed or engine down)."),
-        ("limited", "Requests with this key the gateway answered 429 (past KEY_RATE_PER_MIN)."))}
-    idle = Gauge("dsv41_gateway_key_idle_seconds", "Seconds since this key was last used.", ["key"], registry=reg)
-    for name, u in sorted(use.items()):
-        for field, counter in counters.items():
-            counter.labels(name).inc(u[field])
-        idle.labels(name).set(u["idle_s"])
-    os.makedirs(directory, exist_ok=True)
-    write_to_textfile(os.path.join(directory, GATEWAY_FILE), reg)
-
-
-def remove_metrics(directory, files=(METRICS_FILE, GATEWAY_FILE)):
-    """A stopped watchdog's last state must not be shown as current: its textfiles go."""
-    for name in files if directory else ():
-        try:
-            os.unlink(os.path.join(directory, name))
-        except FileNotFoundError:
-            pass
-
-
 def load_settings(state_dir):
     """The Config launch resolved for the watchdog ($STATE_DIR/watchdog.json): neither the environment
     nor the checkout's conf/ is read, so only a `doit launch` (which restarts the watchdog when the file
@@ -428,12 +363,45 @@ def load_settings(state_dir):
     return from_resolved(statefiles.watchdog_settings(state_dir))
 
 
+def supervise(cfg, argv, log, stop):
+    """With GROUPS > 1: one watchdog process per serving group (argv + --group N), each judging and restarting its
+    group alone under its own run lock; one that ends by itself is started again. Returns when stop is set."""
+    procs = {}
+    while not stop.is_set():
+        for i in range(cfg.groups):
+            p = procs.get(i)
+            if p is not None and p.poll() is None:
+                continue
+            if p is not None:
+                log(f"group {i}'s watchdog ended (exit {p.returncode}): started again")
+            procs[i] = subprocess.Popen([*argv, "--group", str(i)])
+        stop.wait(2)
+    for p in procs.values():
+        p.terminate()
+    for p in procs.values():
+        p.wait()
+
+
 @cli
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dsv41.head.watchdog", description=__doc__.splitlines()[0])
     p.add_argument("--state-dir", required=True, help="the head's state dir (it holds watchdog.json)")
+    p.add_argument("--group", type=int, help="watch only this serving group (GROUPS > 1: started by the watchdog)")
     a = p.parse_args(argv)
-    w = Watchdog(load_settings(a.state_dir), log=lambda msg: print(msg, flush=True))
+    whole = load_settings(a.state_dir)
+    stop = threading.Event()
+    if whole.groups > 1 and a.group is None:
+        def on_term_all(*_):
+            stop.set()
+        signal.signal(signal.SIGTERM, on_term_all)
+        supervise(whole, [sys.executable, "-m", "dsv41.head.watchdog", "--state-dir", a.state_dir],
+                  lambda msg: print(msg, flush=True), stop)
+        return 0
+    if a.group is not None and not 0 <= a.group < whole.groups:
+        raise UserError(f"--group {a.group}: there are {whole.groups} group(s), 0 to {whole.groups - 1}")
+    cfg = whole if a.group is None else whole.group_config(a.group)
+    tag = "" if cfg.scope is None else f"[group {cfg.scope}] "
+    w = Watchdog(cfg, log=lambda msg: print(tag + msg, flush=True), whole=whole)
 
     def on_term(*_):         # also ends a recovery in progress: `doit stop` stops the watchdog first
         w.stop.set()
@@ -442,7 +410,7 @@ def main(argv=None):
     try:
         w.run()
     finally:
-        remove_metrics(w.cfg.metrics_dir)
+        remove_metrics(w.cfg.metrics_dir, (metrics_file(cfg.scope),) + ((GATEWAY_FILE,) if w.first else ()))
         w.log("watchdog stopping")
     return 0
 

@@ -35,6 +35,52 @@ class _Config:
     def head(self):
         return self.nodes[0]
 
+    # ---- serving groups (GROUPS): the nodes split in order into groups of equal size ----
+
+    @property
+    def all_nodes(self):
+        """Every node, the head first: `nodes` itself, unless this Config is one group's (group_config)."""
+        return self.cluster or self.nodes
+
+    def group_specs(self, index):
+        """The NodeSpecs of serving group `index`, its first (its rank 0) first."""
+        size = len(self.all_nodes) // self.groups
+        return tuple(self.all_nodes[index * size:(index + 1) * size])
+
+    def group_of(self, spec):
+        """The index of the serving group a node is in."""
+        return [s.name for s in self.all_nodes].index(spec.name) // (len(self.all_nodes) // self.groups)
+
+    def leader(self, spec):
+        """The first node of a node's group: where its group's rank 0 and API server run."""
+        return self.group_specs(self.group_of(spec))[0]
+
+    def address(self, spec):
+        """Where the head reaches a node: its fabric address (R<N>_IP), else its ssh target's host ("" for the head
+        without R0_IP)."""
+        return layout.address(spec)
+
+    def leads(self, spec):
+        """Whether a node runs its group's rank 0 (the API server, with the key)."""
+        return self.leader(spec).name == spec.name
+
+    def side_door_node(self, spec):
+        """Whether a node holds a side door: its group's first node, off the head (GROUPS > 1)."""
+        return self.leads(spec) and spec.name != self.all_nodes[0].name
+
+    @property
+    def records(self):
+        """Where this Config's watchdog, recoveries and readiness keep their records on the head: the state dir,
+        or of one group's Config (GROUPS > 1) its folder $STATE_DIR/groups/g<N>."""
+        return layout.records(self.state_dir, self.scope)
+
+    def group_config(self, index):
+        """This Config narrowed to serving group `index`: its nodes (the group's first as `head`), the rest of
+        the settings the same. With one group, the Config itself."""
+        if self.groups == 1:
+            return self
+        return dataclasses.replace(self, nodes=self.group_specs(index), cluster=self.all_nodes, scope=index)
+
     @property
     def workers(self):
         return self.nodes[1:]
@@ -107,6 +153,8 @@ def config_class(own):
                ("sources", dict, dataclasses.field(compare=False, repr=False)),   # {key or r<N>.<key>: where from}
                ("values", dict, dataclasses.field(compare=False, repr=False)),    # {setting NAME: effective value}
                ("settings", tuple, dataclasses.field(compare=False, repr=False, default=())),  # checked against
+               ("cluster", tuple, dataclasses.field(default=(), repr=False)),  # every node, when `nodes` is one group's
+               ("scope", int | None, dataclasses.field(default=None)),    # which group `nodes` is (group_config), or None
                ]
     cls = dataclasses.make_dataclass("Config", fields, bases=(_Config,), frozen=True)
     cls.__module__ = __name__

@@ -211,18 +211,26 @@ def _image(env, values, sources):
                          "(set ALLOW_UNPINNED_IMAGE=1 to accept a tag)")
 
 
-def _topology(values, count, sources):
-    """TP_SIZE and NNODES against the node count (0: the node count): one rank per node, TP_SIZE / count
-    GPUs on each."""
+def _topology(values, nodes, sources):
+    """GROUPS against the node count (each group the same size; several only behind the door), then TP_SIZE
+    and NNODES against a group's node count (0: that count): one rank per node, TP_SIZE / count GPUs on each."""
+    groups = values["GROUPS"]
+    if nodes % groups:
+        raise ConfigError(f"GROUPS={groups} with {nodes} node(s): the nodes must split into groups of equal size "
+                          f"(set GROUPS to a divisor of {nodes}, or add nodes to WORKERS)")
+    if groups > 1 and not values["GATEWAY"]:
+        raise ConfigError(f"GROUPS={groups} with GATEWAY=0: several groups are served only behind the door "
+                          "(set GATEWAY=1, or GROUPS=1)")
+    count, per = nodes // groups, " a group" if groups > 1 else ""
     for name in ("TP_SIZE", "NNODES"):
         if not values[name]:
             values[name], sources[name.lower()] = count, "derived"
     tp_size, nnodes = values["TP_SIZE"], values["NNODES"]
     if nnodes != count:
-        raise ConfigError(f"NNODES={nnodes} with {count} node(s): expected {count} (one rank per node; "
-                          "WORKER/WORKERS set the node count) or 0")
+        raise ConfigError(f"NNODES={nnodes} with {count} node(s){per}: expected {count} (one rank per node; "
+                          "WORKER/WORKERS and GROUPS set the node count) or 0")
     if tp_size % count:
-        raise ConfigError(f"TP_SIZE={tp_size} with {count} node(s): expected a multiple of {count} (each node "
+        raise ConfigError(f"TP_SIZE={tp_size} with {count} node(s){per}: expected a multiple of {count} (each node "
                           f"runs TP_SIZE/{count} of the GPUs) or 0 for the node count")
 
 

@@ -5,9 +5,10 @@ for the commands that judge what runs). Only this module and the settings read t
 With the door (GATEWAY=1), HAProxy (dsv41-gateway) answers on PORT and rank 0 listens on
 127.0.0.1:ENGINE_PORT with its own key; without it, rank 0 serves PORT itself with the client key.
 
-Behind the door are the serving groups (`groups`), each an engine of its own the door routes among: today
-one, every node's ranks in one group. The door's config and its node side already take several (a group
-whose rank 0 is not the head is reached through the side door on its first node)."""
+Behind the door are the serving groups (`groups`, GROUPS of them), each an engine of its own the door routes
+among: group 0's rank 0 on the head's loopback, every other group's through the side door on its first node
+(that node's fabric address, ENGINE_PORT), which lets only the head door's engine key in. The layout of one
+group's Config (Config.group_config) is the same door, with that group's engine as `engine_url`."""
 import dataclasses
 
 from dsv41 import names
@@ -33,6 +34,7 @@ class Layout:
     api_key_file: str      # the client key (the door's `default`)
     state_dir: str         # the head's state dir
     groups: tuple = ()     # Group, ...: the engines behind the door, in order
+    scope: int = 0         # the group whose engine engine_url is (a group's Config; group 0 otherwise)
 
     def settings(self):
         """{Config field: value} of the settings this layout is made of (a release records them)."""
@@ -45,8 +47,12 @@ class Layout:
 
     @property
     def engine_url(self):
-        """Rank 0's own API server, where dsv41 judges the engine."""
-        return f"http://127.0.0.1:{self.engine_port}/v1" if self.door else self.api_url
+        """Rank 0's own API server (of the group in scope), where dsv41 judges the engine: behind the door on the
+        head's loopback or through the group's side door."""
+        if not self.door:
+            return self.api_url
+        g = self.groups[self.scope] if self.groups else Group(0, (), "127.0.0.1", self.engine_port, "r0")
+        return f"http://{_url_host(g.host)}:{g.port}/v1"
 
     @property
     def engine_listen(self):
@@ -70,9 +76,32 @@ class Layout:
         return (names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT) if self.door else ()
 
 
+def records(state_dir, scope=None):
+    """Where the head keeps the records of serving group `scope` (its watchdog's, its recoveries', its readiness):
+    $STATE_DIR/groups/g<N> (None: the whole's, the state dir itself)."""
+    return state_dir if scope is None else names.state_path(state_dir, names.GROUP_RECORDS, f"g{scope}")
+
+
+def _url_host(host):
+    return f"[{host}]" if ":" in host else host
+
+
+def address(spec):
+    """Where the head reaches a node: its fabric address (R<N>_IP), else the host of its ssh target."""
+    if spec.ip:
+        return spec.ip
+    host = (spec.target or "").rpartition("@")[2]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def of(cfg):
     """The Layout a Config describes."""
-    group = Group(0, tuple(s.name for s in cfg.nodes), "127.0.0.1", cfg.engine_port, names.door_server(0, 1))
+    every = cfg.all_nodes if cfg.nodes else ()
+    size = len(every) // cfg.groups if every else 0
+    groups = tuple(Group(i, tuple(s.name for s in every[i * size:(i + 1) * size]),
+                         "127.0.0.1" if i == 0 else address(every[i * size]), cfg.engine_port,
+                         names.door_server(i, cfg.groups)) for i in range(cfg.groups if every else 1))
+    head = every[0] if every else None
     return Layout(door=bool(cfg.gateway), port=cfg.port, engine_port=cfg.engine_port,
-                  head_ip=(cfg.head.ip if cfg.nodes else "") or "", api_key_file=cfg.api_key_file,
-                  state_dir=cfg.state_dir, groups=(group,))
+                  head_ip=(head.ip if head else "") or "", api_key_file=cfg.api_key_file,
+                  state_dir=cfg.state_dir, groups=groups, scope=cfg.scope or 0)

@@ -14,7 +14,7 @@ from dsv41.settings import kinds, schema
 from dsv41.settings.config import NodeSpec, config_class
 from dsv41.settings.kinds import ConfigError
 
-NOT_STORED = ("sources", "values", "settings", "engine")
+NOT_STORED = ("sources", "values", "settings", "engine", "cluster", "scope")   # cluster, scope: one group's view
 
 
 def _secret(own):

@@ -24,12 +24,13 @@ ENGRAM = {"cpu_offload": False, "table_memory": "disk", "disk_resident_scales": 
 
 def rank_vars(cfg, spec, fabric, paths, master_addr=None, server_flags=()):
     """The rank unit template's values. server_flags: those of the recipe's optional flags the image's
-    server lists; with --shutdown-timeout rank 0 drains for DRAIN_S when stopped, and its stop waits for that."""
-    state, rank = fact(paths, "state_dir"), spec.rank
+    server lists; with --shutdown-timeout a group's rank 0 drains for DRAIN_S when stopped, and its stop waits
+    for that."""
+    state, rank, lead = fact(paths, "state_dir"), spec.rank, cfg.leads(spec)
     name = names.rank_name(rank)
-    drain_s = cfg.drain_s if rank == 0 and "--shutdown-timeout" in server_flags else 0
+    drain_s = cfg.drain_s if lead and "--shutdown-timeout" in server_flags else 0
     return {
-        "rank": rank, "role": "head" if rank == 0 else "worker", "nnodes": cfg.nnodes, "name": name,
+        "rank": group_rank(cfg, spec), "role": "head" if lead else "worker", "nnodes": cfg.nnodes, "name": name,
         "memguard": names.MEMGUARD_UNIT, "tripped": tripped_marker(state),
         "guard_active": systemctl("is-active", "--quiet", names.MEMGUARD_UNIT),
         "docker_rm": docker_rm(name), "rm_cidfile": rm_f(cidfile(state, rank)),
@@ -38,6 +39,11 @@ def rank_vars(cfg, spec, fabric, paths, master_addr=None, server_flags=()):
         + ([["--shutdown-timeout", str(drain_s)]] if drain_s else []),
         "docker_stop": docker_stop(name, STOP_GRACE_S + drain_s), "stop_timeout_s": STOP_GRACE_S + drain_s + 30,
     }
+
+
+def group_rank(cfg, spec):
+    """A node's rank inside its serving group (vLLM's --node-rank): 0 on the group's first node."""
+    return [s.name for s in cfg.group_specs(cfg.group_of(spec))].index(spec.name)
 
 
 # ---- the container: argv and environment ---------------------------------------------------------------------------------
@@ -146,8 +152,8 @@ def engine_args(cfg, args):
 
 
 def vllm_args(cfg, rank, fabric_by_rank):
-    """vLLM's arguments after the image, with the engine profile's changes; fabric_by_rank[0] gives
-    the rendezvous (head) address."""
+    """vLLM's arguments after the image, with the engine profile's changes; rank: the node's rank in its group;
+    fabric_by_rank[0] gives the rendezvous address (its group's first node)."""
     return engine_args(cfg, measured_args(cfg, rank, fabric_by_rank))
 
 
@@ -171,7 +177,7 @@ def measured_args(cfg, rank, fabric_by_rank):
     ]
     if rank:
         return args + ["--node-rank", str(rank), "--headless"]
-    host, port = cfg.layout.engine_listen                        # 127.0.0.1:ENGINE_PORT behind the gateway
+    host, port = cfg.layout.engine_listen            # 127.0.0.1:ENGINE_PORT behind a door (or a side door)
     return args + ["--node-rank", "0", "--host", host, "--port", str(port),
                    "--reasoning-parser", "deepseek_v41", "--tool-call-parser", "deepseek_v41",
                    "--enable-auto-tool-choice", "--enable-prompt-tokens-details",
@@ -179,23 +185,25 @@ def measured_args(cfg, rank, fabric_by_rank):
 
 
 def fabric_for(cfg, spec, fabric, master_addr=None):
-    """(this node's fabric, {0: head fabric}) from one node's fabric or a {rank: fabric} mapping."""
+    """(this node's fabric, {0: its group's first node's fabric}) from one node's fabric or a {rank: fabric}
+    mapping (ranks counted across every node)."""
+    lead = cfg.leader(spec)
     if isinstance(fabric, Mapping) and all(isinstance(k, int) for k in fabric):
-        if spec.rank not in fabric or 0 not in fabric:
-            raise UserError(f"no fabric facts for rank {spec.rank} or the head; run the fabric check")
-        return fabric[spec.rank], {0: fabric[0]}
+        if spec.rank not in fabric or lead.rank not in fabric:
+            raise UserError(f"no fabric facts for rank {spec.rank} or its group's first node; run the fabric check")
+        return fabric[spec.rank], {0: fabric[lead.rank]}
     if master_addr is None:
-        master_addr = fact(fabric, "ip") if spec.rank == 0 else cfg.head.ip
+        master_addr = fact(fabric, "ip") if lead.name == spec.name else lead.ip
     if not master_addr:
-        raise UserError(f"rank {spec.rank}: the head's fabric address is unknown: render with every "
-                        "node's fabric facts ({rank: fabric}) or set R0_IP (HEAD_IP)")
+        raise UserError(f"rank {spec.rank}: the rendezvous address (rank {lead.rank}'s fabric address) is unknown: "
+                        f"render with every node's fabric facts ({{rank: fabric}}) or set R{lead.rank}_IP")
     return fabric, {0: {"ip": master_addr}}
 
 
 def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
     """docker run's argv in groups (one option with its value each), for readable unit files."""
     own, heads = fabric_for(cfg, spec, fabric, master_addr)
-    state, rank, name = fact(paths, "state_dir"), spec.rank, names.rank_name(spec.rank)
+    state, rank, name, lead = fact(paths, "state_dir"), spec.rank, names.rank_name(spec.rank), cfg.leads(spec)
     command = cfg.engine_settings().engine_cmd
     groups = [
         [DOCKER, "run"], ["--rm"], ["--name", name], ["--cidfile", cidfile(state, rank)],
@@ -205,7 +213,7 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
         ["--mount", mount(names.state_path(state, names.PLANS), "/plans", readonly=True)],
         ["--mount", mount(names.state_path(state, names.CACHE, names.cache_key(cfg.image)), names.CONTAINER_CACHE)],
     ]
-    if rank == 0:
+    if lead:
         groups.append(["--mount", mount(secret_key_file(state), names.CONTAINER_SECRET, readonly=True)])
         groups.append(["--entrypoint", "/bin/sh"])
     else:
@@ -213,11 +221,11 @@ def docker_run_groups(cfg, spec, fabric, paths, master_addr=None):
     groups.append(["-e", f"{names.RANK_ENV}={rank}"])
     groups += [["-e", f"{k}={v}"] for k, v in container_env(cfg, own, rank)]
     groups.append([cfg.image])
-    if rank == 0:   # the key goes from the mounted file into the server's environment, nowhere else
+    if lead:        # the key goes from the mounted file into the server's environment, nowhere else
         groups.append(["-c", KEY_WRAPPER, name, *command])
     elif command[1:]:
         groups.append(list(command[1:]))
-    for word in vllm_args(cfg, rank, heads):
+    for word in vllm_args(cfg, group_rank(cfg, spec), heads):
         if word.startswith("-") or len(groups[-1]) != 1 or groups[-1] == [cfg.image]:
             groups.append([word])
         else:

@@ -55,8 +55,8 @@ class Vllm(Recipe):
     def metrics_url(self):
         return metrics.metrics_url(self.cfg.engine_url)
 
-    def scrape(self, timeout):
-        return metrics.scrape(self.metrics_url(), timeout=timeout)
+    def scrape(self, timeout, key=None):
+        return metrics.scrape(self.metrics_url(), timeout=timeout, key=key)
 
     def ready(self, client):
         """/v1/models answers with the key and one token is generated."""

@@ -33,6 +33,16 @@ def engine_key(cfg, create=False):
     return _read_or_create(path, "rank 0's engine key") if create else read_key_file(path)
 
 
+def group_key(cfg, index, create=False):
+    """The key serving group `index` serves with: group 0's is the engine key (engine_key); another group's
+    rank 0 its own ($STATE_DIR/engine_key.g<N> on the head, sent by that group's side door only). None when
+    there is none yet and not create."""
+    if index == 0:
+        return engine_key(cfg, create)
+    path = f"{engine_key_file(cfg)}.g{index}"
+    return _read_or_create(path, f"group {index}'s engine key") if create else read_key_file(path)
+
+
 def _read_or_create(path, what):
     key = read_key_file(path)
     if key:

@@ -9,7 +9,7 @@ from dsv41.client.api import Client
 from dsv41.errors import UserError
 from dsv41.settings.paths import LIB_DIR
 from dsv41.head.core import commands, engine, state
-from dsv41.head.core.apikey import engine_key, engine_key_file, read_key, write_key  # noqa: F401 (the verbs' way to the keys)
+from dsv41.head.core.apikey import engine_key, engine_key_file, group_key, read_key, write_key  # noqa: F401 (the verbs' way to the keys)
 from dsv41.head.core.gateway import Gateway
 from dsv41.head.core.nodes import Node, NodeError, connect, forget_unreachable, say  # noqa: F401 (say: for the verbs)
 
@@ -40,19 +40,29 @@ class Cluster:
         self.recipe = recipe or engine.for_config(cfg)
         self.nodes = [Node.from_spec(s, cfg) for s in cfg.nodes]       # in cfg.nodes' order
         self._by_name = {n.name: n for n in self.nodes}
-        self.specs = {s.name: s for s in cfg.nodes}
+        # the machine doit runs on, where the door and the records are: the head (also for one group's Cluster)
+        self.home = self._by_name.get(cfg.all_nodes[0].name) or Node.from_spec(cfg.all_nodes[0], cfg)
+        self.specs = {s.name: s for s in cfg.all_nodes}      # the head's too, for one group's Cluster (home)
         self.states = {}                # node name -> state.NodeState from this run's probe
         self._prefix = {}
         self._uid = {}
 
     @property
     def head(self):
-        """The head's Node (which node is the head: the configuration's head)."""
+        """The head's Node (which node is the head: the configuration's head; of one group's Cluster, that
+        group's first node, where its rank 0 runs)."""
         return self.node(self.cfg.head)
 
     @property
     def workers(self):
         return [self.node(s) for s in self.cfg.workers]
+
+    def groups(self):
+        """[Cluster] of each serving group this Cluster holds (Config.group_config), in order: itself when it is
+        one group's, or there is one."""
+        if self.cfg.scope is not None or self.cfg.groups == 1:
+            return [self]
+        return [Cluster(self.cfg.group_config(i)) for i in range(self.cfg.groups)]
 
     def spec(self, node):
         return self.specs[node.name]
@@ -67,8 +77,9 @@ class Cluster:
 
     def unit_names(self, node):
         exporter = [names.EXPORTER_UNIT, names.EXPORTER_DROPIN] if self.cfg.metrics_dir else []  # monitoring
-        head = [names.WATCHDOG_UNIT, names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT] if node is self.head else []
-        return [names.MEMGUARD_UNIT, *self.engine_units(node)] + head + exporter
+        head = [names.WATCHDOG_UNIT, names.GATEWAY_SOCKET_UNIT, names.GATEWAY_UNIT] if node is self.home else []
+        side = [names.SIDE_DOOR_UNIT] if node is not self.home and self.cfg.groups > 1 else []
+        return [names.MEMGUARD_UNIT, *self.engine_units(node)] + head + side + exporter
 
     def paths(self, node):
         home = node.home()
@@ -89,7 +100,8 @@ class Cluster:
         req = {"state_dir": p.state_dir, "model_dir": p.model_dir, "units": self.unit_names(node),
                "image": self.cfg.image, "containers": list(self.recipe.containers(self.spec(node))),
                "files": [names.SECRET_KEY, names.GUARD_SETTINGS, f"{names.PLANS}/{self.cfg.plan_name}",
-                         names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG], **({"versions": True} if versions else {}),
+                         names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG, names.SIDE_DOOR_CONFIG, names.SIDE_DOOR_KEYS],
+               **({"versions": True} if versions else {}),
                **({"caches": names.cache_key(self.cfg.image)} if caches else {})}
         out = node.run(self.module(node, "probe", json.dumps(req))).stdout
         self.states[node.name] = state.parse(out, node.label)

@@ -22,7 +22,7 @@ class Kind(enum.Enum):
     START_GUARD = "start-guard"
     RESTART_GUARD = "restart-guard"
     RELOAD_GUARD = "reload-guard"
-    RESTART_RANKS = "restart-ranks"  # every engine unit, in the recipe's stop and start order
+    RESTART_RANKS = "restart-ranks"  # every engine unit (of one group: target g<N>), in the recipe's stop and start order
     START_WATCHDOG = "start-watchdog"
     RESTART_WATCHDOG = "restart-watchdog"
     STOP_WATCHDOG = "stop-watchdog"  # WATCHDOG=0: stopped and disabled
@@ -31,6 +31,10 @@ class Kind(enum.Enum):
     RESTART_GATEWAY = "restart-gateway"  # its unit or rank 0's key changed (read at start)
     RELOAD_GATEWAY = "reload-gateway"  # its config changed: reloaded, the ranks untouched
     STOP_GATEWAY = "stop-gateway"    # GATEWAY=0 (or a release recorded without it): rank 0 takes PORT again
+    START_SIDE_DOOR = "start-side-door"      # a group's first node off the head (GROUPS > 1): its side door
+    RESTART_SIDE_DOOR = "restart-side-door"  # its unit or its group's key changed (read at start)
+    RELOAD_SIDE_DOOR = "reload-side-door"    # its config or key map changed
+    STOP_SIDE_DOOR = "stop-side-door"        # the node no longer holds a group's rank 0 off the head
     # (a step of the gateway acts on its target: dsv41-gateway.service, or dsv41-gateway.socket, which holds PORT)
 
 
@@ -79,10 +83,14 @@ def changed_units(specs, desired, states):
     return out
 
 
-def decide(specs, desired, states, recipe):
-    """The steps, in the order launch applies them; the recipe names each node's engine units."""
+def decide(specs, desired, states, recipe, groups=1):
+    """The steps, in the order launch applies them; the recipe names each node's engine units. groups: the
+    serving groups specs split into (GROUPS): the ranks restart as one when every group must, else only the
+    groups that must, each its own step (target g<N>), while the others serve."""
     steps = []
-    rank_reasons = list(stale_workers(specs, states, recipe))
+    size = len(specs) // groups
+    group = {s.name: i for i, s in enumerate(specs) for i in [i // size]}
+    reasons = {i: list(stale_workers(specs[i * size:(i + 1) * size], states, recipe)) for i in range(groups)}
     changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, states)}
     written = set()                                     # (node, state file)
     for s in specs:
@@ -92,7 +100,7 @@ def decide(specs, desired, states, recipe):
                 steps.append(Step(Kind.WRITE, s.name, rel, f"{rel} differs"))
                 written.add((s.name, rel))
                 if rel != names.GUARD_SETTINGS and rel not in SERVICE_ONLY_FILES:   # ranks read it
-                    rank_reasons.append(f"{rel} changed on {s.name}")
+                    reasons[group[s.name]].append(f"{rel} changed on {s.name}")
     for node, unit in sorted(changed):
         steps.append(Step(Kind.INSTALL, node, unit, f"{unit} differs from the rendered unit"))
     for s in specs:
@@ -107,13 +115,17 @@ def decide(specs, desired, states, recipe):
             steps.append(Step(Kind.RELOAD_GUARD, s.name, names.MEMGUARD_UNIT,
                               "MEMGUARD_GIB, MEMGUARD_MODE or METRICS_DIR changed"))
         for unit, name in recipe.parts(s):
-            rank_reasons += unit_reasons(s, f, unit, f.container(name), (s.name, unit) in changed)
-    if rank_reasons:
-        steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(rank_reasons)))
+            reasons[group[s.name]] += unit_reasons(s, f, unit, f.container(name), (s.name, unit) in changed)
+    if all(reasons.values()):
+        steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(r for i in reasons for r in reasons[i])))
+    else:
+        steps += [Step(Kind.RESTART_RANKS, f"group {i}", f"g{i}", "; ".join(r)) for i, r in reasons.items() if r]
     head = specs[0].name
     steps += exporter_steps(specs, desired, states, changed)
     for svc in HEAD_SERVICES:
         steps += service_steps(svc, head, desired, states[head], changed, written)
+    for s in specs[1:]:
+        steps += service_steps(SIDE_DOOR, s.name, desired, states[s.name], changed, written)
     return steps
 
 
@@ -201,8 +213,18 @@ HEAD_SERVICES = (
                            "restarted with it",
                 no_socket="the release runs a gateway that binds PORT itself"),
 )
-# state files only the head's services read (besides the guard's): their change restarts no rank
-SERVICE_ONLY_FILES = (names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG)
+# a group's first node off the head: HAProxy in front of its rank 0 on the fabric, for the head's door only; started
+# before the ranks, so that the readiness wait reaches that group through it
+SIDE_DOOR = HeadService(names.SIDE_DOOR_UNIT, "side door", Kind.START_SIDE_DOOR, Kind.RESTART_SIDE_DOOR,
+                        Kind.STOP_SIDE_DOOR, Kind.RELOAD_SIDE_DOOR, reads=(names.SECRET_KEY,),
+                        reloads=(names.SIDE_DOOR_CONFIG, names.SIDE_DOOR_KEYS),
+                        off="no group's rank 0 on this node (GROUPS)", not_running="the side door is not running",
+                        restart_why="its unit or its group's key changed",
+                        reload_why="its config or key map changed (the ranks are left alone)",
+                        masks=names.DEBIAN_HAPROXY_UNIT)
+SERVICES = HEAD_SERVICES + (SIDE_DOOR,)   # every service of ours a rollout applies, in its order
+# state files only our services read (besides the guard's): their change restarts no rank
+SERVICE_ONLY_FILES = (names.WATCHDOG_SETTINGS, names.GATEWAY_CONFIG, names.SIDE_DOOR_CONFIG, names.SIDE_DOOR_KEYS)
 
 
 def _on(u):

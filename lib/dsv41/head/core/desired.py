@@ -7,7 +7,7 @@ import os
 from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core import exporter, statefiles, units
-from dsv41.head.core.apikey import engine_key, read_key, read_or_create_key  # noqa: F401 (the verbs' way to the keys)
+from dsv41.head.core.apikey import engine_key, group_key, read_key, read_or_create_key  # noqa: F401 (the verbs' way to the keys)
 from dsv41.settings.resolved import resolved
 from dsv41.head.core.decide import Desired  # noqa: F401 (what desired() returns)
 
@@ -37,11 +37,17 @@ def watchdog_settings(cfg):
     return statefiles.watchdog_settings_text(resolved(cfg))
 
 
-def state_files(cfg, is_head, key, plan_text):
+def state_files(cfg, spec, key, plan_text):
     """{path under the state dir: (text, mode)} one node must hold (text None when the key is not
-    known yet, as in a dry run). key: rank 0's (core.apikey.engine_key)."""
+    known yet, as in a dry run). key: rank 0's (core.apikey.engine_key); a side door's node gets its group's
+    key (created once on the head) and the side door's files."""
+    is_head = spec.name == cfg.all_nodes[0].name
     files = {names.GUARD_SETTINGS: (guard_settings(cfg), 0o644),
              f"{names.PLANS}/{cfg.plan_name}": (units.rewrite_plan(plan_text), 0o644)}
+    if cfg.side_door_node(spec):        # its group's own key, and the side door letting only the door's in
+        files[names.SECRET_KEY] = (f"{group_key(cfg, cfg.group_of(spec), create=True)}\n" if key else None, 0o600)
+        files[names.SIDE_DOOR_CONFIG] = (units.side_door_node_config(cfg, spec), 0o644)
+        files[names.SIDE_DOOR_KEYS] = (units.side_door_key_map(names.key_hash(key)) if key else None, 0o600)
     if is_head:
         files[names.SECRET_KEY] = (f"{key}\n" if key else None, 0o600)
         if cfg.watchdog:
@@ -52,8 +58,9 @@ def state_files(cfg, is_head, key, plan_text):
 
 
 def desired(cl, fab, key, plan_text):
-    """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing)."""
+    """Desired state of every node of the Cluster; pure given the nodes' paths (known after probing), but for
+    the group keys a side door's node holds (created once on the head)."""
     return Desired(
         units={n.name: {**units.render_units(cl.cfg, cl.recipe, cl.spec(n), fab, cl.paths(n)),
                         **exporter.dropin(cl.cfg)} for n in cl.nodes},   # the drop-in: with METRICS_DIR
-        files={n.name: state_files(cl.cfg, n is cl.head, key, plan_text) for n in cl.nodes})
+        files={n.name: state_files(cl.cfg, cl.spec(n), key, plan_text) for n in cl.nodes})

@@ -14,7 +14,6 @@ seconds to ready, 5 to 60) and why: closed by whoever restarts the ranks (core.r
 A planned restart first drains (drain(): new requests 503, those in flight finish, DRAIN_S at most).
 The node side (maps, runtime API) is dsv41.node.gateway. Every command reaches it as `cl.gateway` (a
 Gateway of its Cluster)."""
-import hashlib
 import json
 import time
 
@@ -22,12 +21,8 @@ from dsv41 import names
 from dsv41.errors import UserError
 from dsv41.head.core import commands, release_history
 
+key_hash = names.key_hash                 # how the gateway knows a client key: its sha256, in hex
 STOPPED = "stopped by `doit stop`"        # the door's reason after `doit stop`: nothing reopens it but a launch
-
-
-def key_hash(key):
-    """How the gateway knows a client key: its sha256, in hex (HAProxy: `sha2(256),hex,lower`)."""
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class Gateway:
@@ -40,9 +35,11 @@ class Gateway:
     def __init__(self, cl):
         self.cl = cl
         self.on = cl.cfg.layout.door
+        # one group's Cluster (Config.group_config) acts on its own server only: the others go on serving
+        self.server = None if cl.cfg.scope is None else names.door_server(cl.cfg.scope, cl.cfg.groups)
 
     def _call(self, req):
-        cl, head = self.cl, self.cl.head
+        cl, head = self.cl, self.cl.home
         r = head.run(cl.module(head, "gateway", json.dumps({"state_dir": cl.cfg.state_dir, **req})), check=False)
         try:
             out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -65,24 +62,34 @@ class Gateway:
         """Every request is answered 503 naming `reason` from now until open(); starting: the engine is
         starting, so the 503s carry its expected start-up (expect_s) as Retry-After; else no estimate (a
         stop, a restart that failed)."""
-        if self.on:
+        if self.on and self.server:
+            self._call({"op": "group", "group": self.server, "to": "maint"})
+        elif self.on:
             expect_s = self.expect_s() if starting else None
             self._call({"op": "door", "door": "closed", "reason": reason,
                         "ready_at": int(time.time() + expect_s) if expect_s else 0})
 
     def open(self):
-        if self.on:
+        if self.on and self.server:
+            self._call({"op": "group", "group": self.server, "to": "ready"})
+        elif self.on:
             self._call({"op": "door", "door": "open", "reason": "", "ready_at": 0})
 
     def drain(self, reason, starting=False):
         """A planned restart's (or stop's) first step: the door closed (as close()), then the requests in
-        flight finish, DRAIN_S at most. -> a line to say, or None (nothing was in flight, or GATEWAY=0); a
-        gateway that cannot be asked is said and the restart goes on without a drain."""
+        flight finish, DRAIN_S at most (one group's: its server drains, then stays out, in maintenance). -> a line
+        to say, or None (nothing was in flight, or GATEWAY=0); a gateway that cannot be asked is said and the
+        restart goes on without a drain."""
         if not self.on:
             return None
         try:
-            self.close(reason, starting)
-            out = self._call({"op": "drain", "timeout_s": self.cl.cfg.drain_s})
+            if self.server:             # its server drains: no new request, those in flight finish
+                self._call({"op": "group", "group": self.server, "to": "drain"})
+            else:
+                self.close(reason, starting)
+            out = self._call({"op": "drain", "timeout_s": self.cl.cfg.drain_s, "group": self.server})
+            if self.server:             # drained: out of the door until it is opened again
+                self._call({"op": "group", "group": self.server, "to": "maint"})
         except UserError as err:
             return f"warning: no drain: {err}"
         if out["left"]:
@@ -115,7 +122,7 @@ class Gateway:
         """Before a launch applies the gateway: its maps exist (ensure) and the rendered config passes
         `haproxy -c` on the head, checked as its copy that binds 127.0.0.1:PORT (commands.check_copy: HAProxy
         cannot check the descriptor of PORT that only systemd hands it). UserError naming the fix."""
-        cl, head = self.cl, self.cl.head
+        cl, head = self.cl, self.cl.home
         self.ensure(default_key_hash)
         # beside the config: the maps are named relative to its folder
         tmp = names.state_path(cl.paths(head).state_dir, names.GATEWAY_CONFIG + ".check")

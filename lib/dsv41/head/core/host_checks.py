@@ -182,10 +182,12 @@ def clock(ctx, s, f):
 @check("tools", per_node=True)
 def tools(ctx, s, f):
     have = f.get("tools") or {}
-    need = ("rsync", "curl") + (("haproxy",) if s.rank == 0 and ctx.cfg.layout.door else ())   # the gateway runs it
+    side = ctx.cfg.side_door_node(s)              # the gateway runs it on the head, a side door on a group's first
+    need = ("rsync", "curl") + (("haproxy",) if s.rank == 0 and ctx.cfg.layout.door or side else ())
     miss = [t for t in need if have.get(t) is False]
     if miss:
         yield FAIL, f"missing: {', '.join(miss)}", f"sudo apt-get install {' '.join(miss)}" + (
+            " (its side door runs it), or GROUPS=1" if side and "haproxy" in miss else
             " (or GATEWAY=0)" if "haproxy" in miss else "")
     else:
         yield PASS, f"python3, {', '.join(need)} present"

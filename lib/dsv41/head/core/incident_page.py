@@ -32,14 +32,19 @@ def alert_ends(cfg, started, now, ended=False):
 def page_incident(cfg, inc, ends):
     """The watchdog's incident as one alert of its own, posted to Alertmanager from the recovery's start
     (a page never depends on a scrape landing inside it), labelled with the incident (verdict, node,
-    fault_at, incident); the rank, API, decode and TTFT alerts are inhibited under it. A line."""
+    fault_at, incident; with GROUPS > 1 its group); the rank, API, decode and TTFT alerts are inhibited under
+    it. A line."""
     fault_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(inc["fault_at"])) if inc.get("fault_at") else ""
     labels = {"verdict": inc.get("verdict") or "", "node": inc.get("node") or "", "fault_at": fault_at,
               "incident": inc["id"]}
+    where, ranks = labels["node"] or "the cluster", "the ranks"
+    if cfg.scope is not None:
+        labels["group"] = f"g{cfg.scope}"
+        where = f"group {cfg.scope} ({labels['node'] or ', '.join(s.name for s in cfg.nodes)})"
+        ranks = f"group {cfg.scope}'s ranks while the other groups serve"
     return silences.post(cfg, INCIDENT_ALERT,
-                         f"{labels['verdict']} on {labels['node'] or 'the cluster'}: the watchdog restarts the ranks "
-                         f"(fault at {fault_at or '?'})",
-                         "It restarts the ranks; the rank, API, decode and TTFT alerts stay quiet meanwhile, and this "
+                         f"{labels['verdict']} on {where}: the watchdog restarts {ranks} (fault at {fault_at or '?'})",
+                         f"It restarts {ranks}; the rank, API, decode and TTFT alerts stay quiet meanwhile, and this "
                          f"resolves when the recovery ended: `doit incidents show {inc['id']}`, `doit status`.",
                          labels, inc["started"], ends)
 

@@ -70,22 +70,24 @@ def gather_nodes(cl, deadline_s, pids=None):
     return out
 
 
-def fetch_metrics(url, timeout_s=5.0):
+def fetch_metrics(url, timeout_s=5.0, key=None):
     """The engine's /metrics text, or a line saying why there is none (a stopped API server: within the
-    watchdog's own /health timeout, so its evidence does not hold up the restart)."""
+    watchdog's own /health timeout, so its evidence does not hold up the restart). key: as metrics.scrape."""
     import requests
     try:
-        r = requests.get(url, timeout=(min(2.0, timeout_s), timeout_s))
+        r = requests.get(url, timeout=(min(2.0, timeout_s), timeout_s),
+                         headers={"Authorization": f"Bearer {key}"} if key else {})
         return r.text if r.status_code == 200 else f"# {url} answered HTTP {r.status_code}\n"
     except requests.exceptions.RequestException as err:
         return f"# no answer from {url}: {one_line(err, 200)}\n"
 
 
 def capture(cl, state_dir, verdict, evidence, *, fault_at, metrics_url, secrets, keep, node_deadline_s=30,
-            pids=None, now=None, name=None):
-    """Gather every node's evidence and the engine's /metrics at once, then save(); -> the folder."""
+            pids=None, now=None, name=None, metrics_key=None):
+    """Gather every node's evidence and the engine's /metrics (metrics_key: as fetch_metrics) at once, then
+    save(); -> the folder."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        text = pool.submit(fetch_metrics, metrics_url)
+        text = pool.submit(fetch_metrics, metrics_url, key=metrics_key)
         nodes = gather_nodes(cl, node_deadline_s, pids)
         metrics_text = text.result()
     return save(state_dir, verdict, evidence, nodes=nodes, metrics_text=metrics_text, fault_at=fault_at,
@@ -174,7 +176,16 @@ def _summary(folder):
 
 def entries(state_dir):
     """Every incident, newest first, as one dict: the record's incidents (open ones too), each with its
-    folder's summary under it, then the folders no incident of the record names (earlier versions)."""
+    folder's summary under it, then the folders no incident of the record names (earlier versions); with
+    several serving groups also each group's (its records' folder: names.GROUP_RECORDS), its "group" named."""
+    out = _entries(state_dir)
+    for name in sorted(statefiles.listdir(os.path.join(state_dir, names.GROUP_RECORDS))):
+        if names.GROUP_DIR_RE.fullmatch(name):
+            out += [{**e, "group": name} for e in _entries(os.path.join(state_dir, names.GROUP_RECORDS, name))]
+    return sorted(out, key=lambda e: e.get("time") or 0, reverse=True)
+
+
+def _entries(state_dir):
     out, named = [], set()
     for inc in record.incidents(state_dir):
         folder = inc.get("folder") or (os.path.basename(inc["incident"]) if inc.get("incident") else None)
@@ -191,7 +202,7 @@ def entries(state_dir):
     for path in folders(state_dir):
         if os.path.basename(path) not in named:
             out.append({**_summary(path), "name": os.path.basename(path), "folder": path})
-    return sorted(out, key=lambda e: e.get("time") or 0, reverse=True)
+    return out
 
 
 def _when(t):
@@ -209,7 +220,8 @@ def list_lines(state_dir):
         return [f"no incidents in {root(state_dir)}"]
     lines = [f"{'N':>3}  {'time (UTC)':<20}  {'verdict':<12}  {'outage':>8}  {'result':<24}  evidence"]
     for i, s in enumerate(rows, 1):
-        lines.append(f"{i:>3}  {_when(s.get('time')):<20}  {s.get('verdict') or '?':<12}  {_secs(s.get('outage_s')):>8}  "
+        verdict = (s.get("verdict") or "?") + (f" {s['group']}" if s.get("group") else "")
+        lines.append(f"{i:>3}  {_when(s.get('time')):<20}  {verdict:<12}  {_secs(s.get('outage_s')):>8}  "
                      f"{one_line(s.get('result') or '-', 24):<24}  {one_line(s.get('evidence') or '', 100)}")
     return lines
 
@@ -223,7 +235,8 @@ def show(state_dir, n=1):
         raise UserError(f"no incident {n}: {len(rows)} saved in {root(state_dir)} (`doit incidents` lists them)")
     s = match[0]
     folder = s.get("folder")
-    out = [f"incident {s.get('name') or '?'}: {folder or 'no evidence folder'}",
+    out = [f"incident {s.get('name') or '?'}" + (f" of group {s['group'][1:]}" if s.get("group") else "")
+           + f": {folder or 'no evidence folder'}",
            f"  verdict   {s.get('verdict') or '?'}: {s.get('evidence') or '-'}",
            f"  seen      {_when(s.get('time'))}   fault began {_when(s.get('fault_at'))}",
            f"  result    {s.get('result') or '-'}   served again {_when(s.get('ended'))}   outage {_secs(s.get('outage_s'))}"]

@@ -22,8 +22,8 @@ def observation(cfg, states, health, metrics=None, probe=None, api_error=None, p
     that should have worked and failed), with the record's readiness mark and view read here. problems:
     None, a state file that cannot be read raises; a list, it is said there and read as absent."""
     return Observation(time.time() if now is None else now, states, health, metrics, probe,
-                       ready_at=record.ready_at(cfg.state_dir, problems), api_error=api_error,
-                       record=record.view(cfg.state_dir, problems=problems))
+                       ready_at=record.ready_at(cfg.records, problems), api_error=api_error,
+                       record=record.view(cfg.records, problems=problems))
 
 
 def look(cl, states=None, scrape=True, probe=None, mem=None, api_error=None, problems=None):
@@ -58,7 +58,7 @@ def look(cl, states=None, scrape=True, probe=None, mem=None, api_error=None, pro
 def scraped(cl, client):
     """The engine's /metrics snapshot, None when it could not be read."""
     try:
-        return cl.recipe.scrape(timeout=client.health_timeout)
+        return cl.recipe.scrape(timeout=client.health_timeout, key=client.key)
     except UserError:
         return None
 
@@ -73,7 +73,7 @@ def judged(cl, mem=None, **how):
 
 def generated_since_start(cl, states, problems=None):
     """Every engine unit active, and a readiness wait saw a token since rank 0 last started."""
-    ready = record.ready_at(cl.cfg.state_dir, problems)
+    ready = record.ready_at(cl.cfg.records, problems)
     started = max((states[cl.head.name].unit(u).since for u in cl.engine_units(cl.head)), default=0.0)
     every = [states[n.name].unit(u) for n in cl.nodes for u in cl.engine_units(n)]
     return ready is not None and ready >= started and all(u.active == "active" for u in every)

@@ -9,15 +9,16 @@ from dsv41.head.core.nodes import say
 
 
 def stop_ranks(cl):
-    for spec, unit in cl.recipe.stop_order(cl.cfg.nodes):
-        cl.systemctl(cl.node(spec), "stop", unit, check=False)
+    for g in cl.groups():                   # each serving group in the recipe's order, its first node's rank first
+        for spec, unit in cl.recipe.stop_order(g.cfg.nodes):
+            cl.systemctl(cl.node(spec), "stop", unit, check=False)
 
 
 def kill_ranks(cl):
     """A broken cluster's engine containers killed at once, in the stop order, before their units stop: a
     stopped (SIGSTOP) or wedged process never acts on the SIGTERM of a graceful stop, which would cost the
     whole stop grace. A node that cannot be reached is left to the units' stop."""
-    for spec in cl.cfg.nodes:               # the head first, as in the stop order
+    for spec in [s for g in cl.groups() for s in g.cfg.nodes]:     # each group's first node first, as it stops
         for name in cl.recipe.containers(spec):
             try:
                 cl.docker_kill(cl.node(spec), name)
@@ -26,7 +27,7 @@ def kill_ranks(cl):
 
 
 def start_ranks(cl):
-    for spec, unit in cl.recipe.start_order(cl.cfg.nodes):
+    for spec, unit in [o for g in cl.groups() for o in cl.recipe.start_order(g.cfg.nodes)]:
         node = cl.node(spec)
         cl.systemctl(node, "reset-failed", unit, check=False)
         cl.systemctl(node, "start", unit)
@@ -35,13 +36,14 @@ def start_ranks(cl):
 
 def wait_ready(cl, within=None):
     """Ready: the recipe's readiness probe passes (for vLLM: /v1/models answers with the key and one
-    token is generated), while every engine unit stays active. A failed unit stops the wait at once
-    with its journal. within: (seconds, what sets them), default START_TIMEOUT_MIN's."""
+    token is generated) at each serving group's engine, while every engine unit stays active. A failed unit
+    stops the wait at once with its journal. within: (seconds, what sets them), default START_TIMEOUT_MIN's."""
     cfg = cl.cfg
     limit, what = within or (cfg.start_timeout_s, "START_TIMEOUT_MIN")
-    client = cl.engine_client(read_timeout=60, create_key=True)
+    pending = [g.engine_client(read_timeout=60, create_key=True) for g in cl.groups()]
+    where = " and ".join(c.base for c in pending)
     started = last = time.monotonic()
-    with progress.bar(f"waiting for the API at {client.base} (a first start takes about 12 min)",
+    with progress.bar(f"waiting for the API at {where} (a first start takes about 12 min)",
                       limit, unit="s") as wait:
         while True:
             problem = ranks_down(cl)
@@ -49,8 +51,10 @@ def wait_ready(cl, within=None):
                 wait.close()
                 show_rank_logs(cl)
                 raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
-            if cl.recipe.ready(client):
-                record.mark_ready(cfg.state_dir)
+            pending = [c for c in pending if not cl.recipe.ready(c)]
+            if not pending:
+                for d in {cfg.records, *(g.cfg.records for g in cl.groups())}:
+                    record.mark_ready(d)
                 return
             now = time.monotonic()
             wait.update(now - last)
@@ -83,7 +87,7 @@ def measured(cl, kind, of, began):
         return None
     rows = core_startup.to_record(s.phases)
     total = None if s.total is None else round(s.total, 1)
-    record.set_startup(cl.cfg.state_dir, {"time": time.time(), "kind": kind, "of": of, "phases": rows, "total": total})
+    record.set_startup(cl.cfg.records, {"time": time.time(), "kind": kind, "of": of, "phases": rows, "total": total})
     return {"phases": rows, "total": total}
 
 

@@ -79,9 +79,9 @@ class Recipe:
     def metrics_url(self):
         raise NotImplementedError
 
-    def scrape(self, timeout):
-        """One snapshot of the engine's /metrics (dsv41.client.metrics.Snapshot); UserError when
-        it does not answer."""
+    def scrape(self, timeout, key=None):
+        """One snapshot of the engine's /metrics (dsv41.client.metrics.Snapshot), key sent when given; UserError
+        when it does not answer."""
         raise NotImplementedError
 
     def ready(self, client):

@@ -92,8 +92,8 @@ def watchdog_entry(cfg, head, problems=None):
     last saw (watchdog.status.json on the head; problems: statefiles.seen)."""
     unit = head.unit(names.WATCHDOG_UNIT) if head is not None else None
     entry = {"enabled": cfg.watchdog, "unit": (unit.active or "not installed") if unit and unit.installed else "not installed"}
-    entry.update(statefiles.seen(problems, watchdog_status, cfg.state_dir, default={}))
-    entry["run_lock"] = statefiles.seen(problems, runlock.holder, cfg.state_dir)    # "pid N: what", or None
+    entry.update(statefiles.seen(problems, watchdog_status, cfg.records, default={}))    # a group's: its own
+    entry["run_lock"] = statefiles.seen(problems, runlock.holder, cfg.records)    # "pid N: what", or None
     return entry
 
 

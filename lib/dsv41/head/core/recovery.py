@@ -17,11 +17,12 @@ Each step is written to the incident before it is taken, so `doit status` shows 
 for, and an incident whose process died mid-way is found open and closed as interrupted."""
 import json
 import os
+import signal
 import time
 
 from dsv41 import names
 from dsv41.errors import UserError, one_line
-from dsv41.head.core import apikey, caches, hang, incidents, ranks, record
+from dsv41.head.core import apikey, caches, hang, incidents, ranks, record, runlock
 from dsv41.head.core.health import DEGRADED, Health, node_memory
 
 EVIDENCE_DEADLINE_S = 30          # per node
@@ -36,9 +37,11 @@ def save_evidence(cl, health, log=print, name=None):
     recovery never waits on its evidence failing)."""
     cfg = cl.cfg
     try:
-        folder = incidents.capture(cl, cfg.state_dir, health.verdict.value, health.evidence, fault_at=health.fault_at,
-                                   metrics_url=cl.recipe.metrics_url(), secrets=(apikey.read_key(cfg), apikey.engine_key(cfg), cfg.hf_token),
-                                   keep=cfg.incidents_keep, node_deadline_s=EVIDENCE_DEADLINE_S, name=name)
+        engine_key = apikey.engine_key(cfg)
+        keys = (apikey.read_key(cfg), engine_key, cfg.hf_token, apikey.group_key(cfg, cfg.scope or 0))
+        folder = incidents.capture(cl, cfg.records, health.verdict.value, health.evidence, fault_at=health.fault_at,
+                                   metrics_url=cl.recipe.metrics_url(), secrets=keys, keep=cfg.incidents_keep, node_deadline_s=EVIDENCE_DEADLINE_S, name=name,
+                                   metrics_key=engine_key if cfg.scope else None)
     except Exception as err:  # noqa: BLE001 - evidence is best effort
         log(f"could not save the incident's evidence: {type(err).__name__}: {one_line(err, 200)}")
         return None
@@ -54,7 +57,7 @@ def fault(line, at):
 def evidence_only(cl, fault, result, by="doit launch", log=print):
     """A fault nothing restarts (a failed first release): its incident, with the evidence, closed at once
     with `result`. -> the incident."""
-    sd = cl.cfg.state_dir
+    sd = cl.cfg.records
     inc = record.open_incident(sd, verdict=fault.verdict.value, evidence=fault.evidence, fault_at=fault.fault_at,
                                node=fault.node, action="none", by=by)
     folder = save_evidence(cl, fault, log, name=inc["id"])
@@ -145,7 +148,7 @@ def restart(cl, *, fault=None, by="doit launch", force=False, log=print, on_phas
     restart, outside the start-up it measures).
     -> the closed incident (None without a fault). Raises NeedsReboot (nothing started), or UserError
     when a step failed; the incident is closed with that result either way."""
-    state_dir = cl.cfg.state_dir
+    state_dir = cl.cfg.records            # the state dir, or one group's records (GROUPS > 1)
     inc = opened(state_dir, fault, by, clock)
 
     def phase(what, **fields):
@@ -191,7 +194,7 @@ def opened(state_dir, fault, by, clock):
 def stop_and_start(cl, fault, inc, phase, *, force, within, log):
     """Steps 1-5 above, each told to phase(what, **fields) before it is taken. Raises NeedsReboot (recorded
     in $STATE_DIR, nothing started) when a node's memory did not come back, unless force."""
-    state_dir = cl.cfg.state_dir
+    state_dir = cl.cfg.records
     if fault is not None and fault.action != "start":
         folder = save_evidence(cl, fault, log, name=inc["id"])
         phase("killing the broken containers", folder=folder and os.path.basename(folder))
@@ -229,3 +232,41 @@ def closed(state_dir, inc, result, ended, on_phase):
     if on_phase:
         on_phase(inc)
     return inc
+
+
+# ---- one group taken out ------------------------------------------------------------------------------
+
+def take_out(cl, why, log=print):
+    """One serving group's Cluster (GROUPS > 1) taken out while the others serve (`doit stop --group`): its
+    watchdog told to keep its hands off until `doit launch` (why, in its records) before anything, a recovery
+    it has in progress ended, then under its run lock its server drained at the door, its ranks stopped in
+    order, its memory guards and side door. UserError naming a node that did not answer."""
+    record.set_gave_up(cl.cfg.records, why, time.time())
+    end_recovery(cl.cfg.records)
+    runlock.take(cl.cfg.records, "doit stop --group")
+    cl.connect()
+    door(cl, log, "stopped", drain=True)
+    for spec, unit in cl.recipe.stop_order(cl.cfg.nodes):
+        if not cl.node(spec).unreachable:
+            cl.systemctl(cl.node(spec), "stop", unit, check=False)
+    missed = [n for n in cl.nodes if n.unreachable]
+    for node in cl.nodes:
+        if not node.unreachable:
+            cl.systemctl(node, "stop", names.MEMGUARD_UNIT, names.SIDE_DOOR_UNIT, check=False)
+    if missed:
+        raise UserError("not stopped: " + "; ".join(f"{n.label} did not answer ({one_line(n.unreachable, 160)})"
+                                                    for n in missed) + "; run it again once it answers")
+
+
+def end_recovery(records, wait_s=60):
+    """A recovery a group's watchdog has in progress (it holds the group's run lock) ended: SIGTERM to it (its
+    records say hands off, so it stays off), then its lock waited for, wait_s at most."""
+    who = runlock.holder(records) or ""
+    if who.startswith("pid ") and "dsv41-watchdog" in who:
+        try:
+            os.kill(int(who.split()[1].rstrip(":")), signal.SIGTERM)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+    end = time.monotonic() + wait_s
+    while runlock.holder(records) and time.monotonic() < end:
+        time.sleep(0.5)

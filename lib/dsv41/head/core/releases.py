@@ -240,12 +240,13 @@ def next_step(releases, fp=None):
 def recorded_state(release, key):
     """(units, files) to write on each node to run `release` exactly as recorded, in core.desired's
     shape (`Desired(*recorded_state(r, key))` is what decide() takes): its units and files, and the API
-    key file where the release had one (`key`: the key itself, read now: it is never stored). The image
-    ids to run are release.image_ids."""
+    key file where the release had one (`key`: the key itself, read now: it is never stored; or key(node) -> that
+    node's key, with several serving groups). The image ids to run are release.image_ids."""
     files = {node: {rel: (text, mode) for rel, (text, mode) in fs.items()} for node, fs in release.files.items()}
     for node, rels in release.secret_files.items():
         for rel in rels:
-            files.setdefault(node, {})[rel] = (f"{key}\n" if key else None, 0o600)
+            k = key(node) if callable(key) else key
+            files.setdefault(node, {})[rel] = (f"{k}\n" if k else None, 0o600)
     return {node: dict(us) for node, us in release.units.items()}, files
 
 

@@ -31,8 +31,8 @@ import time
 from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import exporter, observe, progress, ranks, recovery, releases as rel, silences
-from dsv41.head.core.cluster import Cluster, engine_key, say
-from dsv41.head.core.decide import HEAD_SERVICES, Desired, Kind, Step, decide
+from dsv41.head.core.cluster import Cluster, engine_key, group_key, say
+from dsv41.head.core.decide import SERVICES, Desired, Kind, Step, decide
 from dsv41.head.core.unit_install import control, install_unit, service_step
 
 
@@ -162,9 +162,10 @@ def settled(cl, ro, restarting):
 def checked_run(cl, ro, want, steps, states, restarting, *, force, fault, by, began):
     cfg = cl.cfg
     checked = ro.release is not None and (restarting or ro.resumed)
-    if restarting and fault is None:        # planned: the requests in flight finish first (not timed)
-        recovery.door(cl, lambda line: say(cl.head, line), f"release {ro.release.number} rolling out" if ro.release
-                      else f"restarting ({by})", starting=True, drain=True)
+    why = f"release {ro.release.number} rolling out" if ro.release else f"restarting ({by})"
+    if any(s.kind is Kind.RESTART_RANKS and not s.target for s in steps) and fault is None:
+        recovery.door(cl, lambda line: say(cl.head, line), why, starting=True, drain=True)   # planned: the requests
+                                                                                            # in flight finish first
     t, t_wall, phases = time.monotonic(), time.time(), None
     try:
         if restarting and ro.release is not None:       # the deadline's clock, for whoever carries it on
@@ -258,14 +259,15 @@ def recorded(cl, release, since=None, clock=time.time):
     """(Desired, steps, states) that run `release` exactly as recorded, from the nodes as they are now. The
     ranks restart whatever else differs, unless every engine unit (re)started after `since` (unix time: a
     carried-on rollout's started_at) and none needs to for another reason: then the wait goes on."""
-    want = Desired(*rel.recorded_state(release, engine_key(cl.cfg)))
+    key = engine_key(cl.cfg)            # with several groups, a group's first node off the head holds its own
+    want = Desired(*rel.recorded_state(release, lambda node: key and group_key(cl.cfg, cl.cfg.group_of(cl.specs[node]), create=True)))
     states = cl.probe_all(versions=True)
     tripped = next((n for n in cl.nodes if states[n.name].tripped), None)
     if tripped is not None:                 # the rank units do not start while a guard is tripped
         raise UserError(f"the memory guard on {tripped.label} {states[tripped.name].tripped['line']}: `doit clear-trip` "
                         f"after lowering {cl.recipe.memory_settings}, then `doit launch`")
     check_images(release, states)
-    steps = decide(cl.cfg.nodes, want, states, cl.recipe)
+    steps = decide(cl.cfg.nodes, want, states, cl.recipe, cl.cfg.groups)
     if not any(s.kind is Kind.RESTART_RANKS for s in steps) and not started_since(cl, states, since, clock()):
         steps.append(Step(Kind.RESTART_RANKS, "all", "", f"release {release.number} as recorded"))
     return want, steps, states
@@ -367,7 +369,7 @@ def carry_on_way_back(cfg, by):
 
 def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch", owner=None, why=None):
     """decide()'s steps in one ordered pass: state files, units, the memory guards, the head's services
-    (core.decide.HEAD_SERVICES, in their order and as each says), the ranks through recovery.restart, the
+    (core.decide.SERVICES: the head's, then the side doors; in their order and as each says), the ranks through recovery.restart, the
     services that start after them, the exporters. fault: the Health that calls for the restart; within:
     the readiness wait's deadline; by: who restarts; owner: the release whose restart it is, named by its
     silence and by the gateway's 503s unless why says otherwise."""
@@ -389,7 +391,7 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
         if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
             control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
     restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
-    services = [(svc, s) for svc in HEAD_SERVICES if by != svc.not_by for s in steps if s.kind in svc.kinds]
+    services = [(svc, s) for svc in SERVICES if by != svc.not_by for s in steps if s.kind in svc.kinds]
     later = [(svc, s) for svc, s in services if restarting and svc.starts_after_ranks and s.kind is svc.start]
     for svc, s in services:
         if (svc, s) not in later:
@@ -399,7 +401,10 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
             print(f"(re)starting the ranks: {s.reason}")
             owned = f"{by}, release {owner}" if owner else f"{by}, pid {os.getpid()}"    # whose work it is
             say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
-            recovery.restart(cl, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
+            which = cl.groups()[int(s.target[1:])] if s.target else cl      # one group's: its server alone drains
+            if s.target and not fault:
+                recovery.door(which, lambda line: say(cl.head, line), "restarting", starting=True, drain=True)
+            recovery.restart(which, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
                              within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None))
     for svc, s in later:
         service_step(cl, svc, s)

@@ -183,8 +183,9 @@ def remove(file):
 
 
 def append_line(file, doc):
-    """One JSON line appended and fsync'd (incidents.jsonl)."""
+    """One JSON line appended and fsync'd (incidents.jsonl), its folder made first (a group's records)."""
     try:
+        os.makedirs(os.path.dirname(file), exist_ok=True)
         with open(file, "a") as f:
             f.write(json.dumps(doc) + "\n")
             f.flush()

@@ -1,6 +1,6 @@
 """dsv41's own units on a node, as a rollout applies them (core/rollout.py apply()): a unit file installed
 (through `sudo -n` when the node's user is not root), a service started, restarted, reloaded or stopped
-and kept enabled while it runs, and a step of one of the head's services (core.decide.HEAD_SERVICES)."""
+and kept enabled while it runs, and a step of one of our services (core.decide.SERVICES)."""
 from dsv41 import names
 from dsv41.head.core import commands
 from dsv41.head.core.nodes import say
@@ -28,11 +28,12 @@ def control(cl, node, kind, unit, what, also=()):
 
 
 def service_step(cl, svc, step):
-    """A step of a head service (core.decide.HeadService) on the head, on the unit it names: the service, or
+    """A step of a service of ours (core.decide.HeadService) on its node, on the unit it names: the service, or
     the socket holding its port (restarted: the service restarts with it, and both stay enabled; stopped:
     it alone). What would take its place (Debian's own haproxy.service: the same config's place and port
     80) is masked first, unless it stops."""
+    node = cl.node(cl.specs[step.node])
     if svc.masks and step.kind is not svc.stop:
-        cl.systemctl(cl.head, "mask", "--now", "--quiet", svc.masks, check=False)
+        cl.systemctl(node, "mask", "--now", "--quiet", svc.masks, check=False)
     also = (svc.unit,) if step.target != svc.unit and step.kind is not svc.stop else ()
-    control(cl, cl.head, step.kind, step.target, svc.what_of(step.target), also)
+    control(cl, node, step.kind, step.target, svc.what_of(step.target), also)

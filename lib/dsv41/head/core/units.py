@@ -179,7 +179,19 @@ def render_units(cfg, recipe, spec, fabric, paths, master_addr=None, templates_d
     if spec.rank == 0 and cfg.layout.door:
         out[names.GATEWAY_SOCKET_UNIT] = _render(env, GATEWAY_SOCKET_TEMPLATE, gateway_socket_vars(cfg))
         out[names.GATEWAY_UNIT] = _render(env, GATEWAY_TEMPLATE, gateway_vars(cfg, paths))
+    if cfg.side_door_node(spec):
+        out[names.SIDE_DOOR_UNIT] = side_door_unit(paths, templates_dir)
     return out
+
+
+def side_door_node_config(cfg, spec):
+    """A side door's config for its node, binding the address the head's door reaches it at (settings.layout):
+    that node's fabric address, ENGINE_PORT."""
+    group = cfg.layout.groups[cfg.group_of(spec)]
+    if group.host == "127.0.0.1" or not re.fullmatch(r"[0-9A-Fa-f.:]+", group.host):
+        raise UserError(f"{spec.name}'s side door binds its fabric address, and {group.host!r} is none: set "
+                        f"R{spec.rank}_IP to {spec.name}'s fabric address")
+    return side_door_config(cfg, f"{group.host}:{group.port}")
 
 
 def gateway_config(cfg, templates_dir=None, layout=None):

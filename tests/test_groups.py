@@ -1,0 +1,211 @@
+"""GROUPS: the nodes split into serving groups behind the one door. What each node's units and files hold
+(its group's rendezvous, its group's rank 0 with the key and the API, a side door on a group's first node
+off the head), the settings refused in one line, the decision restarting only the groups that must, the
+group run locks, and one group's watchdog metrics and records kept apart."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dsv41 import names
+from dsv41.head.core import decide as dec, desired, runlock, units, watchdog_metrics
+from dsv41.head.core.health import Health, Verdict
+from dsv41.errors import UserError
+from dsv41.settings.kinds import ConfigError
+from dsv41.settings.layers import load_config
+from dsv41.vllm.recipe import Vllm
+from test_commands import spec_args, values_for
+from test_units import FABRICS, FOUR, container, node_paths
+
+GROUPS2 = {**FOUR, "GROUPS": "2"}
+
+
+def render(env, root):
+    cfg = load_config(dict(env, STATE_DIR=f"{root}/node0/state dir 5%"))
+    return cfg, {s.rank: units.render_units(cfg, Vllm(cfg), s, FABRICS, node_paths(root, s.rank)) for s in cfg.nodes}
+
+
+@pytest.mark.parametrize("env, says", [
+    ({**FOUR, "GROUPS": "3"}, "GROUPS=3 with 4 node(s): the nodes must split into groups of equal size"),
+    ({**GROUPS2, "GATEWAY": "0"}, "GROUPS=2 with GATEWAY=0: several groups are served only behind the door"),
+    ({**GROUPS2, "NNODES": "4"}, "NNODES=4 with 2 node(s) a group: expected 2"),
+    ({**GROUPS2, "TP_SIZE": "3"}, "TP_SIZE=3 with 2 node(s) a group: expected a multiple of 2"),
+    ({**FOUR, "GROUPS": "0"}, "GROUPS"),
+])
+def test_groups_that_cannot_be_are_refused_in_one_line(tmp_path, env, says):
+    with pytest.raises(ConfigError) as err:
+        load_config(dict(env, STATE_DIR=str(tmp_path)))
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_each_group_is_its_own_engine_its_first_node_rank_0_with_the_key(tmp_path):
+    cfg, by_rank = render(GROUPS2, tmp_path)
+    assert [[s.name for s in cfg.group_specs(i)] for i in (0, 1)] == [["head", "worker1"], ["worker2", "worker3"]]
+    first = {0: FABRICS[0], 1: FABRICS[0], 2: FABRICS[2], 3: FABRICS[2]}     # each group's rendezvous
+    for rank in range(4):
+        _, opts, env, _, _, args = container(by_rank[rank][f"dsv41-r{rank}.service"])
+        assert args == spec_args(values_for(FABRICS[rank], head=first[rank]), rank % 2, tp=2, nnodes=2)
+        lead = rank % 2 == 0
+        mounts = [opts[i + 1] for i, o in enumerate(opts) if o == "--mount"]
+        assert any(names.CONTAINER_SECRET in m for m in mounts) == lead, rank      # only a group's rank 0 has a key
+        assert args[args.index("--node-rank") + 1] == str(rank % 2)
+        assert ("--host" in args) == lead and ("--headless" in args) == (not lead)
+        if lead:        # its API server on its own node's loopback, never on the fabric
+            assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--port") + 1] == "18000"
+        assert env[names.RANK_ENV] == str(rank)          # the unit's name and the profile's {rank}: the node's
+    assert names.SIDE_DOOR_UNIT in by_rank[2]
+    assert all(names.SIDE_DOOR_UNIT not in by_rank[r] for r in (0, 1, 3))
+    assert names.GATEWAY_UNIT in by_rank[0] and all(names.GATEWAY_UNIT not in by_rank[r] for r in (1, 2, 3))
+
+
+def test_one_group_renders_exactly_what_it_did(tmp_path):
+    one_group, _ = render(FOUR, tmp_path / "a")
+    also, _ = render({**FOUR, "GROUPS": "1"}, tmp_path / "a")
+    assert one_group == also and one_group.layout.groups[0].server == "r0"
+    assert units.gateway_config(one_group) == units.gateway_config(also)
+
+
+def test_the_door_routes_to_the_head_and_to_the_side_door_and_each_side_door_binds_its_fabric_address(tmp_path):
+    cfg = load_config(dict(GROUPS2, STATE_DIR=str(tmp_path / "state"), R2_IP="198.51.100.12"))
+    g = cfg.layout.groups
+    assert [(x.server, x.host, x.port, x.nodes) for x in g] == [
+        ("g0", "127.0.0.1", 18000, ("head", "worker1")), ("g1", "198.51.100.12", 18000, ("worker2", "worker3"))]
+    text = units.gateway_config(cfg)
+    assert "server g0 127.0.0.1:18000" in text and "server g1 198.51.100.12:18000" in text
+    side = units.side_door_node_config(cfg, cfg.nodes[2])
+    assert "bind 198.51.100.12:18000" in side and "127.0.0.1:18000" in side
+    assert cfg.group_config(1).layout.engine_url == "http://198.51.100.12:18000/v1"
+    assert cfg.group_config(0).layout.engine_url == "http://127.0.0.1:18000/v1"
+
+
+def test_a_side_door_needs_a_fabric_address_said_in_one_line(tmp_path):
+    cfg = load_config({"WORKERS": "root@w1,root@w2,root@w3", "GROUPS": "2", "STATE_DIR": str(tmp_path)})
+    with pytest.raises(UserError, match="set R2_IP to worker2's fabric address"):
+        units.side_door_node_config(cfg, cfg.nodes[2])
+
+
+def test_a_groups_first_node_holds_its_own_key_and_the_door_keys_hash_and_a_release_records_neither(tmp_path):
+    from dsv41.head.core import releases as rel
+    cfg = load_config(dict(GROUPS2, STATE_DIR=str(tmp_path / "state")))
+    door_key = "sk-door-key-never-written-but-as-its-hash"
+    files = {s.name: desired.state_files(cfg, s, door_key, '{"qdir": "a/q1"}') for s in cfg.nodes}
+    group_key = files["worker2"][names.SECRET_KEY][0].strip()
+    assert group_key and group_key != door_key and files["head"][names.SECRET_KEY][0].strip() == door_key
+    assert oct(os.stat(f"{cfg.state_dir}/engine_key.g1").st_mode & 0o777) == "0o600"
+    key_map = files["worker2"][names.SIDE_DOOR_KEYS][0]
+    assert names.key_hash(door_key) in key_map and door_key not in key_map and group_key not in key_map
+    assert names.SECRET_KEY not in files["worker1"] and names.SECRET_KEY not in files["worker3"]
+    again = desired.state_files(cfg, cfg.nodes[2], door_key, '{"qdir": "a/q1"}')
+    assert again[names.SECRET_KEY][0].strip() == group_key               # created once, kept
+    want = dec.Desired(units={s.name: {} for s in cfg.nodes}, files=files)
+    fields = rel.record_fields(cfg, want, {}, {}, {})
+    text = json.dumps(fields)
+    assert door_key not in text and group_key not in text
+    assert fields["secret_files"] == {"head": [names.SECRET_KEY], "worker2": [names.SECRET_KEY]}
+
+
+class Unit:
+    def __init__(self, active="active"):
+        self.active, self.enabled, self.load, self.text, self.installed = active, "enabled", "loaded", None, True
+        self.since, self.restarts = 0.0, 0
+
+
+class NodeState:
+    """What a node's probe says, as decide() reads it (its units all as wanted, every file as wanted)."""
+    def __init__(self, units_text, files, down=()):
+        self.units_text, self.down = units_text, down
+        self.files = {rel: dec.sha(text) for rel, (text, _) in files.items() if text is not None}
+        self.image_id, self.model_changed_at, self.model_dir = None, 0, "/m"
+
+    def unit(self, name):
+        u = Unit("failed" if name in self.down else "active")
+        u.text = self.units_text.get(name)
+        return u
+
+    def age(self, unit):
+        return 100.0
+
+    def container(self, name):
+        return None
+
+
+def test_a_group_down_restarts_that_group_alone_and_every_group_down_restarts_them_as_one(tmp_path):
+    cfg, by_rank = render(GROUPS2, tmp_path)
+    recipe = Vllm(cfg)
+    want = dec.Desired(units={s.name: by_rank[s.rank] for s in cfg.nodes}, files={s.name: {} for s in cfg.nodes})
+
+    def steps(*down):
+        states = {s.name: NodeState(by_rank[s.rank], {}, down=[f"dsv41-r{s.rank}.service"] if s.name in down else [])
+                  for s in cfg.nodes}
+        return [(s.node, s.target) for s in dec.decide(cfg.nodes, want, states, recipe, cfg.groups)
+                if s.kind is dec.Kind.RESTART_RANKS]
+    assert steps() == []
+    assert steps("worker3") == [("group 1", "g1")]
+    assert steps("head") == [("group 0", "g0")]
+    assert steps("worker1", "worker2") == [("all", "")]
+
+
+def test_a_groups_run_lock_and_the_whole_one_exclude_each_other(tmp_path):
+    state = str(tmp_path)
+    g1 = os.path.join(state, names.GROUP_RECORDS, "g1")
+    g2 = os.path.join(state, names.GROUP_RECORDS, "g2")
+    hold = ("import sys, time; from dsv41.head.core import runlock; runlock.take(sys.argv[1], 'holder'); "
+            "print('held', flush=True); time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-c", hold, g1], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        runlock.take(g2, "another group's recovery")          # another group: never waits on this one
+        runlock.release()
+        with pytest.raises(UserError, match=r"groups/g1/doit.lock \(pid \d+: holder\)"):
+            runlock.take(state, "doit launch")                # a doit run: not while a group recovers
+        assert runlock.holder(state).endswith("holder")
+    finally:
+        p.kill()
+        p.wait()
+    p = subprocess.Popen([sys.executable, "-c", hold, state], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match="holder"):
+            runlock.take(g1, "dsv41-watchdog recovery")       # a group's recovery: not while a doit run runs
+        assert runlock.holder(g1).endswith("holder")
+    finally:
+        p.kill()
+        p.wait()
+        runlock.release()
+
+
+def test_a_groups_watchdog_writes_its_own_file_every_series_labelled_with_its_group(tmp_path):
+    h = Health(Verdict.HEALTHY, ("serving",))
+    watchdog_metrics.write_metrics(str(tmp_path), h, 1, False, 1_900_000_000.0)
+    watchdog_metrics.write_metrics(str(tmp_path), h, 2, False, 1_900_000_000.0, scope=1)
+    whole = (tmp_path / watchdog_metrics.METRICS_FILE).read_text()
+    group = (tmp_path / "dsv41_watchdog.g1.prom").read_text()
+    samples = [line for line in group.splitlines() if line and not line.startswith("#")]
+    assert samples and all('group="g1"' in line for line in samples)
+    assert 'dsv41_watchdog_verdict{group="g1",verdict="HEALTHY"} 1.0' in samples, samples
+    assert "group=" not in whole and 'dsv41_watchdog_recoveries_total 1.0' in whole
+
+
+def test_a_groups_records_are_its_own_folder_and_the_whole_keeps_the_state_dir(tmp_path):
+    cfg = load_config(dict(GROUPS2, STATE_DIR=str(tmp_path)))
+    assert cfg.records == str(tmp_path)
+    assert cfg.group_config(1).records == os.path.join(str(tmp_path), "groups", "g1")
+    assert cfg.group_config(1).state_dir == str(tmp_path)          # the keys, the releases, the door: the head's
+    single = load_config(dict(FOUR, STATE_DIR=str(tmp_path)))
+    assert single.group_config(0) is single and single.records == str(tmp_path)
+
+
+def test_doit_incidents_lists_each_groups_incidents_naming_the_group(tmp_path):
+    from dsv41.head.core import incidents, record
+    cfg = load_config(dict(GROUPS2, STATE_DIR=str(tmp_path)))
+    g1 = cfg.group_config(1).records
+    inc = record.open_incident(g1, verdict="DEAD", evidence="dsv41-r3.service on worker3 is failed", fault_at=100.0,
+                               node="worker3", now=1_900_000_000.0)
+    record.close_incident(g1, inc, "READY", ended=1_900_000_060.0)
+    lines = incidents.list_lines(str(tmp_path))
+    assert len(lines) == 2 and "DEAD g1" in lines[1] and "worker3 is failed" in lines[1], lines
+    assert incidents.show(str(tmp_path), inc["id"]).startswith(f"incident {inc['id']} of group 1:")
+    assert record.incidents(str(tmp_path)) == []          # the whole's record holds none of a group's
