@@ -22,7 +22,7 @@ from labctl import LAB_DIR, MODEL, Lab, LabRefused, missing, up
 
 
 FIRST = ("test_lab_alerts.py", "test_lab_monitoring.py", "test_lab_rollout.py")   # beside the unit tests
-LAST = ("test_three_nodes.py",)
+LAST = ("test_three_nodes.py", "test_groups_lab.py")
 
 
 def run_order(name):

@@ -1,0 +1,171 @@
+"""Several serving groups behind the one door, proven: the lab with LAB_NODES=4 (head, worker1 to worker3) and
+GROUPS=2, two groups of two nodes each running the stand-in engine (it keeps the rank contract for any --nnodes):
+group 0 on the head and worker1, group 1 on worker2 (its rank 0, behind its side door on the fabric) and worker3.
+Under a steady load of short requests from clients that never retry (tests/lab/door_load.py), a rank of one group
+killed costs no request begun after it and refuses no connection, and the group heals by its own watchdog while
+the other serves; `doit stop --group 1` takes it out the same way and `doit launch` brings it back alone. From the
+other nodes the hostile corpus finds no engine open on the fabric. The module runs after the three-node one (it
+grows the lab to four nodes) and leaves the lab as it is: the session's end takes it down."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import launch_from_nothing
+from door_hostile import SOURCE
+from labctl import wait_for
+from test_three_nodes import lab_with
+
+pytestmark = pytest.mark.lab
+
+GROUPS = {"WORKERS": "root@198.51.100.13,root@198.51.100.14,root@198.51.100.15", "GROUPS": "2",
+          "WATCHDOG": "1", "WATCHDOG_INTERVAL_S": "2", "WATCHDOG_PROBE_S": "4", "SSH_TIMEOUT_S": "5"}
+STATE = "/root/.dsv41-two-sparks"
+SIDE = ("198.51.100.14", "18000")        # group 1's side door: worker2's fabric address, ENGINE_PORT
+MODEL = "deepseek-v4.1-flash"
+
+
+@pytest.fixture(scope="module")
+def four(lab):
+    lab4 = lab_with(4)
+    assert list(lab4.ip) == ["head", "worker1", "worker2", "worker3"]
+    t0 = time.monotonic()
+    launched = launch_from_nothing(lab4, GROUPS)
+    print(f"four nodes, two groups: launch from nothing took {time.monotonic() - t0:.1f} s")
+    return lab4, launched
+
+
+def status(lab):
+    return json.loads(lab.doit("status --json", GROUPS, check=False).stdout)
+
+
+def both_ready(lab):
+    doc = status(lab)
+    return doc if [(g["state"], g["at_door"]) for g in doc["groups"]] == [("READY", "UP")] * 2 else None
+
+
+def since(lab, node, unit):
+    return lab.on(node, f"systemctl show -p ActiveEnterTimestampMonotonic --value {unit}").stdout.strip()
+
+
+class Load:
+    """tests/lab/door_load.py in the head's network namespace against the door (port 8000), the client key in its
+    environment: 6 clients that never retry."""
+
+    def __init__(self, lab):
+        key = lab.on("head", f"cat {STATE}/api_key").stdout.strip()
+        self.proc = subprocess.Popen(["ip", "netns", "exec", "head", f"{lab.repo}/.venv/bin/python",
+                                      f"{lab.repo}/tests/lab/door_load.py", "127.0.0.1", "8000", MODEL, "6"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "DSV41_KEY": key})
+
+    def mark(self):
+        self.proc.stdin.write("mark\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "marked"
+
+    def end(self):
+        out, _ = self.proc.communicate("end\n", timeout=300)
+        return json.loads(out.strip().splitlines()[-1])
+
+
+def test_two_groups_serve_behind_the_door_each_with_its_own_rendezvous(four):
+    lab, launched = four
+    out = launched.stdout
+    assert out.index("[worker3] started dsv41-r3.service") < out.index("[worker2] started dsv41-r2.service")
+    doc = wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=60)
+    assert doc["state"] == "READY" and [g["nodes"] for g in doc["groups"]] == [["head", "worker1"], ["worker2", "worker3"]]
+    r3 = lab.on("worker3", "cat /etc/systemd/system/dsv41-r3.service").stdout
+    assert "--master-addr 198.51.100.14" in r3 and "--nnodes 2" in r3 and "--node-rank 1" in r3
+    r1 = lab.on("worker1", "cat /etc/systemd/system/dsv41-r1.service").stdout
+    assert "--master-addr 198.51.100.11" in r1 and "--node-rank 1" in r1
+    assert lab.on("worker2", "systemctl is-active dsv41-sidedoor").stdout.strip() == "active"
+    assert lab.on("worker1", "systemctl is-active dsv41-sidedoor", check=False).stdout.strip() != "active"
+    assert "server g1 198.51.100.14:18000" in lab.on("head", f"cat {STATE}/gateway/haproxy.cfg").stdout
+
+
+def corpus(lab, node, key, count=100):
+    """tests/door_corpus.py on `node` against group 1's side door with key (None: none) -> its summary."""
+    prelude = f"import os\nos.environ['DOOR_KEY'] = {key!r}\n" if key else ""
+    r = lab.on(node, ["python3", "-", *SIDE, "--seed", "5252", "--count", str(count)], check=False, timeout=180,
+               input=prelude + SOURCE.read_text())
+    lines = r.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), f"door_corpus on {node} exited {r.returncode}: {r.stderr[-2000:]}"
+    return json.loads(lines[-1])
+
+
+def test_no_engine_of_a_group_answers_from_another_node_without_the_door_key(four):
+    """Group 1's rank 0 listens on worker2's loopback only; its side door on the fabric lets in the head door's
+    key alone: no key, a wrong key and the client key itself get no model answer from worker1 or worker3."""
+    lab, _ = four
+    client_key = lab.on("head", f"cat {STATE}/api_key").stdout.strip()
+    for node, label, key in (("worker1", "no key", None), ("worker1", "a wrong key", "sk-" + "x" * 40),
+                             ("worker3", "the client key", client_key)):
+        out = corpus(lab, node, key)
+        print(f"side door from {node}, {label}: {out['sent']} requests: {out['statuses']}")
+        assert out["model_answers"] == [] and out["unexpected"] == [], (node, label, out["model_answers"][:5],
+                                                                         out["unexpected"][:5])
+        assert client_key not in json.dumps(out)
+    r = lab.on("worker1", "curl -s -m 5 -o /dev/null -w '%{http_code}' http://198.51.100.14:18000/v1/models",
+               check=False)
+    assert r.stdout.strip() == "401", r.stdout
+
+
+def test_a_rank_of_one_group_killed_under_load_costs_no_request_and_its_group_heals_alone(four):
+    lab, _ = four
+    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=60)
+    head_rank = since(lab, "head", "dsv41-r0")
+    load = Load(lab)
+    time.sleep(5)
+    load.mark()
+    t0 = time.monotonic()
+    lab.on("worker3", "docker kill dsv41-r3")
+    wait_for("group 1 to recover", lambda: any(i.get("verdict") for i in group_incidents(lab, 1)), timeout=90)
+    doc = wait_for("group 1 healed at the door", lambda: both_ready(lab), timeout=180, every=2)
+    healed = time.monotonic() - t0
+    time.sleep(3)
+    out = load.end()
+    print(f"group 1's worker rank killed under load: {out['requests']} requests, {out['after']} begun after the "
+          f"kill, {out['failed_after']} of them failed, {out['refused']} refused; healed in {healed:.0f} s: {out['codes']}")
+    assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 20, out
+    assert since(lab, "head", "dsv41-r0") == head_rank              # group 0 was never restarted
+    inc = group_incidents(lab, 1)[-1]
+    assert inc["result"] == "READY" and inc["node"] in ("worker2", "worker3"), inc
+    assert group_incidents(lab, 0) == []
+    assert doc["groups"][1]["watchdog"]["last_incident"]["id"] == inc["id"]
+    log = lab.on("head", "journalctl -u dsv41-watchdog --no-pager -o cat", check=False).stdout
+    assert "[group 1] INCIDENT" in log and "[group 0] INCIDENT" not in log
+
+
+def group_incidents(lab, index):
+    r = lab.on("head", f"cat {STATE}/groups/g{index}/incidents.jsonl", check=False)
+    by_id = {}
+    for line in r.stdout.splitlines():
+        event = json.loads(line)
+        by_id.setdefault(event["id"], {"result": ""}).update({k: v for k, v in event.items() if k != "event"})
+    return list(by_id.values())
+
+
+def test_stop_group_drains_it_while_the_other_serves_and_launch_brings_it_back_alone(four):
+    lab, _ = four
+    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)
+    head_rank = since(lab, "head", "dsv41-r0")
+    load = Load(lab)
+    time.sleep(3)
+    load.mark()
+    r = lab.doit("stop --group 1", GROUPS)
+    assert "group 1 (worker2, worker3) is stopped and out of the door" in r.stdout, r.stdout
+    doc = status(lab)
+    assert doc["groups"][1]["at_door"].startswith("MAINT") and doc["groups"][0]["state"] == "READY", doc["groups"]
+    assert lab.on("worker2", "systemctl is-active dsv41-r2", check=False).stdout.strip() != "active"
+    time.sleep(12)                       # its watchdog keeps its hands off: nothing starts it again
+    assert lab.on("worker2", "systemctl is-active dsv41-r2", check=False).stdout.strip() != "active"
+    out = load.end()
+    print(f"`doit stop --group 1` under load: {out['after']} requests begun after it, {out['failed_after']} failed, "
+          f"{out['refused']} refused")
+    assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 20, out
+    r = lab.doit("launch", GROUPS)
+    assert "restart-ranks on group 1" in r.stdout or "(re)starting the ranks" in r.stdout, r.stdout
+    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)
+    assert since(lab, "head", "dsv41-r0") == head_rank              # group 0 served throughout
