@@ -404,6 +404,22 @@ def test_a_healed_fault_is_one_firing_and_one_resolved_notification(running):
         and names_the_incident(text_of(mail)), mail["Subject"]
 
 
+def test_a_groups_incident_pages_once_naming_its_group(running):
+    """With several serving groups (GROUPS=2: here the head and worker1, one node each), group 1's watchdog pages
+    its incident with the group among the labels, and says the other groups serve."""
+    from dsv41.head import watchdog
+    cfg, hook = running["cfg"], running["hook"]
+    whole = dataclasses.replace(cfg, metrics_dir=str(running["tmp"] / "prom"), groups=2)
+    w = watchdog.Watchdog(whole.group_config(1), log=lambda line: None, whole=whole)
+    healed = w.paging(incident(time.time()))
+    wait(running, "the firing notification", lambda: hook.posts)
+    healed.set()
+    (alert,) = hook.posts[0]["body"]["alerts"]
+    assert alert["labels"]["group"] == "g1" and {k: alert["labels"][k] for k in INCIDENT} == INCIDENT
+    assert alert["annotations"]["summary"] == ("DEAD on group 1 (worker1): the watchdog restarts group 1's ranks while "
+                                               "the other groups serve (fault at 2026-12-01T20:01:02Z)")
+
+
 def test_a_release_the_watchdog_cannot_read_pages_a_person_once_and_touches_nothing(running, monkeypatch):
     """A release a killed launch left rolling out, whose recorded settings this version cannot read (PORT
     "abc"): the watchdog never carries it on with today's settings. It pages DSV41NeedsAPerson naming the

@@ -209,3 +209,59 @@ def test_doit_incidents_lists_each_groups_incidents_naming_the_group(tmp_path):
     assert len(lines) == 2 and "DEAD g1" in lines[1] and "worker3 is failed" in lines[1], lines
     assert incidents.show(str(tmp_path), inc["id"]).startswith(f"incident {inc['id']} of group 1:")
     assert record.incidents(str(tmp_path)) == []          # the whole's record holds none of a group's
+
+
+def test_top_shows_each_groups_state_and_requests_in_flight_at_the_door():
+    from dsv41.head import top
+    view = {"time": 100.0, "gateway": {"error": None, "door": "open", "reason": "", "ready_at": 0, "in_flight": 5,
+                                       "groups": {"g0": {"status": "UP", "in_flight": 5},
+                                                  "g1": {"status": "MAINT", "in_flight": 0}}}}
+    line = top.gateway_text(view)
+    assert line.plain == "gateway: door open, 5 requests in flight; g0 UP 5, g1 MAINT 0" and line.style == "yellow"
+    view["gateway"]["groups"]["g1"]["status"] = "UP 2/2"
+    assert top.gateway_text(view).style == "green"
+    view["gateway"]["groups"] = {"r0": {"status": "UP", "in_flight": 5}}          # one group: the line as it was
+    assert top.gateway_text(view).plain == "gateway: door open, 5 requests in flight"
+
+
+def test_the_watchdog_service_runs_one_process_a_group_and_stops_them_all(tmp_path):
+    """The real service process with GROUPS=2: one watchdog per group, each publishing its own status and textfile
+    and marking its journal lines with its group; a group's process killed is started again; SIGTERM (systemctl
+    stop) ends them all and removes their textfiles."""
+    import signal
+    import time
+    from dsv41.head.core.desired import watchdog_settings
+    cfg = load_config({"WORKERS": "u@127.0.0.1", "GROUPS": "2", "SSH_OPTS": "-p 1", "SSH_TIMEOUT_S": "2",
+                       "PORT": "18996", "STATE_DIR": str(tmp_path), "METRICS_DIR": str(tmp_path / "prom"),
+                       "WATCHDOG_PROBE_S": "2", "R1_IP": "127.0.0.1"})
+    (tmp_path / "watchdog.json").write_text(watchdog_settings(cfg))
+    prom = [tmp_path / "prom" / f"dsv41_watchdog.g{i}.prom" for i in (0, 1)]
+    status = [tmp_path / "groups" / f"g{i}" / names.WATCHDOG_STATUS for i in (0, 1)]
+    p = subprocess.Popen([sys.executable, "-m", "dsv41.head.watchdog", "--state-dir", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+    def children():
+        r = subprocess.run(["pgrep", "-f", f"dsv41.head.watchdog --state-dir {tmp_path} --group"],
+                           capture_output=True, text=True)
+        return r.stdout.split()
+    try:
+        end = time.monotonic() + 60
+        while not all(f.exists() for f in prom + status) and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.2)
+        assert all(f.exists() for f in prom + status), os.listdir(tmp_path)
+        assert 'group="g1"' in prom[1].read_text() and 'group="g0"' in prom[0].read_text()
+        assert not (tmp_path / "prom" / watchdog_metrics.METRICS_FILE).exists()
+        first = children()
+        assert len(first) == 2, first
+        os.kill(int(first[1]), signal.SIGKILL)
+        end = time.monotonic() + 30
+        while (len(children()) != 2 or first[1] in children()) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert len(children()) == 2 and first[1] not in children()
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=60)[0]
+    assert p.returncode == 0 and children() == [] and not any(f.exists() for f in prom), out
+    assert "[group 0] watchdog started" in out and "[group 1] watchdog started" in out
+    assert "watchdog ended (exit" in out and "started again" in out

@@ -244,6 +244,17 @@ def test_tools(cfg):
     assert c.status == "FAIL" and c.fix == "sudo apt-get install rsync"
 
 
+def test_haproxy_is_needed_on_the_head_and_on_a_groups_first_node_only():
+    """GROUPS=2 on two nodes: worker1 holds group 1's rank 0 and its side door, so HAProxy is needed there too."""
+    cfg = load_config({"WORKER": "u@198.51.100.13", "GROUPS": "2"})
+    f = good()
+    f[1]["tools"]["haproxy"] = False
+    [c] = get(run(cfg, f), "tools", "worker1")
+    assert c.status == "FAIL" and c.fix == "sudo apt-get install haproxy (its side door runs it), or GROUPS=1"
+    [c] = get(run(load_config({"WORKER": "u@198.51.100.13"}), f), "tools", "worker1")
+    assert c.status == "PASS"                                 # one group: no side door, no HAProxy there
+
+
 @pytest.mark.parametrize("ipc,status,says", [
     ({"remove_ipc": False, "source": "/etc/systemd/logind.conf"}, "PASS", "RemoveIPC=no"),
     ({"remove_ipc": True, "source": "default"}, "PASS", "the rank units run as root"),

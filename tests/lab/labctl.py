@@ -181,6 +181,29 @@ class DoorClient:
         return json.loads(out.strip().splitlines()[-1])
 
 
+class DoorLoad:
+    """tests/lab/door_load.py in the head's network namespace against the door (port 8000), the client key in its
+    environment: `clients` clients that never retry, each one short request after another."""
+
+    def __init__(self, lab, model, clients=6):
+        key = lab.on("head", "cat /root/.dsv41-two-sparks/api_key").stdout.strip()
+        self.proc = subprocess.Popen(["ip", "netns", "exec", "head", f"{lab.repo}/.venv/bin/python",
+                                      f"{lab.repo}/tests/lab/door_load.py", "127.0.0.1", "8000", model, str(clients)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "DSV41_KEY": key})
+
+    def mark(self):
+        """The moment a fault is made: the summary counts the requests begun after it."""
+        self.proc.stdin.write("mark\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "marked"
+
+    def end(self):
+        import json
+        out, _ = self.proc.communicate("end\n", timeout=300)
+        return json.loads(out.strip().splitlines()[-1])
+
+
 def only_503s(answers):
     """Every answer that is not a 200 is a 503 with Retry-After from 5 to 60 s: nothing refused."""
     return all(k == "200" or (k.startswith("503 retry-after ") and 5 <= int(k.split()[-1]) <= 60) for k in answers)

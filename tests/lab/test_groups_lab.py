@@ -7,14 +7,12 @@ the other serves; `doit stop --group 1` takes it out the same way and `doit laun
 other nodes the hostile corpus finds no engine open on the fabric. The module runs after the three-node one (it
 grows the lab to four nodes) and leaves the lab as it is: the session's end takes it down."""
 import json
-import os
-import subprocess
 import time
 
 import pytest
 from conftest import launch_from_nothing
 from door_hostile import SOURCE
-from labctl import wait_for
+from labctl import DoorLoad, wait_for
 from test_three_nodes import lab_with
 
 pytestmark = pytest.mark.lab
@@ -49,33 +47,13 @@ def since(lab, node, unit):
     return lab.on(node, f"systemctl show -p ActiveEnterTimestampMonotonic --value {unit}").stdout.strip()
 
 
-class Load:
-    """tests/lab/door_load.py in the head's network namespace against the door (port 8000), the client key in its
-    environment: 6 clients that never retry."""
-
-    def __init__(self, lab):
-        key = lab.on("head", f"cat {STATE}/api_key").stdout.strip()
-        self.proc = subprocess.Popen(["ip", "netns", "exec", "head", f"{lab.repo}/.venv/bin/python",
-                                      f"{lab.repo}/tests/lab/door_load.py", "127.0.0.1", "8000", MODEL, "6"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, "DSV41_KEY": key})
-
-    def mark(self):
-        self.proc.stdin.write("mark\n")
-        self.proc.stdin.flush()
-        assert self.proc.stdout.readline().strip() == "marked"
-
-    def end(self):
-        out, _ = self.proc.communicate("end\n", timeout=300)
-        return json.loads(out.strip().splitlines()[-1])
-
-
 def test_two_groups_serve_behind_the_door_each_with_its_own_rendezvous(four):
     lab, launched = four
     out = launched.stdout
     assert out.index("[worker3] started dsv41-r3.service") < out.index("[worker2] started dsv41-r2.service")
     doc = wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=60)
-    assert doc["state"] == "READY" and [g["nodes"] for g in doc["groups"]] == [["head", "worker1"], ["worker2", "worker3"]]
+    assert doc["state"] == "READY"
+    assert [g["nodes"] for g in doc["groups"]] == [["head", "worker1"], ["worker2", "worker3"]]
     r3 = lab.on("worker3", "cat /etc/systemd/system/dsv41-r3.service").stdout
     assert "--master-addr 198.51.100.14" in r3 and "--nnodes 2" in r3 and "--node-rank 1" in r3
     r1 = lab.on("worker1", "cat /etc/systemd/system/dsv41-r1.service").stdout
@@ -112,13 +90,24 @@ def test_no_engine_of_a_group_answers_from_another_node_without_the_door_key(fou
     assert r.stdout.strip() == "401", r.stdout
 
 
+def under_load(lab):
+    """Both groups ready at the door, then DoorLoad's clients running a few seconds, then its mark -> (when group
+    0's rank last started, the load)."""
+    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)
+    head_rank = since(lab, "head", "dsv41-r0")
+    load = DoorLoad(lab, MODEL)
+    time.sleep(4)
+    load.mark()
+    return head_rank, load
+
+
+def group_incidents(lab, index):
+    return lab.incidents(f"{STATE}/groups/g{index}")
+
+
 def test_a_rank_of_one_group_killed_under_load_costs_no_request_and_its_group_heals_alone(four):
     lab, _ = four
-    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=60)
-    head_rank = since(lab, "head", "dsv41-r0")
-    load = Load(lab)
-    time.sleep(5)
-    load.mark()
+    head_rank, load = under_load(lab)
     t0 = time.monotonic()
     lab.on("worker3", "docker kill dsv41-r3")
     wait_for("group 1 to recover", lambda: any(i.get("verdict") for i in group_incidents(lab, 1)), timeout=90)
@@ -127,7 +116,8 @@ def test_a_rank_of_one_group_killed_under_load_costs_no_request_and_its_group_he
     time.sleep(3)
     out = load.end()
     print(f"group 1's worker rank killed under load: {out['requests']} requests, {out['after']} begun after the "
-          f"kill, {out['failed_after']} of them failed, {out['refused']} refused; healed in {healed:.0f} s: {out['codes']}")
+          f"kill, {out['failed_after']} of them failed, {out['refused']} refused; healed in {healed:.0f} s: "
+          f"{out['codes']}")
     assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 20, out
     assert since(lab, "head", "dsv41-r0") == head_rank              # group 0 was never restarted
     inc = group_incidents(lab, 1)[-1]
@@ -138,22 +128,9 @@ def test_a_rank_of_one_group_killed_under_load_costs_no_request_and_its_group_he
     assert "[group 1] INCIDENT" in log and "[group 0] INCIDENT" not in log
 
 
-def group_incidents(lab, index):
-    r = lab.on("head", f"cat {STATE}/groups/g{index}/incidents.jsonl", check=False)
-    by_id = {}
-    for line in r.stdout.splitlines():
-        event = json.loads(line)
-        by_id.setdefault(event["id"], {"result": ""}).update({k: v for k, v in event.items() if k != "event"})
-    return list(by_id.values())
-
-
 def test_stop_group_drains_it_while_the_other_serves_and_launch_brings_it_back_alone(four):
     lab, _ = four
-    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)
-    head_rank = since(lab, "head", "dsv41-r0")
-    load = Load(lab)
-    time.sleep(3)
-    load.mark()
+    head_rank, load = under_load(lab)
     r = lab.doit("stop --group 1", GROUPS)
     assert "group 1 (worker2, worker3) is stopped and out of the door" in r.stdout, r.stdout
     doc = status(lab)

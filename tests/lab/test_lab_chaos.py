@@ -43,6 +43,7 @@ def put_back(lab, launched):
     lab.doit("launch")
 
 
+@pytest.mark.soak           # three minutes of the whole catalogue: each fault is proven on its own in make test
 def test_short_soak_every_fault_heals_and_every_check_holds(lab, put_back, tmp_path):
     sys.path.insert(0, str(REPO / "bench"))
     from chaos.faults import CATALOGUE

@@ -707,3 +707,42 @@ def test_stop_leaves_nothing_running(lab, vllm, watched):
     assert r.returncode == 3 and "door closed: stopped by `doit stop`" in r.stdout, r.stdout
     lab.doit("stop --free-port", watched)
     assert ":8000 " not in lab.on("head", "ss -ltn").stdout
+
+
+
+def test_two_one_node_groups_of_the_real_engine_lose_no_request_to_a_killed_rank(lab, vllm):
+    """After the stop: GROUPS=2 on the two nodes, each a one-node engine of its own (rank 0 on the head, bound to
+    core 0; rank 0 of group 1 on worker1 behind its side door, core 1: the profile binds by the node's rank).
+    Under a steady load of short requests from clients that never retry, group 1's rank killed costs no request
+    begun after it and refuses no connection, and its watchdog brings group 1 back while group 0 serves. The load
+    ends 20 s after group 1's watchdog opened its incident: on the lab's 2 cores a start-up beside a loaded
+    engine starves (an engine's other processes share the cores its compute threads are bound to)."""
+    env = {**vllm.env, **WATCHED, "GROUPS": "2"}
+    t0 = time.monotonic()
+    lab.doit("launch", env, timeout=1800)
+    print(f"real engine, two one-node groups: launch from stopped took {time.monotonic() - t0:.0f} s")
+    doc = json.loads(lab.doit("status --json", env).stdout)
+    assert [(g["state"], g["at_door"].split()[0]) for g in doc["groups"]] == [("READY", "UP")] * 2, doc["groups"]
+    unit = lab.on("worker1", "cat /etc/systemd/system/dsv41-r1.service").stdout
+    assert "--nnodes 1" in unit and "--host 127.0.0.1" in unit and "VLLM_CPU_OMP_THREADS_BIND=1" in unit
+    head_rank = lab.on("head", "systemctl show -p ActiveEnterTimestampMonotonic --value dsv41-r0").stdout
+    load = labctl.DoorLoad(lab, "deepseek-v4.1-flash", clients=2)
+    time.sleep(8)
+    load.mark()
+    t_kill = time.time()
+    lab.on("worker1", "docker kill dsv41-r1")
+    labctl.wait_for("group 1's incident", lambda: lab.incidents(f"{STATE}/groups/g1"), timeout=120)
+    time.sleep(20)
+    out = load.end()
+    print(f"real engine, group 1's rank killed under load: {out['requests']} requests, {out['after']} begun after "
+          f"the kill, {out['failed_after']} of them failed, {out['refused']} refused: {out['codes']}")
+    assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 10, out
+
+    def healed():
+        closed = [i for i in lab.incidents(f"{STATE}/groups/g1") if i["result"] == "READY"]
+        groups = json.loads(lab.doit("status --json", env, check=False).stdout).get("groups") or []
+        return closed and [g["at_door"].split()[0] for g in groups] == ["UP", "UP"]
+    labctl.wait_for("group 1 recovered and back at the door", healed, timeout=600, every=3)
+    print(f"real engine: group 1 served again {time.time() - t_kill:.0f} s after its rank was killed")
+    assert lab.on("head", "systemctl show -p ActiveEnterTimestampMonotonic --value dsv41-r0").stdout == head_rank
+    assert all(i["started"] < t_kill for i in lab.incidents(STATE))      # the whole's watchdog acted on nothing

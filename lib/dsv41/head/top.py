@@ -213,7 +213,8 @@ def engine_lines(view):
 
 def gateway_text(view):
     """One line: the gateway's door (open, or closed, why and when the engine is expected) and the requests
-    in flight at the engine; None without a gateway."""
+    in flight at the engine (with several serving groups, each group's state and its own); None without a
+    gateway."""
     g = view.get("gateway")
     if g is None:
         return None
@@ -228,8 +229,12 @@ def gateway_text(view):
     if g["in_flight"] is None:
         return Text(f"gateway: not running: clients get no answer; door {door}", style="bold red")
     n = g["in_flight"]
-    return Text(f"gateway: door {door}, {n} request{'' if n == 1 else 's'} in flight",
-                style="green" if g["door"] == "open" else "yellow")
+    groups = g.get("groups") or {}
+    each = "" if len(groups) < 2 else "; " + ", ".join(
+        f"{name} {(v.get('status') or '?').split()[0]} {v.get('in_flight') or 0}" for name, v in sorted(groups.items()))
+    up = all((v.get("status") or "").startswith("UP") for v in groups.values())
+    return Text(f"gateway: door {door}, {n} request{'' if n == 1 else 's'} in flight{each}",
+                style="green" if g["door"] == "open" and up else "yellow")
 
 
 # ---- the rest of the screen ---------------------------------------------------------------------------

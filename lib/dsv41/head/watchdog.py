@@ -19,7 +19,12 @@ next one starts, and counts in the budget. $STATE_DIR/watchdog.json holds the se
 what it last judged goes to the record (core.record) for status and top, and to dsv41_watchdog.prom in
 METRICS_DIR (with the gateway, each client key's use to dsv41_gateway.prom), removed when it stops.
 
-    python -m dsv41.head.watchdog --state-dir DIR
+With several serving groups (GROUPS > 1) the service runs one watchdog process per group (supervise(), each
+started again if it ends): each judges and restarts its own group alone, under its group's run lock, with its
+records, incidents and metrics apart (Config.records: $STATE_DIR/groups/g<N>), its journal lines marked
+`[group N]`; the first group's carries releases on and publishes the door's per-key use.
+
+    python -m dsv41.head.watchdog --state-dir DIR [--group N]
 """
 import argparse
 import dataclasses
@@ -365,7 +370,8 @@ def load_settings(state_dir):
 
 def supervise(cfg, argv, log, stop):
     """With GROUPS > 1: one watchdog process per serving group (argv + --group N), each judging and restarting its
-    group alone under its own run lock; one that ends by itself is started again. Returns when stop is set."""
+    group alone under its own run lock; one that ends by itself is started again. Returns when stop is set, its
+    processes ended and their textfiles gone (one ended before it could remove its own)."""
     procs = {}
     while not stop.is_set():
         for i in range(cfg.groups):
@@ -380,6 +386,7 @@ def supervise(cfg, argv, log, stop):
         p.terminate()
     for p in procs.values():
         p.wait()
+    remove_metrics(cfg.metrics_dir, tuple(metrics_file(i) for i in range(cfg.groups)) + (GATEWAY_FILE,))
 
 
 @cli

@@ -154,7 +154,7 @@ def config_class(own):
                ("values", dict, dataclasses.field(compare=False, repr=False)),    # {setting NAME: effective value}
                ("settings", tuple, dataclasses.field(compare=False, repr=False, default=())),  # checked against
                ("cluster", tuple, dataclasses.field(default=(), repr=False)),  # every node, when `nodes` is one group's
-               ("scope", int | None, dataclasses.field(default=None)),    # which group `nodes` is (group_config), or None
+               ("scope", int | None, dataclasses.field(default=None)),    # which group `nodes` is (group_config)
                ]
     cls = dataclasses.make_dataclass("Config", fields, bases=(_Config,), frozen=True)
     cls.__module__ = __name__

@@ -22,7 +22,7 @@ class Kind(enum.Enum):
     START_GUARD = "start-guard"
     RESTART_GUARD = "restart-guard"
     RELOAD_GUARD = "reload-guard"
-    RESTART_RANKS = "restart-ranks"  # every engine unit (of one group: target g<N>), in the recipe's stop and start order
+    RESTART_RANKS = "restart-ranks"  # every engine unit (one group's: target g<N>), in the recipe's stop and start order
     START_WATCHDOG = "start-watchdog"
     RESTART_WATCHDOG = "restart-watchdog"
     STOP_WATCHDOG = "stop-watchdog"  # WATCHDOG=0: stopped and disabled

@@ -40,8 +40,9 @@ def save_evidence(cl, health, log=print, name=None):
         engine_key = apikey.engine_key(cfg)
         keys = (apikey.read_key(cfg), engine_key, cfg.hf_token, apikey.group_key(cfg, cfg.scope or 0))
         folder = incidents.capture(cl, cfg.records, health.verdict.value, health.evidence, fault_at=health.fault_at,
-                                   metrics_url=cl.recipe.metrics_url(), secrets=keys, keep=cfg.incidents_keep, node_deadline_s=EVIDENCE_DEADLINE_S, name=name,
-                                   metrics_key=engine_key if cfg.scope else None)
+                                   metrics_url=cl.recipe.metrics_url(), secrets=keys, keep=cfg.incidents_keep,
+                                   node_deadline_s=EVIDENCE_DEADLINE_S, name=name,
+                                   metrics_key=engine_key if cfg.scope else None)     # a side door wants the key
     except Exception as err:  # noqa: BLE001 - evidence is best effort
         log(f"could not save the incident's evidence: {type(err).__name__}: {one_line(err, 200)}")
         return None
@@ -241,9 +242,15 @@ def take_out(cl, why, log=print):
     watchdog told to keep its hands off until `doit launch` (why, in its records) before anything, a recovery
     it has in progress ended, then under its run lock its server drained at the door, its ranks stopped in
     order, its memory guards and side door. UserError naming a node that did not answer."""
+    already = record.gave_up(cl.cfg.records)
     record.set_gave_up(cl.cfg.records, why, time.time())
     end_recovery(cl.cfg.records)
-    runlock.take(cl.cfg.records, "doit stop --group")
+    try:
+        runlock.take(cl.cfg.records, "doit stop --group")
+    except UserError:               # a doit run holds the whole: nothing was done, the watchdog acts again
+        if not already:
+            record.clear_gave_up(cl.cfg.records)
+        raise
     cl.connect()
     door(cl, log, "stopped", drain=True)
     for spec, unit in cl.recipe.stop_order(cl.cfg.nodes):

@@ -260,7 +260,10 @@ def recorded(cl, release, since=None, clock=time.time):
     ranks restart whatever else differs, unless every engine unit (re)started after `since` (unix time: a
     carried-on rollout's started_at) and none needs to for another reason: then the wait goes on."""
     key = engine_key(cl.cfg)            # with several groups, a group's first node off the head holds its own
-    want = Desired(*rel.recorded_state(release, lambda node: key and group_key(cl.cfg, cl.cfg.group_of(cl.specs[node]), create=True)))
+
+    def key_of(node):
+        return key and group_key(cl.cfg, cl.cfg.group_of(cl.specs[node]), create=True)
+    want = Desired(*rel.recorded_state(release, key_of))
     states = cl.probe_all(versions=True)
     tripped = next((n for n in cl.nodes if states[n.name].tripped), None)
     if tripped is not None:                 # the rank units do not start while a guard is tripped
@@ -368,9 +371,10 @@ def carry_on_way_back(cfg, by):
 # ---- applying the steps ----------------------------------------------------------------------------
 
 def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch", owner=None, why=None):
-    """decide()'s steps in one ordered pass: state files, units, the memory guards, the head's services
-    (core.decide.SERVICES: the head's, then the side doors; in their order and as each says), the ranks through recovery.restart, the
-    services that start after them, the exporters. fault: the Health that calls for the restart; within:
+    """decide()'s steps in one ordered pass: state files, units, the memory guards, our services
+    (core.decide.SERVICES: the head's, then the side doors; in their order and as each says), the ranks
+    through recovery.restart (one group's alone when only it must), the services that start after them,
+    the exporters. fault: the Health that calls for the restart; within:
     the readiness wait's deadline; by: who restarts; owner: the release whose restart it is, named by its
     silence and by the gateway's 503s unless why says otherwise."""
     by_name = {n.name: n for n in cl.nodes}
