@@ -114,14 +114,21 @@ def door_and_side_door(tmp_path, monkeypatch):
     yield from open_door(tmp_path, monkeypatch, side_door=True)
 
 
-def open_door(tmp_path, monkeypatch, side_door=False):
+@pytest.fixture
+def door_by_key(tmp_path, monkeypatch):
+    """As door, with ROUTING=key."""
+    yield from open_door(tmp_path, monkeypatch, routing="key")
+
+
+def open_door(tmp_path, monkeypatch, side_door=False, routing="least"):
     sock = str(tmp_path / "admin.sock")
     monkeypatch.setattr(names, "GATEWAY_SOCKET", sock)
     monkeypatch.setattr(names, "SIDE_DOOR_SOCKET", str(tmp_path / "side.sock"))
     held = door_socket.hold()
     port = held.getsockname()[1]
     engines = [Engine(free_port("127.0.0.1")), Engine(free_port("127.0.0.1"), GROUP_KEY if side_door else DOOR_KEY)]
-    cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "st"), "PORT": str(port)})
+    cfg = load_config({"WORKER": "root@198.51.100.13", "STATE_DIR": str(tmp_path / "st"), "PORT": str(port),
+                       "ROUTING": routing})
     side = None
     if side_door:
         side, side_port, _ = start_side_door(tmp_path, engines[1].port, open(tmp_path / "side.log", "w"))
@@ -160,12 +167,12 @@ def two_groups(cfg, ports, host="127.0.0.1"):
         Group(1, ("worker1",), host, ports[1], names.door_server(1, 2))))
 
 
-def ask(door, body=None, timeout=10):
-    """One completion through the door with the client key, never sent again: (status or the error's class
+def ask(door, body=None, timeout=10, key=CLIENT_KEY):
+    """One completion through the door with a client key, never sent again: (status or the error's class
     name, the engine port that answered, the Retry-After header)."""
     try:
         r = requests.post(f"http://127.0.0.1:{door.port}/v1/completions", timeout=timeout,
-                          headers={"Authorization": f"Bearer {CLIENT_KEY}"},
+                          headers={"Authorization": f"Bearer {key}"},
                           json=body or {"model": MODEL, "prompt": "hi", "max_tokens": 1})
     except requests.RequestException as err:
         return type(err).__name__, None, None
@@ -349,3 +356,31 @@ def test_a_long_request_passes_the_side_door_whole(door_and_side_door):
     node_gateway.set_group("g0", "maint", door.sock)   # to g1, through its side door
     long = {"model": MODEL, "prompt": "x" * (units.DOOR_RETRY_BYTES - 8192), "max_tokens": 1}
     assert [ask(door, long)[:2] for _ in range(2)] == [(200, g1.port)] * 2
+
+
+def test_routing_by_key_sends_each_keys_requests_to_one_group_and_moves_them_only_when_it_is_out(door_by_key):
+    """ROUTING=key: each client key's requests go to one group (its chats find their prefix in that group's
+    cache), the keys spread over both; that group stopped, its keys' requests go to the other with none failed,
+    and come back once it answers again."""
+    keys = {f"user{i}": f"key-of-user{i}-{i * 7919}" for i in range(8)}
+    for name, key in keys.items():
+        node_gateway.keys(door_by_key.state_dir, {"add": {"name": name, "hash": gateway.key_hash(key)}},
+                          door_by_key.sock)
+    where = {}
+    for name, key in keys.items():
+        answers = [ask(door_by_key, key=key) for _ in range(6)]
+        assert {a[0] for a in answers} == {200}, answers
+        ports = {a[1] for a in answers}
+        assert len(ports) == 1, (name, ports)                  # one group a key
+        where[name] = ports.pop()
+    engines = door_by_key.engines
+    assert set(where.values()) == {e.port for e in engines}, where     # the keys spread over both groups
+    moved = next(n for n, p in where.items() if p == engines[1].port)
+    engines[1].stop()
+    answers = [ask(door_by_key, key=keys[moved]) for _ in range(6)]
+    assert [a[:2] for a in answers] == [(200, engines[0].port)] * 6, answers     # none failed: the other group
+    engines[1].start()
+    deadline = time.monotonic() + 15
+    while ask(door_by_key, key=keys[moved])[1] != engines[1].port:     # back at its next good check (2 s)
+        assert time.monotonic() < deadline, "the key never came back to its group"
+        time.sleep(0.5)

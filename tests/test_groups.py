@@ -144,7 +144,29 @@ def test_a_group_down_restarts_that_group_alone_and_every_group_down_restarts_th
     assert steps() == []
     assert steps("worker3") == [("group 1", "g1")]
     assert steps("head") == [("group 0", "g0")]
-    assert steps("worker1", "worker2") == [("all", "")]
+    assert steps("worker1", "worker2") == [("all", "")]          # none serves: they start together, as at first
+
+
+def test_a_change_to_every_group_while_they_serve_rolls_group_by_group_the_one_not_serving_first(tmp_path):
+    cfg, by_rank = render(GROUPS2, tmp_path)
+    recipe = Vllm(cfg)
+    changed = {s.name: {u: text + "# changed\n" for u, text in by_rank[s.rank].items()} for s in cfg.nodes}
+    want = dec.Desired(units=changed, files={s.name: {} for s in cfg.nodes})
+
+    def steps(*down):
+        states = {s.name: NodeState(by_rank[s.rank], {}, down=[f"dsv41-r{s.rank}.service"] if s.name in down else [])
+                  for s in cfg.nodes}
+        return [(s.node, s.target) for s in dec.decide(cfg.nodes, want, states, recipe, cfg.groups)
+                if s.kind is dec.Kind.RESTART_RANKS]
+    assert steps() == [("group 0", "g0"), ("group 1", "g1")]
+    assert steps("worker3") == [("group 1", "g1"), ("group 0", "g0")]
+    one = load_config(dict(FOUR, STATE_DIR=str(tmp_path / "one")))
+    _, single = render(FOUR, tmp_path / "one")
+    states = {s.name: NodeState(single[s.rank], {}) for s in one.nodes}
+    want_one = dec.Desired(units={s.name: {u: t + "#\n" for u, t in single[s.rank].items()} for s in one.nodes},
+                           files={s.name: {} for s in one.nodes})
+    assert [(s.node, s.target) for s in dec.decide(one.nodes, want_one, states, Vllm(one), 1)
+            if s.kind is dec.Kind.RESTART_RANKS] == [("all", "")]     # one group: as before
 
 
 def test_a_groups_run_lock_and_the_whole_one_exclude_each_other(tmp_path):

@@ -146,3 +146,53 @@ def test_stop_group_drains_it_while_the_other_serves_and_launch_brings_it_back_a
     assert "restart-ranks on group 1" in r.stdout or "(re)starting the ranks" in r.stdout, r.stdout
     wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)
     assert since(lab, "head", "dsv41-r0") == head_rank              # group 0 served throughout
+
+
+def started(lab):
+    """{node: when its rank last started} (systemd's monotonic stamp on each node)."""
+    return {n: since(lab, n, f"dsv41-r{i}") for i, n in enumerate(lab.ip)}
+
+
+def test_a_change_rolls_out_group_by_group_under_load_with_no_failed_request(four):
+    """A change every rank reads (KV_BYTES: every rank unit) while both groups serve: group 0 drained,
+    restarted, checked and held while group 1 serves, then group 1: the change on every node, none failed."""
+    lab, _ = four
+    _, load = under_load(lab)
+    before = started(lab)
+    r = lab.doit("launch", {**GROUPS, "KV_BYTES": "2600000000"})
+    out = load.end()
+    print(f"a rolling release under load: {out['after']} requests begun after the launch, {out['failed_after']} "
+          f"failed, {out['refused']} refused")
+    assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 20, out
+    text = r.stdout
+    assert text.index("(re)starting the ranks of group 0") < text.index("holding") < \
+        text.index("(re)starting the ranks of group 1"), text
+    assert "is good and in service" in text
+    after = started(lab)
+    assert all(after[n] != before[n] for n in lab.ip), (before, after)          # every rank restarted
+    for i, n in enumerate(lab.ip):
+        assert "--kv-cache-memory-bytes 2600000000" in lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout
+
+
+FAILS_AT_ONCE = "--compilation-config not-json"      # the stand-in exits 1, as vLLM does on bad JSON
+
+
+def test_a_change_the_engine_rejects_stops_at_its_first_group_which_goes_back_alone(four):
+    """The first group restarted on a change whose rank 0 exits at once goes back to the last good release
+    alone; the second never leaves it (its ranks and unit files untouched); no request fails meanwhile."""
+    lab, _ = four
+    _, load = under_load(lab)
+    before = started(lab)
+    units = {n: lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout for i, n in enumerate(lab.ip)}
+    r = lab.doit("launch", {**GROUPS, "KV_BYTES": "2600000000", "EXTRA": FAILS_AT_ONCE}, check=False)
+    out = load.end()
+    print(f"a change the engine rejects, under load: {out['after']} requests begun after the launch, "
+          f"{out['failed_after']} failed, {out['refused']} refused")
+    assert r.returncode == 10 and "rolled back to release" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr
+    assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 20, out
+    assert "(re)starting the ranks of group 1" not in r.stdout.split("going back")[0]      # it stopped at group 0
+    after = started(lab)
+    assert after["worker2"] == before["worker2"] and after["worker3"] == before["worker3"]  # never left
+    for i, n in enumerate(lab.ip):
+        assert lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout == units[n], n
+    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)

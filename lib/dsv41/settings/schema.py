@@ -98,6 +98,9 @@ OWN = (
     S("GROUPS", "int", 1, "serving groups behind the door: the nodes (the head, then `WORKERS`) split into this "
       "many of equal size, each its own tensor-parallel engine (docs/groups.md); more than 1 needs `GATEWAY=1`",
       lo=1, hi=64),
+    S("ROUTING", "choice", "least", "with several groups, where the door sends a request: `least`, the group with "
+      "the fewest in flight; `key`, one group per client key (its chats find their prefix in that group's cache), "
+      "moved only when that group is out or holds half again the average load", choices=("least", "key")),
     S("TP_SIZE", "int", 0, "tensor-parallel size of a group: a multiple of its node count", lo=0, hi=1024,
       shown="a group's node count"),
     S("NNODES", "int", 0, "`--nnodes`: a group's node count", lo=0, hi=1024, shown="a group's node count"),

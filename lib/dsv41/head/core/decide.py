@@ -85,8 +85,9 @@ def changed_units(specs, desired, states):
 
 def decide(specs, desired, states, recipe, groups=1):
     """The steps, in the order launch applies them; the recipe names each node's engine units. groups: the
-    serving groups specs split into (GROUPS): the ranks restart as one when every group must, else only the
-    groups that must, each its own step (target g<N>), while the others serve."""
+    serving groups specs split into (GROUPS): the ranks restart as one when every group must and none serves
+    (a first launch); else only the groups that must, each its own step (target g<N>) while the others serve,
+    one after the other (a rolling release: those not serving first)."""
     steps = []
     size = len(specs) // groups
     group = {s.name: i for i, s in enumerate(specs) for i in [i // size]}
@@ -116,10 +117,13 @@ def decide(specs, desired, states, recipe, groups=1):
                               "MEMGUARD_GIB, MEMGUARD_MODE or METRICS_DIR changed"))
         for unit, name in recipe.parts(s):
             reasons[group[s.name]] += unit_reasons(s, f, unit, f.container(name), (s.name, unit) in changed)
-    if all(reasons.values()):
+    serving = [all(states[s.name].unit(u).active == "active" for s in specs[i * size:(i + 1) * size]
+                   for u in recipe.units(s)) for i in range(groups)]
+    if all(reasons.values()) and (groups == 1 or not any(serving)):
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(r for i in reasons for r in reasons[i])))
     else:
-        steps += [Step(Kind.RESTART_RANKS, f"group {i}", f"g{i}", "; ".join(r)) for i, r in reasons.items() if r]
+        steps += [Step(Kind.RESTART_RANKS, f"group {i}", f"g{i}", "; ".join(reasons[i]))
+                  for i in sorted(reasons, key=lambda i: (serving[i], i)) if reasons[i]]
     head = specs[0].name
     steps += exporter_steps(specs, desired, states, changed)
     for svc in HEAD_SERVICES:

@@ -32,7 +32,7 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import exporter, observe, progress, ranks, recovery, releases as rel, silences
 from dsv41.head.core.cluster import Cluster, engine_key, group_key, say
-from dsv41.head.core.decide import SERVICES, Desired, Kind, Step, decide
+from dsv41.head.core.decide import SERVICE_ONLY_FILES, SERVICES, Desired, Kind, Step, decide
 from dsv41.head.core.unit_install import control, install_unit, service_step
 
 
@@ -373,10 +373,62 @@ def carry_on_way_back(cfg, by):
 def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doit launch", owner=None, why=None):
     """decide()'s steps in one ordered pass: state files, units, the memory guards, our services
     (core.decide.SERVICES: the head's, then the side doors; in their order and as each says), the ranks
-    through recovery.restart (one group's alone when only it must), the services that start after them,
-    the exporters. fault: the Health that calls for the restart; within:
-    the readiness wait's deadline; by: who restarts; owner: the release whose restart it is, named by its
-    silence and by the gateway's 503s unless why says otherwise."""
+    through recovery.restart, the services that start after them, the exporters. fault: the Health that calls
+    for the restart; within: the readiness wait's deadline; by: who restarts; owner: the release whose restart
+    it is, named by its silence and by the gateway's 503s unless why says otherwise.
+
+    A group restarted alone (decide(): while others serve) gets what its ranks read (their units and files,
+    its memory guards) only just before its restart, and is held healthy (ROLLOUT_HOLD_S, for a checked
+    release) before the next group's: a failure stops the rollout there, the groups after it never changed."""
+    by_name = {n.name: n for n in cl.nodes}
+    groups = cl.groups()
+    later_of = {s.target: [] for s in steps if s.kind is Kind.RESTART_RANKS and s.target}
+    for s in steps:                         # what a group restarted alone reads waits for its restart
+        if s.node in by_name and rank_step(cl, s):
+            g = f"g{cl.cfg.group_of(cl.specs[s.node])}"
+            if g in later_of:
+                later_of[g].append(s)
+    deferred = [s for group_steps in later_of.values() for s in group_steps]
+    node_steps(cl, want, [s for s in steps if s not in deferred])
+    restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
+    services = [(svc, s) for svc in SERVICES if by != svc.not_by for s in steps if s.kind in svc.kinds]
+    later = [(svc, s) for svc, s in services if restarting and svc.starts_after_ranks and s.kind is svc.start]
+    for svc, s in services:
+        if (svc, s) not in later:
+            service_step(cl, svc, s)
+    rolling = [s for s in steps if s.kind is Kind.RESTART_RANKS]
+    for n, s in enumerate(rolling):
+        print(f"(re)starting the ranks{f' of group {s.target[1:]}' if s.target else ''}: {s.reason}")
+        owned = f"{by}, release {owner}" if owner else f"{by}, pid {os.getpid()}"    # whose work it is
+        say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
+        which = groups[int(s.target[1:])] if s.target else cl      # one group's: its server alone drains
+        if s.target:
+            node_steps(cl, want, later_of[s.target])
+            if not fault:
+                recovery.door(which, lambda line: say(cl.head, line), "restarting", starting=True, drain=True)
+        recovery.restart(which, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
+                         within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None))
+        if s.target and within and n + 1 < len(rolling):       # held before the next group leaves the door
+            hold(which, cl.cfg.rollout_hold_s)
+    for svc, s in later:
+        service_step(cl, svc, s)
+    for s in steps:
+        if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
+            say(by_name[s.node], exporter.start(cl, by_name[s.node]))
+
+
+def rank_step(cl, s):
+    """Whether a step changes what a node's ranks read: a state file they read, their unit or the memory
+    guard's, the guard itself (not the head's services and what only they read)."""
+    spec = cl.specs[s.node]
+    return (s.kind is Kind.WRITE and s.target not in SERVICE_ONLY_FILES
+            or s.kind is Kind.INSTALL and (s.target in cl.recipe.units(spec) or s.target == names.MEMGUARD_UNIT)
+            or s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD))
+
+
+def node_steps(cl, want, steps):
+    """The state files, unit files and memory guards of `steps`: written, installed (systemd reloaded once a
+    node), started or reloaded."""
     by_name = {n.name: n for n in cl.nodes}
     for s in steps:
         node = by_name.get(s.node)
@@ -394,28 +446,6 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
     for s in steps:
         if s.kind in (Kind.START_GUARD, Kind.RESTART_GUARD, Kind.RELOAD_GUARD):
             control(cl, by_name[s.node], s.kind, names.MEMGUARD_UNIT, "memory guard")
-    restarting = any(s.kind is Kind.RESTART_RANKS for s in steps)
-    services = [(svc, s) for svc in SERVICES if by != svc.not_by for s in steps if s.kind in svc.kinds]
-    later = [(svc, s) for svc, s in services if restarting and svc.starts_after_ranks and s.kind is svc.start]
-    for svc, s in services:
-        if (svc, s) not in later:
-            service_step(cl, svc, s)
-    for s in steps:
-        if s.kind is Kind.RESTART_RANKS:
-            print(f"(re)starting the ranks: {s.reason}")
-            owned = f"{by}, release {owner}" if owner else f"{by}, pid {os.getpid()}"    # whose work it is
-            say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
-            which = cl.groups()[int(s.target[1:])] if s.target else cl      # one group's: its server alone drains
-            if s.target and not fault:
-                recovery.door(which, lambda line: say(cl.head, line), "restarting", starting=True, drain=True)
-            recovery.restart(which, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
-                             within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None))
-    for svc, s in later:
-        service_step(cl, svc, s)
-    for s in steps:
-        if s.kind is Kind.START_EXPORTER:            # monitoring: never stops the launch
-            say(by_name[s.node], exporter.start(cl, by_name[s.node]))
-
 
 
 def rollback(cfg, history, target):

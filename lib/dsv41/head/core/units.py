@@ -124,6 +124,7 @@ def gateway_config_vars(cfg, layout=None):
     layout = layout or cfg.layout
     return {**door_vars(cfg, names.GATEWAY_SOCKET), "port": cfg.port,
             "groups": layout.groups, "backend": names.DOOR_BACKEND, "retry_bytes": DOOR_RETRY_BYTES,
+            "routing": cfg.routing,
             "bind": c.GATEWAY_BIND, "check_bind": c.CHECK_BIND.format(port=cfg.port),
             "socket_unit": names.GATEWAY_SOCKET_UNIT, "listen_fd": names.GATEWAY_LISTEN_FD,
             "rate_per_min": cfg.key_rate_per_min,
