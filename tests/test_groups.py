@@ -287,3 +287,19 @@ def test_the_watchdog_service_runs_one_process_a_group_and_stops_them_all(tmp_pa
     assert p.returncode == 0 and children() == [] and not any(f.exists() for f in prom), out
     assert "[group 0] watchdog started" in out and "[group 1] watchdog started" in out
     assert "watchdog ended (exit" in out and "started again" in out
+
+
+def test_a_release_keeps_how_far_it_got_with_each_group_and_shows_it(tmp_path):
+    from dsv41.head.core import release_status, releases as rel
+    cfg = load_config(dict(GROUPS2, STATE_DIR=str(tmp_path)))
+    fields = {"image": cfg.image, "image_ids": {}, "checkpoint": {}, "settings": {}, "node_versions": {},
+              "units": {}, "files": {}, "secret_files": {}}
+    r = rel.begin(str(tmp_path), fields, 10)
+    rel.group_step(str(tmp_path), r.number, "g0", "restarting")
+    rel.group_step(str(tmp_path), r.number, "g0", "good")
+    rel.group_step(str(tmp_path), r.number, "g1", "restarting")
+    assert rel.load_one(str(tmp_path), r.number).groups == {"g0": "good", "g1": "restarting"}
+    history = release_status.history_of(str(tmp_path))
+    assert "  groups      g0 good, g1 restarting" in release_status.show_lines(history[0], None, r.number)
+    entry = release_status.service_entry(str(tmp_path), history=history)
+    assert release_status.service_line(entry).endswith("[g0 good, g1 restarting]")

@@ -148,6 +148,12 @@ def test_stop_group_drains_it_while_the_other_serves_and_launch_brings_it_back_a
     assert since(lab, "head", "dsv41-r0") == head_rank              # group 0 served throughout
 
 
+def newest_release(lab):
+    """The newest release's record on the head."""
+    number = lab.on("head", f"ls -1 {STATE}/releases | sort | tail -1").stdout.strip()
+    return json.loads(lab.on("head", f"cat {STATE}/releases/{number}/release.json").stdout)
+
+
 def started(lab):
     """{node: when its rank last started} (systemd's monotonic stamp on each node)."""
     return {n: since(lab, n, f"dsv41-r{i}") for i, n in enumerate(lab.ip)}
@@ -168,6 +174,7 @@ def test_a_change_rolls_out_group_by_group_under_load_with_no_failed_request(fou
     assert text.index("(re)starting the ranks of group 0") < text.index("holding") < \
         text.index("(re)starting the ranks of group 1"), text
     assert "is good and in service" in text
+    assert newest_release(lab)["groups"] == {"g0": "good", "g1": "good"}
     after = started(lab)
     assert all(after[n] != before[n] for n in lab.ip), (before, after)          # every rank restarted
     for i, n in enumerate(lab.ip):
@@ -191,6 +198,8 @@ def test_a_change_the_engine_rejects_stops_at_its_first_group_which_goes_back_al
     assert r.returncode == 10 and "rolled back to release" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr
     assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 20, out
     assert "(re)starting the ranks of group 1" not in r.stdout.split("going back")[0]      # it stopped at group 0
+    failed = newest_release(lab)
+    assert failed["state"] == "rolled back" and failed["groups"] == {"g0": "back"}, failed["groups"]
     after = started(lab)
     assert after["worker2"] == before["worker2"] and after["worker3"] == before["worker3"]  # never left
     for i, n in enumerate(lab.ip):

@@ -50,6 +50,8 @@ class Release:
     rollback_of: int | None = None  # made by `doit rollback N`: N's state applied again
     startup_phases: dict | None = None  # its start-up's {"phases": [...], "total"} (core/startup.py); older: None
     back_phases: dict | None = None     # the same of the going back, when it rolled back
+    groups: dict | None = None      # rolled group by group (GROUPS > 1): {"g<N>": "restarting" | "good" | "failed" |
+                                    # "going back" | "back"}, each written before and after its step; older: None
 
     @property
     def shown_state(self):

@@ -63,7 +63,8 @@ def carrier_line(release, holder, watchdog_on):
 
 def _brief(r):
     return r and {"number": r.number, "state": r.shown_state, "began": r.time, "image": r.image,
-                  "result": r.result, "failed_at": r.failed_at, "rolled_back_to": r.rolled_back_to}
+                  "result": r.result, "failed_at": r.failed_at, "rolled_back_to": r.rolled_back_to,
+                  "groups": r.groups}
 
 
 def step_of(r):
@@ -103,6 +104,8 @@ def service_line(e):
                  + (f", rolled back to {f['rolled_back_to']}" if f["rolled_back_to"] else ""))
     if u:
         line += f"; release {u['number']} {u['state']} ({u.get('step', '?')}): {u.get('carried', '?')}"
+        if u.get("groups"):
+            line += " [" + ", ".join(f"{g} {where}" for g, where in sorted(u["groups"].items())) + "]"
     return line
 
 
@@ -147,6 +150,8 @@ def show_lines(history, serving, number):
         out += startup.lines(r.startup_phases)
     if r.back_phases:
         out += startup.lines(r.back_phases, f"back to {r.rolled_back_to}")
+    if r.groups:                            # rolled group by group
+        out.append("  groups      " + ", ".join(f"{g} {where}" for g, where in sorted(r.groups.items())))
     out.append(f"  image       {r.image}")
     out += [f"    on {node:<10} {image_id}" for node, image_id in sorted(r.image_ids.items())]
     out.append(f"  checkpoint  {ck.get('repo')}@{ck.get('revision') or 'latest'}   "

@@ -342,6 +342,13 @@ def carried(state_dir, number, by, now=None, **fields):
     return _update(state_dir, number, carrier={"by": by, "pid": os.getpid(), "since": now}, **fields)
 
 
+def group_step(state_dir, number, group, where):
+    """How far release `number` got with serving group `group` ("g<N>") in a rollout group by group: recorded
+    before each group's restart and once it is good (or failed, or back)."""
+    old = load_one(state_dir, number)
+    return _update(state_dir, number, groups={**((old and old.groups) or {}), group: where})
+
+
 def _update(state_dir, number, **changed):
     old = load_one(state_dir, number)
     if old is None:

@@ -402,14 +402,22 @@ def apply(cl, want, steps, states, force=False, fault=None, within=None, by="doi
         owned = f"{by}, release {owner}" if owner else f"{by}, pid {os.getpid()}"    # whose work it is
         say(cl.head, silences.silence(cl.cfg, owned))   # planned: the rank and API alerts stay quiet
         which = groups[int(s.target[1:])] if s.target else cl      # one group's: its server alone drains
+        step = (lambda where: rel.group_step(cl.cfg.state_dir, owner, s.target, where)) if s.target and owner \
+            else (lambda where: None)
+        step("going back" if fault else "restarting")
         if s.target:
             node_steps(cl, want, later_of[s.target])
             if not fault:
                 recovery.door(which, lambda line: say(cl.head, line), "restarting", starting=True, drain=True)
-        recovery.restart(which, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"),
-                         within=within, why=why or (f"release {owner} rolling out" if owner and not fault else None))
-        if s.target and within and n + 1 < len(rolling):       # held before the next group leaves the door
-            hold(which, cl.cfg.rollout_hold_s)
+        try:
+            recovery.restart(which, fault=fault, by=by, force=force, log=lambda m: print(f"[head] {m}"), within=within,
+                             why=why or (f"release {owner} rolling out" if owner and not fault else None))
+            if s.target and within and n + 1 < len(rolling):       # held before the next group leaves the door
+                hold(which, cl.cfg.rollout_hold_s)
+        except UserError:
+            step("failed")
+            raise
+        step("back" if fault else "good")
     for svc, s in later:
         service_step(cl, svc, s)
     for s in steps:
