@@ -303,3 +303,24 @@ def test_a_release_keeps_how_far_it_got_with_each_group_and_shows_it(tmp_path):
     assert "  groups      g0 good, g1 restarting" in release_status.show_lines(history[0], None, r.number)
     entry = release_status.service_entry(str(tmp_path), history=history)
     assert release_status.service_line(entry).endswith("[g0 good, g1 restarting]")
+
+
+def test_a_worker_is_judged_against_its_own_groups_first_node_not_the_head(tmp_path):
+    """A group restarted alone (a rolling release) started after the head's rank: its worker rejoined its own
+    group's rendezvous, so nothing must restart together; against its own first node it is judged as before."""
+    cfg, by_rank = render(GROUPS2, tmp_path)
+    ages = {"head": 500.0, "worker1": 499.0, "worker2": 60.0, "worker3": 59.0}
+
+    class Aged(NodeState):
+        def __init__(self, name):
+            super().__init__(by_rank[cfg.nodes[[s.name for s in cfg.nodes].index(name)].rank], {})
+            self.name = name
+
+        def age(self, unit):
+            return ages[self.name]
+    states = {s.name: Aged(s.name) for s in cfg.nodes}
+    assert dec.stale_workers(cfg.nodes, states, Vllm(cfg), 2) == []
+    assert len(dec.stale_workers(cfg.nodes, states, Vllm(cfg), 1)) == 2       # as one group: both "restarted after"
+    ages["worker3"] = 10.0                      # restarted on its own after its group's rank 0: it cannot rejoin
+    [line] = dec.stale_workers(cfg.nodes, states, Vllm(cfg), 2)
+    assert line.startswith("dsv41-r3.service on worker3") and "the ranks must restart together" in line

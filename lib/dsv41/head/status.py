@@ -197,7 +197,7 @@ def status(cfg, json=False):
     problems = []                        # state files that cannot be read: said, and read as absent
     api = api_status(cl, problems)
     door = door_status(cl, states.get(cl.head.name), problems)
-    stale = stale_workers(cfg.nodes, cl.states, cl.recipe)
+    stale = stale_workers(cfg.nodes, cl.states, cl.recipe, cfg.groups_here)
     obs = observe.observation(cfg, states, api["health"], problems=problems,
                               api_error=None if api["models"] else (api["error"] or "/v1/models lists no model"))
     h = assess(cfg, obs, Memory(), cl.recipe)

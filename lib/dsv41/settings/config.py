@@ -42,6 +42,11 @@ class _Config:
         """Every node, the head first: `nodes` itself, unless this Config is one group's (group_config)."""
         return self.cluster or self.nodes
 
+    @property
+    def groups_here(self):
+        """How many serving groups `nodes` holds: GROUPS, or 1 for one group's Config (group_config)."""
+        return 1 if self.scope is not None else self.groups
+
     def group_specs(self, index):
         """The NodeSpecs of serving group `index`, its first (its rank 0) first."""
         size = len(self.all_nodes) // self.groups

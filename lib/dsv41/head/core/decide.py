@@ -52,12 +52,16 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def stale_workers(specs, states, recipe):
+def stale_workers(specs, states, recipe, groups=1):
     """A worker's engine unit that (re)started after the head's cannot rejoin its rendezvous: the ranks
     must restart together (when the recipe says so). One line per such unit. Ages are measured on each
-    node's own clock, so clock skew between nodes cannot fake a restart. specs: the NodeSpecs, head first."""
+    node's own clock, so clock skew between nodes cannot fake a restart. specs: the NodeSpecs, head first, in
+    `groups` serving groups of equal size (each its own rendezvous: a worker against its group's first node)."""
     if not recipe.restart_together:
         return []
+    if groups > 1:
+        size = len(specs) // groups
+        return [line for i in range(groups) for line in stale_workers(specs[i * size:(i + 1) * size], states, recipe)]
     head = specs[0]
     ages = [states[head.name].age(u) if head.name in states else None for u in recipe.units(head)]
     head_age = None if None in ages or not ages else min(ages)        # the head's latest start
@@ -91,7 +95,7 @@ def decide(specs, desired, states, recipe, groups=1):
     steps = []
     size = len(specs) // groups
     group = {s.name: i for i, s in enumerate(specs) for i in [i // size]}
-    reasons = {i: list(stale_workers(specs[i * size:(i + 1) * size], states, recipe)) for i in range(groups)}
+    reasons = {i: stale_workers(specs[i * size:(i + 1) * size], states, recipe) for i in range(groups)}
     changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, states)}
     written = set()                                     # (node, state file)
     for s in specs:

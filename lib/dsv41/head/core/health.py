@@ -253,7 +253,7 @@ def _judge(cfg, obs, mem, recipe):
     starting = (all(states[head.name, u] == "active" for u in recipe.units(head))
                 and mem.ready_start != r0_start and r0_age < cfg.start_timeout_s)
     down = [(node, f"{unit} on {node} is {st}") for (node, unit), st in states.items() if st != "active"]
-    stale = stale_workers(cfg.nodes, obs.nodes, recipe)
+    stale = stale_workers(cfg.nodes, obs.nodes, recipe, cfg.groups_here)
     if down or stale:
         return DEGRADED, [line for _, line in down] + stale, (down[0][0] if down else _named(stale, obs.nodes))
     broken = (f"/health {obs.health or 'does not answer'}" if obs.health is None or obs.health >= 500
