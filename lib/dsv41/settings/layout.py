@@ -96,12 +96,10 @@ def address(spec):
 
 def of(cfg):
     """The Layout a Config describes."""
-    every = cfg.all_nodes if cfg.nodes else ()
-    size = len(every) // cfg.groups if every else 0
-    groups = tuple(Group(i, tuple(s.name for s in every[i * size:(i + 1) * size]),
-                         "127.0.0.1" if i == 0 else address(every[i * size]), cfg.engine_port,
-                         names.door_server(i, cfg.groups)) for i in range(cfg.groups if every else 1))
-    head = every[0] if every else None
+    specs = [cfg.group_specs(i) for i in range(cfg.groups)] if cfg.nodes else [()]
+    groups = tuple(Group(i, tuple(s.name for s in g), "127.0.0.1" if i == 0 else address(g[0]), cfg.engine_port,
+                         names.door_server(i, cfg.groups)) for i, g in enumerate(specs))
+    head = cfg.all_nodes[0] if cfg.nodes else None
     return Layout(door=bool(cfg.gateway), port=cfg.port, engine_port=cfg.engine_port,
                   head_ip=(head.ip if head else "") or "", api_key_file=cfg.api_key_file,
                   state_dir=cfg.state_dir, groups=groups, scope=cfg.scope or 0)

@@ -52,6 +52,12 @@ def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def split(specs, groups):
+    """specs (the head, then the workers in order) as `groups` serving groups of equal size: [specs of each]."""
+    size = len(specs) // groups
+    return [tuple(specs[i * size:(i + 1) * size]) for i in range(groups)]
+
+
 def stale_workers(specs, states, recipe, groups=1):
     """A worker's engine unit that (re)started after the head's cannot rejoin its rendezvous: the ranks
     must restart together (when the recipe says so). One line per such unit. Ages are measured on each
@@ -60,8 +66,7 @@ def stale_workers(specs, states, recipe, groups=1):
     if not recipe.restart_together:
         return []
     if groups > 1:
-        size = len(specs) // groups
-        return [line for i in range(groups) for line in stale_workers(specs[i * size:(i + 1) * size], states, recipe)]
+        return [line for g in split(specs, groups) for line in stale_workers(g, states, recipe)]
     head = specs[0]
     ages = [states[head.name].age(u) if head.name in states else None for u in recipe.units(head)]
     head_age = None if None in ages or not ages else min(ages)        # the head's latest start
@@ -93,9 +98,9 @@ def decide(specs, desired, states, recipe, groups=1):
     (a first launch); else only the groups that must, each its own step (target g<N>) while the others serve,
     one after the other (a rolling release: those not serving first)."""
     steps = []
-    size = len(specs) // groups
-    group = {s.name: i for i, s in enumerate(specs) for i in [i // size]}
-    reasons = {i: stale_workers(specs[i * size:(i + 1) * size], states, recipe) for i in range(groups)}
+    each = split(specs, groups)
+    group = {s.name: i for i, g in enumerate(each) for s in g}
+    reasons = {i: stale_workers(g, states, recipe) for i, g in enumerate(each)}
     changed = {(node, unit) for node, unit, _, _ in changed_units(specs, desired, states)}
     written = set()                                     # (node, state file)
     for s in specs:
@@ -121,8 +126,7 @@ def decide(specs, desired, states, recipe, groups=1):
                               "MEMGUARD_GIB, MEMGUARD_MODE or METRICS_DIR changed"))
         for unit, name in recipe.parts(s):
             reasons[group[s.name]] += unit_reasons(s, f, unit, f.container(name), (s.name, unit) in changed)
-    serving = [all(states[s.name].unit(u).active == "active" for s in specs[i * size:(i + 1) * size]
-                   for u in recipe.units(s)) for i in range(groups)]
+    serving = [all(states[s.name].unit(u).active == "active" for s in g for u in recipe.units(s)) for g in each]
     if all(reasons.values()) and (groups == 1 or not any(serving)):
         steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(r for i in reasons for r in reasons[i])))
     else:

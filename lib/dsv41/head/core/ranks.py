@@ -40,7 +40,8 @@ def wait_ready(cl, within=None):
     stops the wait at once with its journal. within: (seconds, what sets them), default START_TIMEOUT_MIN's."""
     cfg = cl.cfg
     limit, what = within or (cfg.start_timeout_s, "START_TIMEOUT_MIN")
-    pending = [g.engine_client(read_timeout=60, create_key=True) for g in cl.groups()]
+    groups = cl.groups()
+    pending = [g.engine_client(read_timeout=60, create_key=True) for g in groups]
     where = " and ".join(c.base for c in pending)
     started = last = time.monotonic()
     with progress.bar(f"waiting for the API at {where} (a first start takes about 12 min)",
@@ -53,7 +54,7 @@ def wait_ready(cl, within=None):
                 raise UserError(f"{problem}; its journal is above (doit logs r<N> for more)")
             pending = [c for c in pending if not cl.recipe.ready(c)]
             if not pending:
-                for d in {cfg.records, *(g.cfg.records for g in cl.groups())}:
+                for d in {cfg.records, *(g.cfg.records for g in groups)}:
                     record.mark_ready(d)
                 return
             now = time.monotonic()

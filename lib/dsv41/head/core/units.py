@@ -189,10 +189,12 @@ def side_door_node_config(cfg, spec):
     """A side door's config for its node, binding the address the head's door reaches it at (settings.layout):
     that node's fabric address, ENGINE_PORT."""
     group = cfg.layout.groups[cfg.group_of(spec)]
-    if group.host == "127.0.0.1" or not re.fullmatch(r"[0-9A-Fa-f.:]+", group.host):
+    try:
+        bind = side_door_bind(f"{group.host}:{group.port}")
+    except UserError:
         raise UserError(f"{spec.name}'s side door binds its fabric address, and {group.host!r} is none: set "
-                        f"R{spec.rank}_IP to {spec.name}'s fabric address")
-    return side_door_config(cfg, f"{group.host}:{group.port}")
+                        f"R{spec.rank}_IP to {spec.name}'s fabric address") from None
+    return side_door_config(cfg, bind)
 
 
 def gateway_config(cfg, templates_dir=None, layout=None):
