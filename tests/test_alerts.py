@@ -91,7 +91,7 @@ def test_the_config_passes_amtool_with_each_set_of_receivers(tmp_path, amtool, w
     assert stat.S_IMODE(os.stat(paths["alertmanager.yml"]).st_mode) == 0o600
     conf = yaml.safe_load(Path(paths["alertmanager.yml"]).read_text())
     receivers = {r["name"]: r for r in conf["receivers"]}
-    assert conf["route"]["group_by"] == ["cluster"]
+    assert conf["route"]["group_by"] == ["cluster", "group"]
     assert conf["route"]["receiver"] == ("nowhere" if which == "none" else "dsv41")
     dsv41 = receivers.get("dsv41", {})
     assert bool(dsv41.get("webhook_configs")) == (which in ("both", "webhook"))
@@ -100,8 +100,7 @@ def test_the_config_passes_amtool_with_each_set_of_receivers(tmp_path, amtool, w
         assert e["send_resolved"] is True and e["auth_password_file"] == env["ALERT_SMTP_PASSWORD_FILE"]
     for w in dsv41.get("webhook_configs", []):
         assert w["send_resolved"] is True
-    (inhibit,) = conf["inhibit_rules"]
-    assert inhibit["source_matchers"] == ['alertname="DSV41WatchdogRecovering"'] and inhibit["equal"] == ["cluster"]
+    assert {tuple(i["source_matchers"]) for i in conf["inhibit_rules"]} == {('alertname="DSV41WatchdogRecovering"',)}
     rendered = "".join(Path(p).read_text() for p in paths.values())
     assert PASSWORD not in rendered
     world = "".join(Path(p).read_text() for p in paths.values() if os.stat(p).st_mode & 0o004)
@@ -418,6 +417,37 @@ def test_a_groups_incident_pages_once_naming_its_group(running):
     assert alert["labels"]["group"] == "g1" and {k: alert["labels"][k] for k in INCIDENT} == INCIDENT
     assert alert["annotations"]["summary"] == ("DEAD on group 1 (worker1): the watchdog restarts group 1's ranks while "
                                                "the other groups serve (fault at 2026-12-01T20:01:02Z)")
+
+
+def test_one_groups_recovery_quiets_its_own_alerts_and_the_doors_but_not_another_groups(running):
+    """GROUPS=2: while group 1's watchdog recovers, its rank and API alerts are inhibited, and the door's 5xx
+    alert (any group's fault shows there); group 0's API down at the same time is not: it is a fault of its own,
+    and it pages in a notification of its own group, beside group 1's incident."""
+    cfg, hook = running["cfg"], running["hook"]
+    g0, g1 = ({"job": "dsv41-engine", "instance": i, "node": n, "group": g}
+              for i, n, g in (("127.0.0.1:8000", "head", "g0"), ("10.10.10.12:8000", "worker2", "g1")))
+    am.post_alerts(am.url(cfg), [
+        {"labels": {"alertname": "DSV41WatchdogRecovering", "cluster": cfg.cluster_name, "severity": "critical",
+                    "group": "g1", **INCIDENT}, "annotations": {"summary": "DEAD on group 1"},
+         "startsAt": am.iso(time.time() - 60), "endsAt": am.iso(time.time() + 240)},
+        as_prometheus_sends(cfg, "DSV41ApiDown", g0), as_prometheus_sends(cfg, "DSV41ApiDown", g1),
+        as_prometheus_sends(cfg, "DSV41RankDown", {**g1, "job": "dsv41-node", "instance": "10.10.10.13:9100",
+                                                   "node": "worker3"}),
+        as_prometheus_sends(cfg, "DSV41GatewayErrors", {"job": "dsv41-gateway", "instance": "127.0.0.1:8000",
+                                                        "node": "head"})])
+
+    def states():
+        return {(a["labels"]["alertname"], a["labels"].get("group")): a["status"]["state"]
+                for a in am.alerts(am.url(cfg))}
+    want = {("DSV41WatchdogRecovering", "g1"): "active", ("DSV41ApiDown", "g0"): "active",
+            ("DSV41ApiDown", "g1"): "suppressed", ("DSV41RankDown", "g1"): "suppressed",
+            ("DSV41GatewayErrors", None): "suppressed"}
+    wait(running, "group 1's alerts inhibited by its recovery, group 0's not", lambda: states() == want)
+    wait(running, "a notification for each group", lambda: len(hook.posts) >= 2)
+    time.sleep(3)
+    paged = sorted((p["body"]["groupLabels"].get("group"), sorted(a["labels"]["alertname"] for a in p["body"]["alerts"]))
+                   for p in hook.posts)
+    assert paged == [("g0", ["DSV41ApiDown"]), ("g1", ["DSV41WatchdogRecovering"])], paged
 
 
 def test_a_release_the_watchdog_cannot_read_pages_a_person_once_and_touches_nothing(running, monkeypatch):

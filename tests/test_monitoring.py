@@ -77,6 +77,27 @@ def test_config_passes_promtool_and_keeps_the_key_in_its_file(tmp_path, promtool
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_with_several_groups_each_groups_engine_is_scraped_through_its_door_and_every_target_names_its_group(
+        tmp_path, promtool):
+    """GROUPS=2 on four nodes: group 0's engine on the head's loopback, group 1's through its side door on worker2
+    (which lets only the door's key in: sent even without METRICS_WITH_KEY, from its file), and every node's
+    exporter, each labelled with its group; the config passes promtool."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "engine_key").write_text("sekrit-key-value\n")
+    cfg = cfg_for(tmp_path, WORKERS="root@10.10.10.11,root@10.10.10.12,root@10.10.10.13", GROUPS="2",
+                  R0_IP="10.10.10.10")
+    paths = monitoring.render(cfg)
+    r = subprocess.run([promtool, "check", "config", paths["prometheus.yml"]], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    engine, _, node = yaml.safe_load(Path(paths["prometheus.yml"]).read_text())["scrape_configs"]
+    assert engine["authorization"]["credentials_file"] == str(tmp_path / "state" / "engine_key")
+    assert [(s["targets"], s["labels"]) for s in engine["static_configs"]] == [
+        (["127.0.0.1:18000"], {"node": "head", "group": "g0"}),
+        (["10.10.10.12:18000"], {"node": "worker2", "group": "g1"})]
+    assert [(s["labels"]["node"], s["labels"]["group"]) for s in node["static_configs"]] == [
+        ("head", "g0"), ("worker1", "g0"), ("worker2", "g1"), ("worker3", "g1")]
+
+
 def test_without_the_key_setting_no_authorization(tmp_path):
     conf = yaml.safe_load(Path(monitoring.render(cfg_for(tmp_path))["prometheus.yml"]).read_text())
     assert "authorization" not in conf["scrape_configs"][0]
@@ -143,6 +164,10 @@ GUARD = {**W1, "name": "dsv41-memguard.service", "type": "exec"}
 R0 = {**HEAD, "name": "dsv41-r0.service", "type": "exec"}
 RECOVERING = {**HEAD, "node": "worker1", "verdict": "DEAD", "fault_at": "2026-12-01T20:01:02Z",
               "incident": "20261201T200102Z-DEAD"}
+ENGINE_G0 = {**ENGINE, "group": "g0"}
+ENGINE_G1 = {"job": "dsv41-engine", "instance": "10.10.10.12:8000", "node": "worker2", "group": "g1"}
+W3 = {"job": "dsv41-node", "instance": "10.10.10.13:9100", "node": "worker3", "group": "g1"}
+R3 = {**W3, "name": "dsv41-r3.service", "type": "simple"}
 ENDED_180S = series("dsv41_watchdog_last_recovery_end_timestamp_seconds", HEAD, "0x11 180x100")
 
 
@@ -238,6 +263,25 @@ CASES = [
                                "60": "0+1x20 21+1x99", "+Inf": "0+1x20 21+1x99"}) + [ENDED_180S],
      [("3m", []), ("10m", [])]),
     ("DSV41ApiDown", [series("up", ENGINE, "0x40"), series("dsv41_watchdog_judging", HEAD, "1x40")], [("4m", [])]),
+    # several serving groups (GROUPS=2, the `group` label): a group's alerts are kept quiet by its own watchdog
+    # alone, the door's by any group's
+    ("DSV41DecodeSlow", [series("vllm:request_time_per_output_token_seconds_count", ENGINE_G0, "0+1x120"),
+                         series("vllm:request_time_per_output_token_seconds_sum", ENGINE_G0, "0+0.1x120"),
+                         series("dsv41_watchdog_judging", {**HEAD, "group": "g1"}, "1x120"),
+                         series("dsv41_watchdog_judging", {**HEAD, "group": "g0"}, "0x120")],
+     [("3m", [{"group": "g0"}])]),
+    ("DSV41DecodeSlow", [series("vllm:request_time_per_output_token_seconds_count", ENGINE_G0, "0+1x120"),
+                         series("vllm:request_time_per_output_token_seconds_sum", ENGINE_G0, "0+0.1x120"),
+                         series("dsv41_watchdog_judging", {**HEAD, "group": "g0"}, "1x120")], [("3m", [])]),
+    ("DSV41ApiDown", [series("up", ENGINE_G0, "0x40"), series("up", ENGINE_G1, "0x40"),
+                      series("dsv41_watchdog_recovering", {**RECOVERING, "group": "g1"}, "1x40")],
+     [("4m", [ENGINE_G0])]),
+    ("DSV41RankDown", [series("up", W3, "1x40"), series("node_systemd_unit_state", {**R3, "state": "active"}, "0x40"),
+                       series("dsv41_watchdog_last_recovery_end_timestamp_seconds", {**HEAD, "group": "g0"},
+                              "0x11 180x100")],
+     [("4m", [W3])]),
+    ("DSV41GatewayErrors", gateway_5xx("0x8 1+1x20 21x100", "0x8 1+1x20 21x100")
+     + [series("dsv41_watchdog_judging", {**HEAD, "group": "g1"}, "1x120")], [("4m", []), ("10m", [])]),
     ("DSV41ExporterDown", [series("up", W1, "1x8 0x12 1x8"), series("up", HEAD, "1x28")],
      [("1m", []), ("4m", [W1]), ("6m", [])]),
     ("DSV41MetricsFileUnreadable", [series("node_textfile_scrape_error", W1, "0x8 1x12 0x8"),
@@ -320,7 +364,7 @@ def selectors(expr):
     bare = re.sub(r'\{[^}]*\}|\[[^\]]*\]|"[^"]*"', " ", expr)
     words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare))
     promql = {"sum", "max", "by", "rate", "increase", "changes", "histogram_quantile", "le", "verdict", "code",
-              "state", "key"}
+              "state", "key", "server"}
     assert words - promql <= set(re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr)), \
         f"{expr}: a series without a selector, or a function the test does not know"
     return re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{", expr)
@@ -374,6 +418,47 @@ def test_every_dashboard_query_names_a_series_that_exists(tmp_path):
                  "dsv41_gateway_key_requests_total", "dsv41_gateway_key_unavailable_total",
                  "dsv41_gateway_key_limited_total"):
         assert want in seen, f"the dashboard shows no {want}"
+
+
+def test_the_dashboards_group_selector_narrows_each_groups_series_and_all_keeps_every_one(tmp_path, promtool):
+    """GROUPS > 1: the `group` selector shows one group's engine and nodes, All shows them together; with one
+    group (no `group` label at all) All shows everything as before. The door's panels (HAProxy's series, the
+    keys' use) are the whole door's and ignore it. Evaluated by Prometheus's own engine (promtool)."""
+    dash = json.loads(monitoring.dashboard(Vllm(None)))
+    assert [v["name"] for v in dash["templating"]["list"]] == ["group"]
+    queries = [e for _, e in dashboard_queries()]
+    for expr in queries:
+        door = "haproxy_" in expr or "dsv41_gateway_" in expr
+        assert ('group=~"$group"' in expr) != door, expr
+    running = next(e for e in queries if "vllm:num_requests_running" in e)
+    memory = next(e for e in queries if "node_memory_MemAvailable_bytes" in e)
+
+    def picked(expr, group):
+        return expr.replace("$group", group).replace("$__rate_interval", "1m")
+    mem = {g: {"job": "dsv41-node", "instance": f"10.10.10.{i}:9100", "node": n, "group": g}
+           for i, n, g in ((10, "head", "g0"), (13, "worker3", "g1"))}
+    two_groups = [series("vllm:num_requests_running", {**ENGINE_G0}, "3x4"),
+                  series("vllm:num_requests_running", ENGINE_G1, "5x4")] + \
+                 [series("node_memory_MemAvailable_bytes", labels, "7x4") for labels in mem.values()]
+    one_group = [series("vllm:num_requests_running", ENGINE, "4x4")]
+
+    def sample(labels, value):
+        inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        return {"labels": f"node_memory_MemAvailable_bytes{{{inner}}}" if labels else "{}", "value": value}
+    tests = [{"interval": "15s", "input_series": two_groups, "promql_expr_test": [
+                {"expr": picked(running, "g1"), "eval_time": "30s", "exp_samples": [sample({}, 5)]},
+                {"expr": picked(running, ".*"), "eval_time": "30s", "exp_samples": [sample({}, 8)]},
+                {"expr": picked(memory, "g1"), "eval_time": "30s", "exp_samples": [sample(mem["g1"], 7)]},
+                {"expr": picked(memory, ".*"), "eval_time": "30s",
+                 "exp_samples": [sample(m, 7) for m in mem.values()]}]},
+             {"interval": "15s", "input_series": one_group, "promql_expr_test": [
+                {"expr": picked(running, ".*"), "eval_time": "30s", "exp_samples": [sample({}, 4)]}]}]
+    rules_path = Path(monitoring.render(cfg_for(tmp_path))["rules.yml"])
+    test_file = rules_path.parent / "dashboard_test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [rules_path.name], "evaluation_interval": "15s",
+                                         "tests": tests}, sort_keys=False))
+    r = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
 def free_port():

@@ -8,6 +8,7 @@ dsv41-prometheus.service and dsv41-alertmanager.service on the head: Debian's `p
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import time
@@ -38,12 +39,19 @@ def out_dir(cfg):
     return names.state_path(cfg.state_dir, names.MONITORING)
 
 
-def engine_target(cfg):
-    return urlsplit(cfg.engine_url).netloc
+def engine_targets(cfg):
+    """Each serving group's engine, labelled with its first node (and, with GROUPS > 1, `group="g<N>"`): group
+    0's rank 0 on the head's loopback, every other group's through its side door, which takes the door's key."""
+    if cfg.groups == 1:
+        return [{"target": urlsplit(cfg.engine_url).netloc, "labels": {"node": "head"}}]
+    return [{"target": g.target, "labels": {"node": g.nodes[0], "group": f"g{g.index}"}} for g in cfg.layout.groups]
 
 
 def node_targets(cfg):
-    return [{"name": s.name, "target": f"{cfg.address(s) or '127.0.0.1'}:{cfg.exporter_port}"} for s in cfg.nodes]
+    """node_exporter on every node, labelled with the node (and, with GROUPS > 1, its group)."""
+    return [{"target": f"{cfg.address(s) or '127.0.0.1'}:{cfg.exporter_port}",
+             "labels": {"node": s.name, **({"group": f"g{cfg.group_of(s)}"} if cfg.groups > 1 else {})}}
+            for s in cfg.nodes]
 
 
 def _environment(folder):
@@ -60,8 +68,8 @@ def _template(name):
 
 def render_config(cfg, rules_path):
     return _template(CONFIG + ".j2").render(
-        interval=f"{cfg.scrape_interval_s}s", rules=rules_path, engine=engine_target(cfg),
-        key_file=engine_key_file(cfg) if cfg.metrics_with_key else "", nodes=node_targets(cfg),
+        interval=f"{cfg.scrape_interval_s}s", rules=rules_path, engines=engine_targets(cfg),
+        key_file=engine_key_file(cfg) if cfg.metrics_with_key or cfg.groups > 1 else "", nodes=node_targets(cfg),
         cluster=cfg.cluster_name, alertmanager=f"127.0.0.1:{cfg.alertmanager_port}",
         gateway=f"127.0.0.1:{cfg.port}" if cfg.layout.door else "", gateway_path=names.GATEWAY_METRICS_PATH)
 
@@ -77,7 +85,8 @@ def render_rules(cfg, recipe=None):
                   margin_bytes=int(cfg.alert_mem_margin_gib * 2**30),
                   grace_s=cfg.alert_for_s + 2 * cfg.scrape_interval_s, gateway=cfg.layout.door)
     values.update(quiet=watchdog_quiet(values["grace_s"]), quiet_recent=watchdog_quiet(recent_s),
-                  quiet_symptom=watchdog_quiet(recent_s + values["grace_s"]))
+                  quiet_symptom=watchdog_quiet(recent_s + values["grace_s"]),
+                  quiet_door=watchdog_quiet(recent_s + values["grace_s"], by=""))
     engine_rules = ""
     if recipe.rules_template:
         path = Path(recipe.rules_template)
@@ -85,11 +94,14 @@ def render_rules(cfg, recipe=None):
     return _template(RULES + ".j2").render(engine_rules=engine_rules, **values)
 
 
-def watchdog_quiet(after_s):
+def watchdog_quiet(after_s, by="group"):
     """What keeps an alert quiet while the watchdog handles a fault: a sign it has not ruled on yet, its
-    recovery, and after_s seconds after one ended (no series, as with the watchdog off: nothing kept quiet)."""
-    return ("unless on () (max(dsv41_watchdog_judging) == 1 or max(dsv41_watchdog_recovering) == 1 or "
-            f"time() - max(dsv41_watchdog_last_recovery_end_timestamp_seconds) < {after_s})")
+    recovery, and after_s seconds after one ended (no series, as with the watchdog off: nothing kept quiet).
+    By serving group: an alert is kept quiet by its own group's watchdog (the `group` label, which only
+    GROUPS > 1 sets; with one group neither side has it); by="" is the whole door's, kept quiet by any group's."""
+    top = f"max by ({by})" if by else "max"
+    return (f"unless on ({by}) ({top} (dsv41_watchdog_judging) == 1 or {top} (dsv41_watchdog_recovering) == 1 or "
+            f"time() - {top} (dsv41_watchdog_last_recovery_end_timestamp_seconds) < {after_s})")
 
 
 def render_alertmanager(cfg, templates_path):
@@ -122,8 +134,15 @@ def check_password_file(cfg):
                             "as part of the password: write it with printf '%s' PASSWORD > FILE")
 
 
+# the selectors of a serving group's series (its engine's, its nodes'): the dashboard's `group` selector narrows
+# them (All is ".*", which a series without the label, GROUPS=1, also matches); the door's (HAProxy's own, and
+# its keys' use that the head's exporter serves) show every group
+GROUP_SCOPED = re.compile(r'\b(?!dsv41_gateway_)([A-Za-z_:][A-Za-z0-9_:]*\{job="dsv41-(?:engine|node)")')
+
+
 def dashboard(recipe):
-    """The Grafana dashboard: the engine's panels (its recipe's), then dsv41's own, tagged with both."""
+    """The Grafana dashboard: the engine's panels (its recipe's), then dsv41's own, tagged with both; every
+    query of a group's series narrowed by the `group` selector."""
     path = TEMPLATES / DASHBOARD
     try:
         board = json.loads(path.read_text())
@@ -131,6 +150,8 @@ def dashboard(recipe):
         raise UserError(f"conf/monitoring/{DASHBOARD} cannot be read ({err}): restore it from the repository") from None
     board["panels"] = recipe.dashboard_panels() + board["panels"]
     board["tags"] = board["tags"] + [recipe.name]
+    for query in [t for p in board["panels"] for t in p.get("targets", ())] + board["annotations"]["list"]:
+        query["expr"] = GROUP_SCOPED.sub(r'\1, group=~"$group"', query["expr"])
     return json.dumps(board, indent=1) + "\n"
 
 
@@ -195,8 +216,8 @@ def monitoring(cfg, install=False):
     paths = render(cfg)
     check(paths)
     print(f"rendered into {out_dir(cfg)}:")
-    print(f"  {CONFIG:<24} Prometheus: the engine at {engine_target(cfg)}, node_exporter on "
-          + ", ".join(f"{n['name']} {n['target']}" for n in node_targets(cfg)))
+    print(f"  {CONFIG:<24} Prometheus: the engine at " + ", ".join(e["target"] for e in engine_targets(cfg))
+          + ", node_exporter on " + ", ".join(f"{n['labels']['node']} {n['target']}" for n in node_targets(cfg)))
     print(f"  {RULES:<24} alert rules (docs/monitoring.md)")
     print(f"  {AM_CONFIG:<24} Alertmanager: alerts of cluster {cfg.cluster_name} to "
           + (", ".join(am.receivers(cfg)) or "nowhere") + " (mode 0600)")

@@ -24,6 +24,11 @@ class Group:
     port: int
     server: str            # its server in the door's backend (names.door_server)
 
+    @property
+    def target(self):
+        """host:port where the head reaches its engine."""
+        return f"{_url_host(self.host)}:{self.port}"
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -52,7 +57,7 @@ class Layout:
         if not self.door:
             return self.api_url
         g = self.groups[self.scope] if self.groups else Group(0, (), "127.0.0.1", self.engine_port, "r0")
-        return f"http://{_url_host(g.host)}:{g.port}/v1"
+        return f"http://{g.target}/v1"
 
     @property
     def engine_listen(self):
