@@ -169,6 +169,56 @@ def test_a_change_to_every_group_while_they_serve_rolls_group_by_group_the_one_n
             if s.kind is dec.Kind.RESTART_RANKS] == [("all", "")]     # one group: as before
 
 
+def test_a_rollout_taken_up_again_rolls_only_the_groups_not_yet_on_the_change(tmp_path):
+    """Where a rollout stopped, whoever takes it up (the watchdog carrying a killed launch on, `doit launch
+    --retry-failed` after group 1 failed and went back alone, `doit rollback`): the groups already on the target
+    units have nothing left to do, and the others roll on one at a time."""
+    cfg, by_rank = render(GROUPS2, tmp_path)
+    changed = {s.name: {u: text + "# changed\n" for u, text in by_rank[s.rank].items()} for s in cfg.nodes}
+    want = dec.Desired(units=changed, files={s.name: {} for s in cfg.nodes})
+    group0 = {s.name for s in cfg.group_specs(0)}
+    states = {s.name: NodeState(changed[s.name] if s.name in group0 else by_rank[s.rank], {}) for s in cfg.nodes}
+    steps = [(s.node, s.target, s.kind) for s in dec.decide(cfg.nodes, want, states, Vllm(cfg), cfg.groups)
+             if s.kind in (dec.Kind.RESTART_RANKS, dec.Kind.INSTALL)]
+    assert [(n, t) for n, t, k in steps if k is dec.Kind.RESTART_RANKS] == [("group 1", "g1")]
+    assert {n for n, _, k in steps if k is dec.Kind.INSTALL} == {"worker2", "worker3"}
+
+
+def test_a_rollout_whose_process_died_mid_group_restarts_that_group_first_and_alone(tmp_path):
+    """The process rolling a release out died between a group's new units and its ranks' restart: the units
+    are the release's, so decide() sees nothing to do there. Whoever carries it on still restarts that group
+    (its ranks did not start since the rollout began), alone and first, and no group that did."""
+    cfg, by_rank = render(GROUPS2, tmp_path)
+    recipe = Vllm(cfg)
+    changed = {s.name: {u: text + "# changed\n" for u, text in by_rank[s.rank].items()} for s in cfg.nodes}
+    want = dec.Desired(units=changed, files={s.name: {} for s in cfg.nodes})
+    ages = {}
+
+    class Aged(NodeState):
+        def __init__(self, spec, units_text):
+            super().__init__(units_text, {})
+            self.name = spec.name
+
+        def age(self, unit):
+            return ages[self.name]
+
+    def owed(on_change, since=1000.0, **age):
+        ages.update(age)
+        states = {s.name: Aged(s, changed[s.name] if s.name in on_change else by_rank[s.rank]) for s in cfg.nodes}
+        steps = dec.decide(cfg.nodes, want, states, recipe, cfg.groups)
+        return [s.target for s in dec.owed_restarts(cfg.nodes, steps, states, recipe, cfg.groups, since, 1100.0,
+                                                    "release 4 as recorded") if s.kind is dec.Kind.RESTART_RANKS]
+    every = ("head", "worker1", "worker2", "worker3")
+    # group 0 done (started 60 s ago, after the rollout began 100 s ago), group 1 given its units, then the kill
+    assert owed(every, head=60.0, worker1=60.0, worker2=500.0, worker3=500.0) == ["g1"]
+    # killed in group 0's turn, after its units: group 0 first, then group 1, which decide() rolls
+    assert owed(("head", "worker1"), head=500.0, worker1=500.0, worker2=500.0, worker3=500.0) == ["g0", "g1"]
+    assert owed(every, head=60.0, worker1=60.0, worker2=50.0, worker3=50.0) == []     # both restarted: none owed
+    # a way back (no restart begun for it): only the groups whose units differ, or all when none does
+    assert owed(("worker2", "worker3"), since=None) == ["g0"]
+    assert owed(every, since=None) == [""]
+
+
 def test_a_groups_run_lock_and_the_whole_one_exclude_each_other(tmp_path):
     state = str(tmp_path)
     g1 = os.path.join(state, names.GROUP_RECORDS, "g1")
@@ -303,6 +353,8 @@ def test_a_release_keeps_how_far_it_got_with_each_group_and_shows_it(tmp_path):
     assert "  groups      g0 good, g1 restarting" in release_status.show_lines(history[0], None, r.number)
     entry = release_status.service_entry(str(tmp_path), history=history)
     assert release_status.service_line(entry).endswith("[g0 good, g1 restarting]")
+    # group 1's step left unrecorded by a process that died, then carried on: good on every group it restarted
+    assert rel.finish(str(tmp_path), r.number, rel.GOOD, "ready").groups == {"g0": "good", "g1": "good"}
 
 
 def test_a_worker_is_judged_against_its_own_groups_first_node_not_the_head(tmp_path):

@@ -22,6 +22,7 @@ GROUPS = {"WORKERS": "root@198.51.100.13,root@198.51.100.14,root@198.51.100.15",
 STATE = "/root/.dsv41-two-sparks"
 SIDE = ("198.51.100.14", "18000")        # group 1's side door: worker2's fabric address, ENGINE_PORT
 MODEL = "deepseek-v4.1-flash"
+ROLLED_KV = "2600000000"                 # what the rolling release changes KV_BYTES to; in service after it
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +166,7 @@ def test_a_change_rolls_out_group_by_group_under_load_with_no_failed_request(fou
     lab, _ = four
     _, load = under_load(lab)
     before = started(lab)
-    r = lab.doit("launch", {**GROUPS, "KV_BYTES": "2600000000"})
+    r = lab.doit("launch", {**GROUPS, "KV_BYTES": ROLLED_KV})
     out = load.end()
     print(f"a rolling release under load: {out['after']} requests begun after the launch, {out['failed_after']} "
           f"failed, {out['refused']} refused")
@@ -178,7 +179,7 @@ def test_a_change_rolls_out_group_by_group_under_load_with_no_failed_request(fou
     after = started(lab)
     assert all(after[n] != before[n] for n in lab.ip), (before, after)          # every rank restarted
     for i, n in enumerate(lab.ip):
-        assert "--kv-cache-memory-bytes 2600000000" in lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout
+        assert f"--kv-cache-memory-bytes {ROLLED_KV}" in lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout
 
 
 FAILS_AT_ONCE = "--compilation-config not-json"      # the stand-in exits 1, as vLLM does on bad JSON
@@ -191,7 +192,7 @@ def test_a_change_the_engine_rejects_stops_at_its_first_group_which_goes_back_al
     _, load = under_load(lab)
     before = started(lab)
     units = {n: lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout for i, n in enumerate(lab.ip)}
-    r = lab.doit("launch", {**GROUPS, "KV_BYTES": "2600000000", "EXTRA": FAILS_AT_ONCE}, check=False)
+    r = lab.doit("launch", {**GROUPS, "KV_BYTES": ROLLED_KV, "EXTRA": FAILS_AT_ONCE}, check=False)
     out = load.end()
     print(f"a change the engine rejects, under load: {out['after']} requests begun after the launch, "
           f"{out['failed_after']} failed, {out['refused']} refused")
@@ -205,3 +206,68 @@ def test_a_change_the_engine_rejects_stops_at_its_first_group_which_goes_back_al
     for i, n in enumerate(lab.ip):
         assert lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout == units[n], n
     wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)
+
+
+def test_prometheus_scrapes_each_groups_engine_through_its_door_and_labels_every_series_with_its_group(four):
+    """`doit monitoring --install` with GROUPS=2: group 1's engine is scraped through its side door with the door's
+    key, every node's exporter and each group's watchdog series carry their group, so the dashboard's selector
+    and the alert rules can tell the groups apart."""
+    from test_lab_monitoring import MON, api
+    lab, _ = four
+    env = {**GROUPS, **MON, "KV_BYTES": ROLLED_KV}
+    lab.doit("launch", env)           # every node's exporter (METRICS_DIR): after the rolling release, no rank restarts
+    try:
+        lab.doit("monitoring --install", env)
+        targets = wait_for("every target scraped", lambda: (lambda t: t if t and all(
+            x["health"] == "up" for x in t) else None)(api(lab, "/api/v1/targets")["activeTargets"]), timeout=120)
+        engines = sorted((t["labels"]["group"], t["scrapeUrl"]) for t in targets
+                         if t["labels"]["job"] == "dsv41-engine")
+        assert engines == [("g0", "http://127.0.0.1:18000/metrics"), ("g1", f"http://{':'.join(SIDE)}/metrics")]
+        assert sorted((t["labels"]["node"], t["labels"]["group"]) for t in targets
+                      if t["labels"]["job"] == "dsv41-node") == [
+            ("head", "g0"), ("worker1", "g0"), ("worker2", "g1"), ("worker3", "g1")]
+        running = wait_for("the engines' series of both groups", lambda: (lambda r: r if len(r) == 2 else None)(
+            api(lab, "/api/v1/query", query='vllm:num_requests_running{job="dsv41-engine"}')["result"]), timeout=60)
+        assert sorted(r["metric"]["group"] for r in running) == ["g0", "g1"]
+        verdicts = wait_for("each group's watchdog series", lambda: (lambda r: r if len(r) == 2 else None)(
+            api(lab, "/api/v1/query", query="max by (group) (dsv41_watchdog_judging)")["result"]), timeout=60)
+        assert sorted(r["metric"]["group"] for r in verdicts) == ["g0", "g1"]
+    finally:
+        lab.on("head", "systemctl disable --now dsv41-prometheus dsv41-alertmanager", check=False)
+
+
+def test_a_rolling_launch_killed_half_way_is_carried_on_and_a_rollback_rolls_back_group_by_group(four):
+    """A rolling launch killed -9 as it restarts its second group (the first already on the change, the second
+    drained at the door) is carried on by the watchdog: the second group is restarted and let in again. Then
+    `doit rollback` goes back group by group. Both under load, with no failed request and no refused one."""
+    lab, _ = four
+    _, load = under_load(lab)
+    before = started(lab)
+    t0 = time.monotonic()
+    lab.doit_killed("launch", {**GROUPS, "KV_BYTES": "2650000000"}, "(re)starting the ranks of group 1")
+    killed = newest_release(lab)
+    assert killed["state"] == "rolling out" and killed["groups"].get("g0") == "good", killed
+    done = wait_for("the watchdog to finish the killed rollout", lambda: (
+        lambda r: r if r["state"] == "good" else None)(newest_release(lab)), timeout=240, every=2)
+    took = time.monotonic() - t0
+    assert done["number"] == killed["number"] and done["groups"] == {"g0": "good", "g1": "good"}, done
+    wait_for("both groups ready at the door", lambda: both_ready(lab), timeout=120)
+    after = started(lab)
+    assert all(after[n] != before[n] for n in lab.ip), (before, after)
+    for i, n in enumerate(lab.ip):
+        assert "--kv-cache-memory-bytes 2650000000" in lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout
+    log = lab.on("head", "journalctl -u dsv41-watchdog --no-pager -o cat", check=False).stdout
+    assert f"[group 0] release {killed['number']} was left rolling out" in log, log[-2000:]
+    r = lab.doit("rollback", GROUPS)
+    out = load.end()
+    print(f"a rolling launch killed -9 at its second group: finished by the watchdog {took:.0f} s after it began; "
+          f"then a rollback group by group; under load {out['after']} requests begun after the kill, "
+          f"{out['failed_after']} failed, {out['refused']} refused")
+    assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 20, out
+    text = r.stdout
+    assert text.index("(re)starting the ranks of group 0") < text.index("holding") < \
+        text.index("(re)starting the ranks of group 1"), text
+    back = newest_release(lab)
+    assert back["state"] == "good" and back["groups"] == {"g0": "good", "g1": "good"}, back
+    for i, n in enumerate(lab.ip):
+        assert "--kv-cache-memory-bytes 2650000000" not in lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout

@@ -746,3 +746,54 @@ def test_two_one_node_groups_of_the_real_engine_lose_no_request_to_a_killed_rank
     print(f"real engine: group 1 served again {time.time() - t_kill:.0f} s after its rank was killed")
     assert lab.on("head", "systemctl show -p ActiveEnterTimestampMonotonic --value dsv41-r0").stdout == head_rank
     assert all(i["started"] < t_kill for i in lab.incidents(STATE))      # the whole's watchdog acted on nothing
+
+
+@pytest.mark.soak           # per landing: the same two rollouts on the four-node stand-in (test_groups_lab.py)
+def test_a_change_rolls_across_two_real_engine_groups_with_streams_in_flight_and_a_rejected_one_goes_back_alone(
+        lab, vllm):
+    """GROUPS=2 on the real engine (two one-node groups), one client of short requests that never retries and a
+    stream begun every 10 s: a change of the KV cache's size rolls over group 0 then group 1, and every request
+    and stream begun meanwhile ends whole; a change the engine rejects (a --compilation-config that is not JSON)
+    stops at group 0, which goes back alone while group 1's rank is never restarted, again losing nothing."""
+    import threading
+    env = {**vllm.env, **WATCHED, "GROUPS": "2"}
+    lab.doit("launch", env, timeout=1800)
+
+    def under_load(change, check):
+        started = {n: lab.on(n, f"systemctl show -p ActiveEnterTimestampMonotonic --value dsv41-r{i}").stdout
+                   for i, n in enumerate(("head", "worker1"))}
+        load, streams, done = labctl.DoorLoad(lab, "deepseek-v4.1-flash", clients=1), DoorClient(lab, vllm.key), \
+            threading.Event()
+
+        def keep_streaming():
+            while not done.wait(10):
+                streams.stream(120, exact=True)
+        streaming = threading.Thread(target=keep_streaming, daemon=True)
+        streams.stream(120, exact=True)
+        streaming.start()
+        load.mark()
+        t0 = time.monotonic()
+        r = lab.doit("launch", {**env, **change}, check=check, timeout=2400)
+        took = time.monotonic() - t0
+        done.set()
+        streaming.join(timeout=120)
+        out, ended = load.end(), streams.end()
+        cut = [s for s in ended["streams"] if not s["whole"]]
+        after = {n: lab.on(n, f"systemctl show -p ActiveEnterTimestampMonotonic --value dsv41-r{i}").stdout
+                 for i, n in enumerate(("head", "worker1"))}
+        print(f"real engine, {change}: the launch took {took:.0f} s (exit {r.returncode}); {out['after']} requests "
+              f"begun after it, {out['failed_after']} failed, {out['refused']} refused; {len(ended['streams'])} "
+              f"streams, {len(cut)} cut")
+        assert out["failed_after"] == 0 and out["refused"] == 0 and out["after"] > 5, out
+        assert not cut and len(ended["streams"]) >= 3, ended["streams"]
+        return r, started, after
+
+    r, before, after = under_load({"KV_BYTES": "1000000000"}, check=True)
+    assert r.stdout.index("(re)starting the ranks of group 0") < r.stdout.index("(re)starting the ranks of group 1")
+    assert all(after[n] != before[n] for n in before), (before, after)
+    for i, n in enumerate(("head", "worker1")):
+        assert "--kv-cache-memory-bytes 1000000000" in lab.on(n, f"cat /etc/systemd/system/dsv41-r{i}.service").stdout
+    r, before, after = under_load({"KV_BYTES": "1000000000", "EXTRA": "--compilation-config not-json"}, check=False)
+    assert r.returncode == 10 and "rolled back to release" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr
+    assert after["worker1"] == before["worker1"] and after["head"] != before["head"]
+    lab.doit("launch", vllm.env, timeout=1800)                 # one group again, as the other tests run

@@ -58,6 +58,33 @@ def split(specs, groups):
     return [tuple(specs[i * size:(i + 1) * size]) for i in range(groups)]
 
 
+def owed_restarts(specs, steps, states, recipe, groups, since, now, reason):
+    """decide()'s `steps` and the restarts a carried-on rollout still owes: a group (every node with one group)
+    whose units are already the release's but whose engine units did not all (re)start after unix time `since`
+    (its process died between the two), and that the steps restart for no other reason. Those go first: such
+    a group is the one the dead process was restarting, drained at the door or down. Without `since` (a way
+    back, a rollback: no restart was begun for it) the ranks restart as the steps say, or all of them when the
+    steps restart none."""
+    restarts = [s for s in steps if s.kind is Kind.RESTART_RANKS]
+    if since is None or groups == 1 or any(not s.target for s in restarts):     # as for the whole
+        if restarts or started_since(specs, states, recipe, since, now):
+            return steps
+        return steps + [Step(Kind.RESTART_RANKS, "all", "", reason)]
+    owed = [Step(Kind.RESTART_RANKS, f"group {i}", f"g{i}", reason) for i, group in enumerate(split(specs, groups))
+            if f"g{i}" not in {s.target for s in restarts} and not started_since(group, states, recipe, since, now)]
+    first = steps.index(restarts[0]) if restarts else len(steps)
+    return steps[:first] + owed + steps[first:]
+
+
+def started_since(specs, states, recipe, since, now):
+    """Every engine unit of these nodes (re)started after unix time `since` (each unit's age on its own node's
+    clock against the head's `now`; False when `since` is None or a unit is not up)."""
+    if since is None:
+        return False
+    ages = [states[s.name].age(u) for s in specs for u in recipe.units(s)]
+    return all(a is not None and a <= now - since for a in ages)
+
+
 def stale_workers(specs, states, recipe, groups=1):
     """A worker's engine unit that (re)started after the head's cannot rejoin its rendezvous: the ranks
     must restart together (when the recipe says so). One line per such unit. Ages are measured on each

@@ -309,8 +309,11 @@ def transition(state_dir, number, to, now=None, **fields):
 def finish(state_dir, number, state, result, startup_s=None, now=None, back_to=None, phases=None):
     """A rollout's end: GOOD (then it is the release in service), FAILED (back_to: where it goes back
     next, None when it goes nowhere) or INTERRUPTED; phases: its start-up's (core/startup.py to_record()).
-    -> the updated Release."""
-    return transition(state_dir, number, state, now, result=result,
+    A rollout group by group that ends GOOD is good on every group it was restarting (one whose step a process
+    that died left unrecorded, then carried on). -> the updated Release."""
+    old = load_one(state_dir, number) if state == GOOD else None
+    done = {g: "good" if where == "restarting" else where for g, where in ((old and old.groups) or {}).items()}
+    return transition(state_dir, number, state, now, result=result, **({"groups": done} if done else {}),
                       **({"back_to": back_to} if state == FAILED else {}),
                       **({} if startup_s is None else {"startup_s": round(startup_s, 1)}),
                       **({} if phases is None else {"startup_phases": phases}))

@@ -32,7 +32,7 @@ from dsv41 import names
 from dsv41.errors import UserError, one_line
 from dsv41.head.core import exporter, observe, progress, ranks, recovery, releases as rel, silences
 from dsv41.head.core.cluster import Cluster, engine_key, group_key, say
-from dsv41.head.core.decide import SERVICE_ONLY_FILES, SERVICES, Desired, Kind, Step, decide
+from dsv41.head.core.decide import SERVICE_ONLY_FILES, SERVICES, Desired, Kind, decide, owed_restarts
 from dsv41.head.core.unit_install import control, install_unit, service_step
 
 
@@ -258,7 +258,8 @@ def check_images(release, states):
 def recorded(cl, release, since=None, clock=time.time):
     """(Desired, steps, states) that run `release` exactly as recorded, from the nodes as they are now. The
     ranks restart whatever else differs, unless every engine unit (re)started after `since` (unix time: a
-    carried-on rollout's started_at) and none needs to for another reason: then the wait goes on."""
+    carried-on rollout's started_at) and none needs to for another reason: then the wait goes on. With
+    several groups, each group's (decide.owed_restarts)."""
     key = engine_key(cl.cfg)            # with several groups, a group's first node off the head holds its own
 
     def key_of(node):
@@ -271,19 +272,8 @@ def recorded(cl, release, since=None, clock=time.time):
                         f"after lowering {cl.recipe.memory_settings}, then `doit launch`")
     check_images(release, states)
     steps = decide(cl.cfg.nodes, want, states, cl.recipe, cl.cfg.groups)
-    if not any(s.kind is Kind.RESTART_RANKS for s in steps) and not started_since(cl, states, since, clock()):
-        steps.append(Step(Kind.RESTART_RANKS, "all", "", f"release {release.number} as recorded"))
-    return want, steps, states
-
-
-def started_since(cl, states, since, now):
-    """Every engine unit of every node (re)started after unix time `since` (each unit's age on its own
-    node's clock against the head's `now`; False when `since` is None or a unit is not up)."""
-    if since is None:
-        return False
-    passed = now - since
-    ages = [states[s.name].age(u) for s in cl.cfg.nodes for u in cl.recipe.units(s)]
-    return all(a is not None and a <= passed for a in ages)
+    return want, owed_restarts(cl.cfg.nodes, steps, states, cl.recipe, cl.cfg.groups, since, clock(),
+                               f"release {release.number} as recorded"), states
 
 
 def go_back(cl, failed, target, *, began, by):
