@@ -169,6 +169,25 @@ def test_a_change_to_every_group_while_they_serve_rolls_group_by_group_the_one_n
             if s.kind is dec.Kind.RESTART_RANKS] == [("all", "")]     # one group: as before
 
 
+def test_a_change_of_the_groups_themselves_restarts_every_group_at_once_and_says_so(tmp_path):
+    """GROUPS=1 to 2 on four serving nodes: group 0's rank 0 and group 1's worker were one engine, so neither group
+    can serve while the other restarts; the ranks restart as one, the step saying why before it is taken. A
+    change within the same groups still rolls."""
+    one, by_rank_one = render(FOUR, tmp_path / "one")
+    cfg, by_rank = render(GROUPS2, tmp_path / "two")
+    want = dec.Desired(units={s.name: by_rank[s.rank] for s in cfg.nodes}, files={s.name: {} for s in cfg.nodes})
+    states = {s.name: NodeState(by_rank_one[s.rank], {}) for s in cfg.nodes}
+    [restart] = [s for s in dec.decide(cfg.nodes, want, states, Vllm(cfg), cfg.groups)
+                 if s.kind is dec.Kind.RESTART_RANKS]
+    assert (restart.node, restart.target) == ("all", "")
+    assert restart.reason.startswith("the serving groups change (head, worker1, worker2, worker3 now): every group "
+                                     "restarts at once, and the door answers 503 until they serve"), restart.reason
+    back = dec.Desired(units={s.name: by_rank_one[s.rank] for s in one.nodes}, files={s.name: {} for s in one.nodes})
+    states = {s.name: NodeState(by_rank[s.rank], {}) for s in cfg.nodes}
+    assert [(s.target, s.reason[:24]) for s in dec.decide(one.nodes, back, states, Vllm(one), 1)
+            if s.kind is dec.Kind.RESTART_RANKS] == [("", "the serving groups chang")]
+
+
 def test_a_rollout_taken_up_again_rolls_only_the_groups_not_yet_on_the_change(tmp_path):
     """Where a rollout stopped, whoever takes it up (the watchdog carrying a killed launch on, `doit launch
     --retry-failed` after group 1 failed and went back alone, `doit rollback`): the groups already on the target

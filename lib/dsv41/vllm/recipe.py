@@ -4,6 +4,7 @@ observed by vLLM's /metrics series (named here and in the rule and dashboard fra
 file, nowhere else), sized by its own settings (vllm/settings.py: the settings package reads them). Only the probes
 (ready, scrape) reach the engine."""
 import json
+import re
 from pathlib import Path
 
 from dsv41 import names
@@ -46,6 +47,11 @@ class Vllm(Recipe):
     def render(self, render, spec, fabric, paths, master_addr=None, server_flags=()):
         return {names.rank_unit(spec.rank): render(RANK_TEMPLATE, rank_vars(self.cfg, spec, fabric, paths, master_addr,
                                                                           server_flags))}
+
+    def rendezvous(self, unit_text):
+        """(--master-addr, --nnodes) of a rank unit: its group's first node and its size."""
+        found = [re.search(rf"{flag}\s+(\S+)", unit_text or "") for flag in ("--master-addr", "--nnodes")]
+        return tuple(m.group(1) for m in found) if all(found) else None
 
     def flag_probe(self, flag):
         """vLLM's help for one argument (`vllm serve --help=shutdown-timeout` lists it when it has it)."""

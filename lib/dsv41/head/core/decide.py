@@ -85,6 +85,26 @@ def started_since(specs, states, recipe, since, now):
     return all(a is not None and a <= now - since for a in ages)
 
 
+def regrouped(specs, desired, states, recipe):
+    """A line when the serving groups change (GROUPS, or which nodes share a rendezvous): the nodes whose engine
+    units meet together now (as installed, read by the recipe) are not those the desired units put together.
+    No group can then serve while another restarts: they restart at once. "" otherwise, and for the nodes
+    with no engine unit yet (a node added: its group starts while the others serve)."""
+    def together(text_of, names):
+        meet = {}
+        for s in specs:
+            for u in recipe.units(s):
+                if s.name in names:
+                    meet.setdefault(recipe.rendezvous(text_of(s, u)), set()).add(s.name)
+        return sorted(sorted(g) for g in meet.values())
+    had = {s.name for s in specs if all(recipe.rendezvous(states[s.name].unit(u).text) for u in recipe.units(s))}
+    now = together(lambda s, u: states[s.name].unit(u).text, had)
+    if now == together(lambda s, u: desired.units[s.name].get(u), had):
+        return ""
+    return ("the serving groups change (" + " | ".join(", ".join(g) for g in now) + " now): every group restarts at "
+            "once, and the door answers 503 until they serve")
+
+
 def stale_workers(specs, states, recipe, groups=1):
     """A worker's engine unit that (re)started after the head's cannot rejoin its rendezvous: the ranks
     must restart together (when the recipe says so). One line per such unit. Ages are measured on each
@@ -154,8 +174,10 @@ def decide(specs, desired, states, recipe, groups=1):
         for unit, name in recipe.parts(s):
             reasons[group[s.name]] += unit_reasons(s, f, unit, f.container(name), (s.name, unit) in changed)
     serving = [all(states[s.name].unit(u).active == "active" for s in g for u in recipe.units(s)) for g in each]
-    if all(reasons.values()) and (groups == 1 or not any(serving)):
-        steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join(r for i in reasons for r in reasons[i])))
+    regroup = regrouped(specs, desired, states, recipe)
+    if all(reasons.values()) and (groups == 1 or not any(serving) or regroup):
+        steps.append(Step(Kind.RESTART_RANKS, "all", "", "; ".join([regroup] * bool(regroup) + [
+            r for i in reasons for r in reasons[i]])))
     else:
         steps += [Step(Kind.RESTART_RANKS, f"group {i}", f"g{i}", "; ".join(reasons[i]))
                   for i in sorted(reasons, key=lambda i: (serving[i], i)) if reasons[i]]

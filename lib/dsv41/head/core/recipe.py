@@ -70,6 +70,11 @@ class Recipe:
         server_flags: those of optional_flags the image's server lists."""
         raise NotImplementedError
 
+    def rendezvous(self, unit_text):
+        """What an engine unit's ranks meet on (its nodes share it: one serving group), read from the unit's
+        text; None when it cannot say (no text): decide() then cannot see a change of the groups."""
+        return None
+
     def flag_probe(self, flag):
         """(entrypoint, args) of a container of the image whose output names `flag` when its server takes it."""
         raise NotImplementedError
