@@ -1,7 +1,8 @@
 """A steady load of short requests at the door from clients that never retry, run in the head's network namespace
-with this checkout's venv (`ip netns exec head .venv/bin/python tests/lab/door_load.py HOST PORT MODEL THREADS`),
-the client key in DSV41_KEY. Each thread sends one short chat completion after another (max_tokens 4) on a new
-connection each: a refused connection, a reset, a timeout or any answer but 200 is a failure, never tried again.
+with this checkout's venv (`ip netns exec head .venv/bin/python tests/lab/door_load.py HOST PORT MODEL THREADS
+[PAUSE_S]`), the client key in DSV41_KEY. Each thread sends one short chat completion after another (max_tokens 4;
+PAUSE_S apart, 0 by default) on a new connection each: a refused connection, a reset, a timeout or any answer but
+200 is a failure, never tried again.
 
 On stdin: `mark` (prints `marked`) notes the moment a fault is made; `end` stops the load and prints one JSON line:
 {"requests", "failed", "refused", "after", "failed_after", "codes": {code: n}, "failures": [the first 10]}: after and
@@ -14,6 +15,7 @@ import threading
 import time
 
 HOST, PORT, MODEL, THREADS = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+PAUSE_S = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 KEY = os.environ["DSV41_KEY"]
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
 stop, lock, mark = threading.Event(), threading.Lock(), [None]
@@ -42,6 +44,7 @@ def one():
 def client():
     while not stop.is_set():
         one()
+        stop.wait(PAUSE_S)
 
 
 threads = [threading.Thread(target=client, daemon=True) for _ in range(THREADS)]

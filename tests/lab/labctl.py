@@ -183,12 +183,13 @@ class DoorClient:
 
 class DoorLoad:
     """tests/lab/door_load.py in the head's network namespace against the door (port 8000), the client key in its
-    environment: `clients` clients that never retry, each one short request after another."""
+    environment: `clients` clients that never retry, each one short request after another (`pause_s` apart)."""
 
-    def __init__(self, lab, model, clients=6):
+    def __init__(self, lab, model, clients=6, pause_s=0.0):
         key = lab.on("head", "cat /root/.dsv41-two-sparks/api_key").stdout.strip()
         self.proc = subprocess.Popen(["ip", "netns", "exec", "head", f"{lab.repo}/.venv/bin/python",
-                                      f"{lab.repo}/tests/lab/door_load.py", "127.0.0.1", "8000", model, str(clients)],
+                                      f"{lab.repo}/tests/lab/door_load.py", "127.0.0.1", "8000", model, str(clients),
+                                      str(pause_s)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, "DSV41_KEY": key})
 
