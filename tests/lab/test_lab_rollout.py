@@ -126,7 +126,6 @@ def test_a_rank_that_fails_at_once_rolls_back_and_the_same_launch_is_refused(lab
     assert answers(lab)
 
 
-@pytest.mark.soak           # per landing: the real engine's image that never serves (test_vllm.py)
 def test_a_release_that_never_becomes_ready_rolls_back_at_its_deadline(lab, good):
     last_good = serving(lab)
     t0 = time.monotonic()

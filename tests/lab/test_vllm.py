@@ -286,6 +286,7 @@ def test_an_engine_flag_vllm_rejects_rolls_back_to_the_release_before(lab, vllm)
         lab.on("head", "cat /etc/systemd/system/dsv41-r0.service").stdout
 
 
+@pytest.mark.soak           # per landing: the stand-in's release that never becomes ready (test_lab_rollout.py)
 def test_an_image_that_starts_and_never_serves_rolls_back_at_its_deadline(lab, vllm):
     """The deadline at half a minute (START_TIMEOUT_MIN and ROLLOUT_MIN_TIMEOUT_MIN for this launch), not
     twice a start-up: what is proven is that the deadline ends the wait and the way back serves."""
@@ -436,6 +437,7 @@ def serves(lab, vllm, env):
                                                   "max_tokens": 2})[0] == 200
 
 
+@pytest.mark.soak           # per landing: a real-engine group's rank killed under load (below), the stand-in's
 def test_the_watchdog_repairs_a_killed_worker_of_the_real_engine(lab, vllm, watched):
     """...and a client at the door (the openai SDK, no retries) is answered all along: 200, or 503 with
     Retry-After while the engine restarts; never a refused connection."""
