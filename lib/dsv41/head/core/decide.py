@@ -92,10 +92,9 @@ def regrouped(specs, desired, states, recipe):
     with no engine unit yet (a node added: its group starts while the others serve)."""
     def together(text_of, names):
         meet = {}
-        for s in specs:
+        for s in (s for s in specs if s.name in names):
             for u in recipe.units(s):
-                if s.name in names:
-                    meet.setdefault(recipe.rendezvous(text_of(s, u)), set()).add(s.name)
+                meet.setdefault(recipe.rendezvous(text_of(s, u)), set()).add(s.name)
         return sorted(sorted(g) for g in meet.values())
     had = {s.name for s in specs if all(recipe.rendezvous(states[s.name].unit(u).text) for u in recipe.units(s))}
     now = together(lambda s, u: states[s.name].unit(u).text, had)
